@@ -1,0 +1,36 @@
+"""fusec: trace numpy-style Python into fused WGSL compute shaders and run them through wgpu.
+
+    import fusec, fusec.numpy as fnp
+    from fusec import nn
+
+    @fusec.gpu_jit
+    def block(x, w, b):
+        return nn.gelu(x @ w + b)
+"""
+
+from __future__ import annotations
+
+from . import config, nn, numpy
+from .cache import CacheInfo, cache_info, clear_cache
+from .errors import (
+    DeviceLimitError,
+    DTypeError,
+    FusecError,
+    ShapeError,
+    SignatureError,
+    StaticArgumentError,
+    TraceError,
+    TracerBoolConversionError,
+)
+from .jit import Compiled, JitFunction, Lowered, Traced, gpu_jit
+from .runtime import Array, DeviceInfo, default_device, device_put
+from .trace import ShapeDtype
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Array", "CacheInfo", "Compiled", "DTypeError", "DeviceInfo", "DeviceLimitError", "FusecError",
+    "JitFunction", "Lowered", "ShapeDtype", "ShapeError", "SignatureError", "StaticArgumentError",
+    "TraceError", "Traced", "TracerBoolConversionError", "cache_info", "clear_cache", "config",
+    "default_device", "device_put", "gpu_jit", "nn", "numpy",
+]

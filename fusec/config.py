@@ -1,0 +1,67 @@
+"""Settings, read from the environment and settable from Python (``fusec.config.set("debug", 4)``).
+
+FUSEC_DEBUG    1: kernel counts and compile events; 2: + timings; 3: + traced IR; 4: + WGSL;
+               5: + IR after every pass
+FUSEC_BACKEND  vulkan | metal | dx12 | gl | cpu (cpu: run the numpy interpreter)
+FUSEC_VERIFY   1: run the IR verifier after every pass (the test suite turns it on)
+FUSEC_LOG_COMPILES  1: log every trace and pipeline compile with its time
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+_overrides: dict[str, Any] = {}
+
+_ENV = {
+    "debug": ("FUSEC_DEBUG", 0),
+    "backend": ("FUSEC_BACKEND", ""),
+    "verify": ("FUSEC_VERIFY", 0),
+    "log_compiles": ("FUSEC_LOG_COMPILES", 0),
+}
+
+
+def get(name: str) -> Any:
+    if name in _overrides:
+        return _overrides[name]
+    env, default = _ENV[name]
+    raw = os.environ.get(env)
+    if raw is None or raw == "":
+        return default
+    if isinstance(default, int):
+        try:
+            return int(raw)
+        except ValueError:
+            return 1 if raw.lower() in ("true", "yes", "on") else 0
+    return raw.strip().lower()
+
+
+def set(name: str, value: Any) -> None:  # noqa: A001 - mirrors get()
+    """Override a setting for this process (``None`` goes back to the environment)."""
+    if name not in _ENV:
+        raise KeyError(f"unknown fusec setting {name!r}; known: {', '.join(_ENV)}")
+    if value is None:
+        _overrides.pop(name, None)
+    else:
+        _overrides[name] = value
+
+
+def debug_level() -> int:
+    return int(get("debug"))
+
+
+def verify_passes() -> bool:
+    return bool(get("verify"))
+
+
+def debug(level: int, msg: str) -> None:
+    """Print ``msg`` to stderr when FUSEC_DEBUG >= level."""
+    if debug_level() >= level:
+        print(f"fusec: {msg}", file=sys.stderr, flush=True)
+
+
+def log_compile(msg: str) -> None:
+    if get("log_compiles") or debug_level() >= 1:
+        print(f"fusec: {msg}", file=sys.stderr, flush=True)

@@ -1,0 +1,282 @@
+"""The fusec IR: a flat, single-assignment program in the style of a jaxpr.
+
+A :class:`Program` has input variables, a list of equations and output atoms. Every equation applies
+one :class:`Op` to atoms (variables or literals) and defines exactly one new variable. After fusion,
+the top-level program holds ``kernel`` equations whose ``body`` parameter is itself a Program: one
+equation per GPU kernel.
+
+This module depends on nothing but the standard library: shapes are tuples of ints and dtypes are
+the strings in :data:`DTYPES`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Union
+
+DTYPES = ("float32", "int32", "uint32", "bool")
+Shape = tuple[int, ...]
+
+# Bump when the meaning of printed IR changes, so that hashes of old programs never collide with new.
+IR_VERSION = "1"
+
+
+class OpGroup(Enum):
+    ELEMENTWISE = "elementwise"  # out[i] depends on inputs at the broadcast of i only
+    REDUCE = "reduce"
+    MATMUL = "matmul"
+    MOVEMENT = "movement"  # pure index maps: no arithmetic, only where elements come from
+    KERNEL = "kernel"  # a fused group; params["body"] is a Program
+
+
+class Op(Enum):
+    """Every primitive the IR knows. The facts about each live in :mod:`fusec.ops`."""
+
+    # elementwise, unary
+    NEG = "neg"
+    ABS = "abs"
+    EXP = "exp"
+    LOG = "log"
+    SQRT = "sqrt"
+    RSQRT = "rsqrt"
+    TANH = "tanh"
+    SIN = "sin"
+    COS = "cos"
+    ERF = "erf"
+    CAST = "cast"  # params: dtype
+    IPOW = "ipow"  # params: n (a Python int exponent)
+    # elementwise, binary
+    ADD = "add"
+    SUB = "sub"
+    MUL = "mul"
+    DIV = "div"
+    POW = "pow"
+    MAX = "max"
+    MIN = "min"
+    GT = "gt"
+    GE = "ge"
+    LT = "lt"
+    LE = "le"
+    EQ = "eq"
+    NE = "ne"
+    # elementwise, ternary
+    WHERE = "where"
+    # reductions: params axes (sorted tuple), keepdims is expressed with a following reshape
+    SUM = "sum"
+    RMAX = "reduce_max"
+    RMIN = "reduce_min"
+    # matmul: a[..., M, K] @ b[..., K, N] with equal batch dims
+    MATMUL = "matmul"
+    # movement
+    RESHAPE = "reshape"  # params: shape
+    TRANSPOSE = "transpose"  # params: perm
+    BROADCAST = "broadcast"  # params: shape (numpy broadcasting of the input to it)
+    # a fused kernel
+    KERNEL = "kernel"  # params: body (Program), name, kind
+
+
+UNARY = frozenset({Op.NEG, Op.ABS, Op.EXP, Op.LOG, Op.SQRT, Op.RSQRT, Op.TANH, Op.SIN, Op.COS,
+                   Op.ERF, Op.CAST, Op.IPOW})
+BINARY = frozenset({Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.POW, Op.MAX, Op.MIN, Op.GT, Op.GE, Op.LT,
+                    Op.LE, Op.EQ, Op.NE})
+COMPARISON = frozenset({Op.GT, Op.GE, Op.LT, Op.LE, Op.EQ, Op.NE})
+ELEMENTWISE = UNARY | BINARY | {Op.WHERE}
+REDUCE = frozenset({Op.SUM, Op.RMAX, Op.RMIN})
+MOVEMENT = frozenset({Op.RESHAPE, Op.TRANSPOSE, Op.BROADCAST})
+
+
+def group_of(op: Op) -> OpGroup:
+    if op in ELEMENTWISE:
+        return OpGroup.ELEMENTWISE
+    if op in REDUCE:
+        return OpGroup.REDUCE
+    if op in MOVEMENT:
+        return OpGroup.MOVEMENT
+    if op is Op.MATMUL:
+        return OpGroup.MATMUL
+    return OpGroup.KERNEL
+
+
+def size_of(shape: Shape) -> int:
+    return math.prod(shape)
+
+
+def itemsize(dtype: str) -> int:
+    """Bytes per element as stored on the GPU (bool is stored as a 32-bit word)."""
+    return 4
+
+
+@dataclass(eq=False)
+class Var:
+    """A value defined once. Identity is by object; printing gives it a canonical name."""
+
+    shape: Shape
+    dtype: str
+
+    @property
+    def size(self) -> int:
+        return size_of(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * itemsize(self.dtype)
+
+    def __repr__(self) -> str:
+        return f"Var({type_str(self.shape, self.dtype)})"
+
+
+@dataclass(frozen=True)
+class Lit:
+    """A scalar constant used directly as an operand (Python scalars and literals in user code)."""
+
+    value: Union[float, int, bool]
+    dtype: str
+
+    @property
+    def shape(self) -> Shape:
+        return ()
+
+
+Atom = Union[Var, Lit]
+
+
+@dataclass(eq=False)
+class Eqn:
+    """``outs = op[params](inputs)``. Primitives define one output; fused kernels may define several."""
+
+    op: Op
+    inputs: tuple[Atom, ...]
+    outs: tuple[Var, ...]
+    params: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def out(self) -> Var:
+        assert len(self.outs) == 1, f"{self.op.value} has {len(self.outs)} outputs"
+        return self.outs[0]
+
+
+@dataclass(eq=False)
+class Program:
+    inputs: list[Var]
+    eqns: list[Eqn]
+    outputs: list[Atom]
+
+    def __str__(self) -> str:
+        return format_program(self)
+
+    def hash(self) -> str:
+        """Structural hash: equal for equal programs, stable across processes and machines."""
+        return structural_hash(self)
+
+    def vars(self) -> Iterator[Var]:
+        yield from self.inputs
+        for e in self.eqns:
+            yield from e.outs
+
+
+# --- printing -------------------------------------------------------------------------------------
+
+_DT_SHORT = {"float32": "f32", "int32": "i32", "uint32": "u32", "bool": "bool"}
+
+
+def type_str(shape: Shape, dtype: str) -> str:
+    return f"{_DT_SHORT.get(dtype, dtype)}[{','.join(str(d) for d in shape)}]"
+
+
+def lit_str(lit: Lit) -> str:
+    v = lit.value
+    if lit.dtype == "bool":
+        text = "True" if v else "False"
+    elif lit.dtype == "float32":
+        text = repr(float(v))
+    else:
+        text = str(int(v))
+    return f"{text}:{_DT_SHORT[lit.dtype]}"
+
+
+def _name(i: int) -> str:
+    """a, b, ..., z, ba, bb, ... (like jaxprs): short, stable names in order of definition."""
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    s = letters[i % 26]
+    i //= 26
+    while i:
+        s = letters[i % 26] + s
+        i //= 26
+    return s
+
+
+def _param_str(key: str, value: Any) -> str:
+    if isinstance(value, tuple):
+        return f"{key}=({','.join(str(v) for v in value)}{',' if len(value) == 1 else ''})"
+    if isinstance(value, float):
+        return f"{key}={value!r}"
+    return f"{key}={value}"
+
+
+def format_program(prog: Program, indent: str = "", names: dict[int, str] | None = None) -> str:
+    names = {} if names is None else names
+    counter = [len(names)]
+
+    def define(v: Var) -> str:
+        n = _name(counter[0])
+        counter[0] += 1
+        names[id(v)] = n
+        return n
+
+    def use(a: Atom) -> str:
+        if isinstance(a, Lit):
+            return lit_str(a)
+        return names.get(id(a), "?")
+
+    ins = " ".join(f"{define(v)}:{type_str(v.shape, v.dtype)}" for v in prog.inputs)
+    lines = [f"{indent}{{ lambda {ins} ."]
+    for e in prog.eqns:
+        params = {k: v for k, v in e.params.items() if k != "body"}
+        ptxt = "".join(f" {_param_str(k, params[k])}" for k in sorted(params))
+        args = " ".join(use(a) for a in e.inputs)
+        out = " ".join(f"{define(o)}:{type_str(o.shape, o.dtype)}" for o in e.outs)
+        lines.append(f"{indent}    {out} = {e.op.value}{ptxt} {args}".rstrip())
+        if "body" in e.params:
+            lines.append(format_program(e.params["body"], indent + "        "))
+    lines.append(f"{indent}  in ({', '.join(use(a) for a in prog.outputs)}) }}")
+    return "\n".join(lines)
+
+
+def structural_hash(prog: Program) -> str:
+    text = f"fusec-ir-{IR_VERSION}\n{format_program(prog)}"
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+# --- small helpers used by passes -----------------------------------------------------------------
+
+
+def uses(prog: Program) -> dict[int, int]:
+    """How many times each variable (by id) is used as an operand or output."""
+    count: dict[int, int] = {}
+    for e in prog.eqns:
+        for a in e.inputs:
+            if isinstance(a, Var):
+                count[id(a)] = count.get(id(a), 0) + 1
+    for a in prog.outputs:
+        if isinstance(a, Var):
+            count[id(a)] = count.get(id(a), 0) + 1
+    return count
+
+
+def consumers(prog: Program) -> dict[int, list[Eqn]]:
+    out: dict[int, list[Eqn]] = {}
+    for e in prog.eqns:
+        for a in e.inputs:
+            if isinstance(a, Var):
+                lst = out.setdefault(id(a), [])
+                if e not in lst:
+                    lst.append(e)
+    return out
+
+
+def var_inputs(atoms: Iterable[Atom]) -> list[Var]:
+    return [a for a in atoms if isinstance(a, Var)]

@@ -1,0 +1,500 @@
+"""``gpu_jit`` and its stages: trace -> lower (passes + codegen) -> compile (pipelines) -> run.
+
+One executable is cached per *signature*: the pytree structure of the dynamic arguments, each leaf's
+shape and dtype (Python scalars are weakly typed, so their values do not matter), and the values of
+static arguments. A repeated signature neither traces nor compiles.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Optional, Union
+
+import numpy as np
+
+from . import cache, codegen, config, dtypes
+from .errors import DeviceLimitError, SignatureError, StaticArgumentError, TraceError
+from .interpret import evaluate
+from .ir import REDUCE, Lit, Op, Program, Var
+from .passes import Options, run_pipeline, used_inputs
+from .runtime import Array, CpuExecutable, GpuExecutable, get_runtime
+from .trace import Aval, Builder, ShapeDtype, Tracer, current_builder, tracing
+from .tree import TreeDef, flatten_with_paths, unflatten
+
+Signature = tuple[Any, ...]
+
+
+# --- arguments ------------------------------------------------------------------------------------
+
+
+def _aval(path: str, x: Any, fname: str) -> Aval:
+    if isinstance(x, (Array, ShapeDtype)):
+        return Aval(tuple(x.shape), str(np.dtype(x.dtype)) if isinstance(x, Array) else x.dtype)
+    if isinstance(x, (bool, int, float)) and not isinstance(x, np.generic):
+        return Aval((), dtypes.weak_dtype(x), weak=True)
+    if isinstance(x, np.generic) and not isinstance(x, np.ndarray):
+        if x.dtype.name in dtypes.SUPPORTED:
+            return Aval((), x.dtype.name)
+        if x.dtype.kind in "biuf":
+            return Aval((), dtypes.weak_dtype(x.item()), weak=True)
+    if isinstance(x, np.ndarray):
+        return Aval(x.shape, dtypes.canonicalize(x.dtype, f"argument '{path}' of {fname}"))
+    if isinstance(x, complex) or (hasattr(x, "dtype") and np.dtype(x.dtype).kind == "c"):
+        dtypes.canonicalize(np.complex64, f"argument '{path}' of {fname}")
+    if hasattr(x, "__array__"):
+        return _aval(path, np.asarray(x), fname)
+    raise TraceError(
+        f"argument '{path}' of {fname} is a {type(x).__name__}; jitted functions take arrays, "
+        f"Python scalars, or tuples/lists/dicts of them. To pass other values, mark the argument "
+        f"static: @gpu_jit(static_argnames=('{path.split('[')[0].split('.')[0]}',))")
+
+
+def _to_array(x: Any, aval: Aval) -> Array:
+    if isinstance(x, Array):
+        return x
+    host = np.asarray(x.item() if isinstance(x, np.generic) else x, dtype=aval.dtype)
+    return Array(aval.shape, aval.dtype, host=host)
+
+
+class _Binder:
+    """Splits a call's arguments into dynamic (pytrees of arrays) and static parts."""
+
+    def __init__(self, fun: Callable[..., Any], name: str, static_argnums: Sequence[int],
+                 static_argnames: Sequence[str]) -> None:
+        self.name = name
+        try:
+            self.sig: Optional[inspect.Signature] = inspect.signature(fun)
+        except (TypeError, ValueError):
+            self.sig = None
+        names = set(static_argnames)
+        if self.sig is not None:
+            params = list(self.sig.parameters.values())
+            positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY,
+                                                           p.POSITIONAL_OR_KEYWORD)]
+            for i in static_argnums:
+                if not -len(positional) <= i < len(positional):
+                    raise StaticArgumentError(
+                        f"static_argnums={tuple(static_argnums)}: {name} has only "
+                        f"{len(positional)} positional parameters")
+                names.add(positional[i].name)
+            has_kwargs = any(p.kind is p.VAR_KEYWORD for p in params)
+            for n in static_argnames:
+                if n not in self.sig.parameters and not has_kwargs:
+                    raise StaticArgumentError(
+                        f"static_argnames names '{n}', but {name} has no parameter of that name "
+                        f"(parameters: {', '.join(self.sig.parameters)})")
+        self.static_names = names
+        self.static_nums = tuple(static_argnums)
+
+    def split(self, args: tuple[Any, ...], kwargs: dict[str, Any]
+              ) -> tuple[dict[str, Any], tuple[tuple[str, Any], ...]]:
+        if self.sig is None:
+            dyn = {f"arg{i}": a for i, a in enumerate(args) if i not in self.static_nums}
+            static = tuple((f"arg{i}", a) for i, a in enumerate(args) if i in self.static_nums)
+            return dyn, static
+        try:
+            ba = self.sig.bind(*args, **kwargs)
+        except TypeError as exc:
+            raise TypeError(f"{self.name}: {exc}") from None
+        ba.apply_defaults()
+        dyn = {}
+        static = []
+        for k, v in ba.arguments.items():
+            if k in self.static_names:
+                static.append((k, v))
+            else:
+                dyn[k] = v
+        for k, v in static:
+            try:
+                hash(v)
+            except TypeError:
+                raise StaticArgumentError(
+                    f"static argument '{k}' of {self.name} must be hashable (its value is part of "
+                    f"the cache key); got {type(v).__name__} {v!r}. Pass a tuple instead of a "
+                    "list, or make it a dynamic argument.") from None
+        return dyn, tuple(static)
+
+    def call(self, fun: Callable[..., Any], dyn: dict[str, Any],
+             static: tuple[tuple[str, Any], ...]) -> Any:
+        if self.sig is None:
+            merged = {**dyn, **dict(static)}
+            return fun(*(merged[f"arg{i}"] for i in range(len(merged))))
+        arguments = {}
+        for name in self.sig.parameters:
+            if name in dyn:
+                arguments[name] = dyn[name]
+            elif name in dict(static):
+                arguments[name] = dict(static)[name]
+        ba = inspect.BoundArguments(self.sig, arguments)  # type: ignore[arg-type]
+        return fun(*ba.args, **ba.kwargs)
+
+
+def _flatten_args(dyn: dict[str, Any]) -> tuple[list[tuple[str, Any]], TreeDef]:
+    leaves: list[tuple[str, Any]] = []
+    tds = []
+    for name, value in dyn.items():
+        sub, td = flatten_with_paths(value, name)
+        leaves.extend(sub)
+        tds.append((name, td))
+    return leaves, ("args", tuple(tds))
+
+
+def _unflatten_args(td: TreeDef, leaves: list[Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    pos = 0
+    for name, sub in td[1]:
+        n = _count(sub)
+        out[name] = unflatten(sub, leaves[pos:pos + n])
+        pos += n
+    return out
+
+
+def _count(td: TreeDef) -> int:
+    if td == ("leaf",):
+        return 1
+    if td == ("none",):
+        return 0
+    return sum(_count(c) for c in td[2])
+
+
+# --- stages ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class Traced:
+    """The result of ``f.trace(...)``: the program as traced, before any pass."""
+
+    name: str
+    program: Program
+    in_tree: TreeDef
+    in_avals: tuple[Aval, ...]
+    in_paths: tuple[str, ...]
+    out_tree: TreeDef
+    const_values: list[Any]
+    options: Options
+    binder: Optional[_Binder] = None
+    key: Optional[Signature] = None
+
+    @property
+    def ir(self) -> Program:
+        return self.program
+
+    def lower(self) -> Lowered:
+        return lower(self)
+
+
+@dataclass
+class Lowered:
+    """The result of ``f.lower(...)``: the program after the pass pipeline, with kernels' WGSL."""
+
+    traced: Traced
+    ir: Program
+    kernels: list[codegen.KernelCode]
+
+    def as_text(self, what: str = "ir") -> str:
+        """``"ir"``: the lowered program, kernel by kernel; ``"wgsl"``: every kernel's WGSL."""
+        if what == "ir":
+            return str(self.ir)
+        if what == "wgsl":
+            return "\n".join(str(k) for k in self.kernels)
+        raise ValueError(f"as_text: what must be 'ir' or 'wgsl'; got {what!r}")
+
+    def cost_analysis(self) -> dict[str, float]:
+        """Estimated flops and bytes moved through device memory by the kernels."""
+        flops = 0
+        nbytes = 0
+        for e in self.ir.eqns:
+            if e.op is not Op.KERNEL:
+                continue
+            nbytes += sum(a.nbytes for a in e.inputs if isinstance(a, Var))
+            nbytes += sum(o.nbytes for o in e.outs)
+            for be in e.params["body"].eqns:
+                if be.op is Op.MATMUL:
+                    a, b = be.inputs
+                    flops += 2 * math.prod(be.out.shape) * a.shape[-1]
+                elif be.op in REDUCE:
+                    flops += be.inputs[0].size if isinstance(be.inputs[0], Var) else 1
+                elif be.op not in (Op.RESHAPE, Op.TRANSPOSE, Op.BROADCAST):
+                    flops += be.out.size
+        return {"flops": float(flops), "bytes accessed": float(nbytes),
+                "kernels": float(len(self.kernels))}
+
+    def compile(self) -> Compiled:
+        """Build the GPU pipelines; the result is callable with arguments of this signature."""
+        return compile_lowered(self, self.traced.binder, self.traced.key)
+
+
+class Compiled:
+    """A callable executable for one signature."""
+
+    def __init__(self, lowered: Lowered, executable: Any, binder: Optional[_Binder] = None,
+                 key: Optional[Signature] = None) -> None:
+        self.lowered = lowered
+        self.binder = binder
+        self.key = key
+        self.traced = lowered.traced
+        self.executable = executable
+        self.used = used_inputs(lowered.ir)
+        self._consts: Optional[list[Array]] = None
+
+    def _const_arrays(self) -> list[Array]:
+        if self._consts is None:
+            self._consts = [v if isinstance(v, Array) else Array(np.shape(v), str(np.asarray(
+                v).dtype), host=np.asarray(v)) for v in self.traced.const_values]
+        return self._consts
+
+    def run_leaves(self, leaves: Sequence[Any]) -> Any:
+        t = self.traced
+        inputs: list[Optional[Array]] = []
+        for x, aval, used in zip(leaves, t.in_avals, self.used):
+            inputs.append(_to_array(x, aval) if used else None)  # unused inputs: no upload
+        consts = self._const_arrays()
+        for c, used in zip(consts, self.used[len(leaves):]):
+            inputs.append(c if used else None)
+        outs = self.executable.run(inputs)
+        return unflatten(t.out_tree, outs)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Run with arguments of exactly the signature this was compiled for."""
+        if self.binder is None:
+            raise SignatureError("this Compiled object has no argument binder; call it through "
+                                 "its jitted function")
+        dyn, static = self.binder.split(args, kwargs)
+        leaves, td = _flatten_args(dyn)
+        avals = tuple(_aval(p, x, self.traced.name) for p, x in leaves)
+        if (td, avals, static) != self.key:
+            raise SignatureError(_explain_mismatch(self.traced.name, self.key,
+                                                   (td, avals, static), [p for p, _ in leaves]))
+        return self.run_leaves([x for _, x in leaves])
+
+    @property
+    def ir(self) -> Program:
+        return self.lowered.ir
+
+
+def lower(traced: Traced) -> Lowered:
+    t0 = time.perf_counter()
+    prog = run_pipeline(traced.program, traced.options)
+    kernels = [codegen.generate(e) for e in prog.eqns if e.op is Op.KERNEL]
+    rt = get_runtime()
+    if rt is not None:
+        _check_sizes(traced, prog, rt.max_binding_size, rt.info.adapter)
+    cache.STATS.lowerings += 1
+    config.debug(1, f"{traced.name}: {len(kernels)} kernel(s) "
+                    f"[{', '.join(k.name for k in kernels)}]")
+    config.debug(2, f"{traced.name}: lowered in {1e3 * (time.perf_counter() - t0):.1f} ms")
+    for k in kernels:
+        config.debug(4, f"WGSL of {k.name}:\n{k.wgsl}")
+    return Lowered(traced, prog, kernels)
+
+
+def _check_sizes(traced: Traced, prog: Program, limit: int, adapter: str) -> None:
+    names = dict(zip(map(id, prog.inputs), traced.in_paths))
+    for v in prog.vars():
+        if v.nbytes > limit:
+            what = (f"argument '{names[id(v)]}'" if id(v) in names
+                    else f"an intermediate value of shape {v.shape}")
+            raise DeviceLimitError(
+                f"{traced.name}: {what} needs {v.nbytes} bytes, more than the device's maximum "
+                f"storage buffer binding size of {limit} bytes ({adapter}); use smaller arrays "
+                "or split the work")
+
+
+def _explain_mismatch(name: str, want: Signature, got: Signature, paths: list[str]) -> str:
+    if want[0] != got[0]:
+        return (f"{name} was compiled for arguments structured as {want[0]}, but was called "
+                f"with {got[0]}")
+    for p, a, b in zip(paths, want[1], got[1]):
+        if a != b:
+            return (f"{name} was compiled for argument '{p}' as {a}, but was called with {b}; "
+                    "call the jitted function instead to compile the new signature")
+    return f"{name} was compiled for static arguments {want[2]}, but was called with {got[2]}"
+
+
+def compile_lowered(lowered: Lowered, binder: Optional[_Binder] = None,
+                    key: Optional[Signature] = None) -> Compiled:
+    rt = get_runtime()
+    t0 = time.perf_counter()
+    if rt is None:
+        exe: Any = CpuExecutable(lowered.ir)
+    else:
+        exe = GpuExecutable(rt, lowered.ir, lowered.kernels)
+    config.debug(2, f"{lowered.traced.name}: compiled in {1e3 * (time.perf_counter() - t0):.1f} ms")
+    return Compiled(lowered, exe, binder, key)
+
+
+# --- the decorator --------------------------------------------------------------------------------
+
+
+class JitFunction:
+    """A function compiled for the GPU on first call with each new signature. See :func:`gpu_jit`."""
+
+    def __init__(self, fun: Callable[..., Any], static_argnums: Sequence[int] = (),
+                 static_argnames: Sequence[str] = (), donate_argnums: Sequence[int] = (),
+                 fuse: bool = True) -> None:
+        if not callable(fun):
+            raise TypeError(f"gpu_jit needs a callable; got {type(fun).__name__}")
+        self.fun = fun
+        self.name = getattr(fun, "__qualname__", getattr(fun, "__name__", repr(fun)))
+        if isinstance(static_argnums, int):
+            static_argnums = (static_argnums,)
+        if isinstance(static_argnames, str):
+            static_argnames = (static_argnames,)
+        self._binder = _Binder(fun, self.name, tuple(static_argnums), tuple(static_argnames))
+        self.donate_argnums = tuple(donate_argnums)
+        self.fuse = fuse
+        self._cache: dict[Signature, Compiled] = {}
+        functools.update_wrapper(self, fun)  # type: ignore[arg-type]
+        cache.register(self)
+
+    def clear(self) -> None:
+        self._cache.clear()
+
+    def _options(self) -> Options:
+        rt = get_runtime()
+        return Options(fuse=self.fuse, max_bindings=rt.max_bindings if rt is not None else 8)
+
+    def _signature(self, args: tuple[Any, ...], kwargs: dict[str, Any]
+                   ) -> tuple[Signature, list[tuple[str, Any]], TreeDef, tuple[Any, ...]]:
+        dyn, static = self._binder.split(args, kwargs)
+        leaves, td = _flatten_args(dyn)
+        avals = tuple(_aval(p, x, self.name) for p, x in leaves)
+        return (td, avals, static), leaves, td, static
+
+    def trace(self, *args: Any, **kwargs: Any) -> Traced:
+        """Trace for these arguments (arrays or :class:`ShapeDtype`); nothing is compiled."""
+        key, leaves, td, static = self._signature(args, kwargs)
+        return self._trace(key, leaves, td, static)
+
+    def _trace(self, key: Signature, leaves: list[tuple[str, Any]], td: TreeDef,
+               static: tuple[Any, ...]) -> Traced:
+        t0 = time.perf_counter()
+        avals: tuple[Aval, ...] = key[1]
+        b = Builder(self.name)
+        tracers = [b.new_input(a, p) for (p, _), a in zip(leaves, avals)]
+        with tracing(b):
+            out = self._binder.call(self.fun, _unflatten_args(td, tracers), static)
+            out_leaves, out_tree = flatten_with_paths(out, "output")
+            atoms: list[Union[Tracer, Lit]] = []
+            for path, o in out_leaves:
+                if isinstance(o, Tracer):
+                    if o.builder is not b:
+                        raise TraceError(f"{self.name} returned a traced value from another trace "
+                                         f"at {path}")
+                    atoms.append(o)
+                elif isinstance(o, (bool, int, float)):
+                    atoms.append(Lit(o, dtypes.weak_dtype(o)))
+                elif isinstance(o, (np.ndarray, Array, np.generic)):
+                    atoms.append(b.const(o if isinstance(o, Array) else np.asarray(o)))
+                else:
+                    raise TraceError(f"{self.name} returned a {type(o).__name__} at {path}; "
+                                     "jitted functions return arrays, scalars, or "
+                                     "tuples/lists/dicts of them")
+        prog = b.program(atoms)
+        cache.STATS.traces += 1
+        config.log_compile(f"traced {self.name} for {', '.join(map(str, avals)) or 'no arrays'} "
+                           f"in {1e3 * (time.perf_counter() - t0):.1f} ms")
+        config.debug(3, f"traced IR of {self.name}:\n{prog}")
+        return Traced(self.name, prog, td, avals, tuple(p for p, _ in leaves), out_tree,
+                      b.const_values, self._options(), self._binder, key)
+
+    def lower(self, *args: Any, **kwargs: Any) -> Lowered:
+        """Trace and run the pass pipeline and codegen; no pipeline is compiled."""
+        return lower(self.trace(*args, **kwargs))
+
+    def warmup(self, *args: Any, **kwargs: Any) -> Compiled:
+        """Compile every pipeline of this signature (arrays or ShapeDtype) without running it."""
+        key, leaves, td, static = self._signature(args, kwargs)
+        compiled = self._cache.get(key)
+        if compiled is None:
+            compiled = lower(self._trace(key, leaves, td, static)).compile()
+            self._cache[key] = compiled
+        return compiled
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if current_builder() is not None:
+            return self.fun(*args, **kwargs)  # nested jit: inline into the outer trace
+        key, leaves, td, static = self._signature(args, kwargs)
+        compiled = self._cache.get(key)
+        if compiled is None:
+            cache.STATS.misses += 1
+            for p, x in leaves:
+                if isinstance(x, ShapeDtype):
+                    raise TraceError(f"{self.name}: argument '{p}' is a ShapeDtype; it has no "
+                                     "values to compute with (use it with trace/lower/warmup)")
+            compiled = lower(self._trace(key, leaves, td, static)).compile()
+            self._cache[key] = compiled
+        else:
+            cache.STATS.hits += 1
+        return compiled.run_leaves([x for _, x in leaves])
+
+    def __repr__(self) -> str:
+        return f"<gpu_jit {self.name}>"
+
+
+def gpu_jit(fun: Optional[Callable[..., Any]] = None, *, static_argnums: Sequence[int] = (),
+            static_argnames: Sequence[str] = (), donate_argnums: Sequence[int] = (),
+            fuse: bool = True) -> Any:
+    """Compile ``fun`` to fused GPU kernels, once per argument signature.
+
+    Use bare (``@gpu_jit``) or with options (``@gpu_jit(static_argnames=("axis",))``).
+    ``static_argnums``/``static_argnames`` mark arguments whose *values* are baked in (they must be
+    hashable); ``fuse=False`` runs one kernel per op (a baseline for benchmarks);
+    ``donate_argnums`` is accepted for API compatibility (buffer donation comes with memory
+    planning). Calls take numpy arrays, :class:`fusec.Array`, Python scalars or pytrees of them and
+    return :class:`fusec.Array` outputs that stay on the device.
+    """
+    if fun is None:
+        return lambda f: JitFunction(f, static_argnums, static_argnames, donate_argnums, fuse)
+    return JitFunction(fun, static_argnums, static_argnames, donate_argnums, fuse)
+
+
+# --- eager execution of fusec.numpy functions ----------------------------------------------------
+
+_EAGER: dict[Any, JitFunction] = {}
+
+
+def _is_array_leaf(x: Any) -> bool:
+    return isinstance(x, (Array, np.ndarray))
+
+
+def eager_call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Run a fusec.numpy function outside jit: compile it for these arrays (cached) and call it."""
+    leaves, td = flatten_with_paths((args, kwargs))
+    dyn = [x for _, x in leaves if _is_array_leaf(x)]
+    for _, x in leaves:
+        if isinstance(x, Tracer):
+            raise TraceError("a traced value was used outside of its jitted function")
+    statics = tuple((i, x) for i, (_, x) in enumerate(leaves) if not _is_array_leaf(x))
+    try:
+        key = (fn, td, statics)
+        hash(key)
+    except TypeError:
+        raise StaticArgumentError(f"{fn.__name__}: non-array arguments must be hashable") from None
+    jf = _EAGER.get(key)
+    if jf is None:
+        positions = [i for i, (_, x) in enumerate(leaves) if _is_array_leaf(x)]
+
+        def run(*arrays: Any) -> Any:
+            vals = [x for _, x in leaves]
+            for i, a in zip(positions, arrays):
+                vals[i] = a
+            a2, k2 = unflatten(td, vals)
+            return fn(*a2, **k2)
+
+        run.__qualname__ = getattr(fn, "__name__", "op")
+        jf = JitFunction(run)
+        _EAGER[key] = jf
+    return jf(*dyn)
+
+
+def interpret_traced(traced: Traced, leaves: Sequence[Any]) -> list[np.ndarray]:
+    """Run the unoptimised traced program on numpy (the oracle tests compare against)."""
+    args = [np.asarray(x, dtype=a.dtype) for x, a in zip(leaves, traced.in_avals)]
+    args += [np.asarray(c) for c in traced.const_values]
+    return evaluate(traced.program, args)

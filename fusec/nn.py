@@ -1,0 +1,101 @@
+"""Activations and normalisations, written with :mod:`fusec.numpy` so that they trace and fuse."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from . import numpy as fnp
+from .numpy import _traceable
+from .trace import Tracer
+
+__all__ = ["relu", "sigmoid", "tanh", "silu", "swish", "gelu", "leaky_relu", "elu", "softmax",
+           "log_softmax", "layer_norm", "rms_norm"]
+
+
+@_traceable
+def relu(x: Any) -> Tracer:
+    """``max(x, 0)``."""
+    return fnp.maximum(x, 0)
+
+
+@_traceable
+def sigmoid(x: Any) -> Tracer:
+    """``1 / (1 + exp(-x))``; saturates cleanly to 0 and 1."""
+    return 1.0 / (1.0 + fnp.exp(fnp.negative(x)))
+
+
+tanh = fnp.tanh
+
+
+@_traceable
+def silu(x: Any) -> Tracer:
+    """``x * sigmoid(x)`` (also called swish)."""
+    return x * sigmoid(x)
+
+
+swish = silu
+
+
+@_traceable
+def gelu(x: Any, approximate: str = "tanh") -> Tracer:
+    """GELU. ``approximate="tanh"`` (the default, as in JAX) or ``"none"`` for the erf form."""
+    if approximate in ("tanh", True):
+        c = math.sqrt(2.0 / math.pi)
+        return 0.5 * x * (1.0 + fnp.tanh(c * (x + 0.044715 * (x * x * x))))
+    if approximate in ("none", False):
+        return 0.5 * x * (1.0 + fnp.erf(x * (1.0 / math.sqrt(2.0))))
+    raise ValueError(f"gelu: approximate must be 'tanh' or 'none'; got {approximate!r}")
+
+
+@_traceable
+def leaky_relu(x: Any, negative_slope: float = 0.01) -> Tracer:
+    """``x`` where positive, ``negative_slope * x`` elsewhere."""
+    return fnp.where(fnp.greater_equal(x, 0), x, negative_slope * x)
+
+
+@_traceable
+def elu(x: Any, alpha: float = 1.0) -> Tracer:
+    """``x`` where positive, ``alpha * (exp(x) - 1)`` elsewhere."""
+    neg = alpha * (fnp.exp(fnp.minimum(x, 0.0)) - 1.0)
+    return fnp.where(fnp.greater(x, 0), x, neg)
+
+
+@_traceable
+def softmax(x: Any, axis: int = -1) -> Tracer:
+    """``exp(x) / sum(exp(x))`` along ``axis``, shifted by the maximum for stability."""
+    shifted = x - fnp.max(x, axis=axis, keepdims=True)
+    e = fnp.exp(shifted)
+    return e / fnp.sum(e, axis=axis, keepdims=True)
+
+
+@_traceable
+def log_softmax(x: Any, axis: int = -1) -> Tracer:
+    """``x - log(sum(exp(x)))`` along ``axis``, computed stably."""
+    shifted = x - fnp.max(x, axis=axis, keepdims=True)
+    return shifted - fnp.log(fnp.sum(fnp.exp(shifted), axis=axis, keepdims=True))
+
+
+@_traceable
+def layer_norm(x: Any, weight: Any = None, bias: Any = None, axis: int = -1,
+               eps: float = 1e-5) -> Tracer:
+    """Normalise to zero mean and unit variance along ``axis``, then scale and shift."""
+    mu = fnp.mean(x, axis=axis, keepdims=True)
+    d = x - mu
+    var = fnp.mean(d * d, axis=axis, keepdims=True)
+    y = d * fnp.rsqrt(var + eps)
+    if weight is not None:
+        y = y * weight
+    if bias is not None:
+        y = y + bias
+    return y
+
+
+@_traceable
+def rms_norm(x: Any, weight: Any = None, axis: int = -1, eps: float = 1e-6) -> Tracer:
+    """Divide by the root mean square along ``axis``, then scale."""
+    ms = fnp.mean(x * x, axis=axis, keepdims=True)
+    y = x * fnp.rsqrt(ms + eps)
+    if weight is not None:
+        y = y * weight
+    return y

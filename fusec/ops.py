@@ -1,0 +1,309 @@
+"""Each primitive's facts in one table: result shape and dtype, numpy reference, WGSL expression, and
+the tolerance a float32 GPU result is held to against a float64 numpy reference.
+
+Adding an elementwise op means adding one :class:`Elementwise` row here (plus its :class:`Op` name in
+:mod:`fusec.ir` and a user-facing function in :mod:`fusec.numpy`); codegen, the interpreter and the
+numeric tests all read this table.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from . import dtypes
+from .errors import ShapeError
+from .ir import BINARY, COMPARISON, Op, Shape
+
+# --- shape rules ----------------------------------------------------------------------------------
+
+
+def broadcast_shapes(*shapes: Shape) -> Shape:
+    """numpy broadcasting; raises ShapeError with the shapes when they do not broadcast."""
+    ndim = max((len(s) for s in shapes), default=0)
+    out = []
+    for k in range(ndim):
+        dims = {s[len(s) - ndim + k] for s in shapes if len(s) - ndim + k >= 0}
+        dims.discard(1)
+        if len(dims) > 1:
+            raise ShapeError(
+                f"shapes {' and '.join(str(tuple(s)) for s in shapes)} do not broadcast "
+                f"(numpy rules: trailing dimensions must be equal or 1)"
+            )
+        out.append(dims.pop() if dims else 1)
+    return tuple(out)
+
+
+# --- WGSL literals --------------------------------------------------------------------------------
+
+
+def wgsl_literal(value: Any, dtype: str) -> str:
+    """A WGSL expression for a scalar constant of the given dtype; exact for float32 values."""
+    if dtype == "bool":
+        return "true" if value else "false"
+    if dtype == "int32":
+        v = int(np.int32(value))
+        return f"{v}i" if v != -(2**31) else "i32(-2147483647 - 1)"
+    if dtype == "uint32":
+        return f"{int(np.uint32(value))}u"
+    f = float(np.float32(value))
+    if math.isfinite(f):
+        text = repr(f)
+        return text + ("f" if ("." in text or "e" in text) else ".0f")
+    bits = int(np.array(f, dtype=np.float32).view(np.uint32))
+    return f"bitcast<f32>({bits:#x}u)"  # inf and nan have no WGSL literal
+
+
+# --- elementwise ----------------------------------------------------------------------------------
+
+# Helper functions pasted once into any kernel that uses the op.
+HELPERS = {
+    "fusec_erf": """
+fn fusec_erf(x: f32) -> f32 {
+    // Abramowitz & Stegun 7.1.26: |error| < 1.5e-7; WGSL has no erf builtin.
+    let t = 1.0 / (1.0 + 0.3275911 * abs(x));
+    let p = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741
+            + t * (-1.453152027 + t * 1.061405429))));
+    return sign(x) * (1.0 - p * exp(-x * x));
+}""",
+    "fusec_pow": """
+fn fusec_pow(x: f32, y: f32) -> f32 {
+    // WGSL pow(x, y) is undefined for x < 0 and for x == 0; numpy is not.
+    if (y == 0.0) { return 1.0; }
+    let r = pow(abs(x), y);
+    if (x == 0.0) { return select(0.0, 1.0 / x, y < 0.0); }
+    if (x < 0.0) {
+        if (floor(y) != y) { return (x - x) / (x - x); }
+        if (floor(y * 0.5) != y * 0.5) { return -r; }
+    }
+    return r;
+}""",
+}
+
+
+@dataclass(frozen=True)
+class Elementwise:
+    """Facts about one elementwise primitive."""
+
+    op: Op
+    numpy: Callable[..., Any]  # reference on numpy arrays of the operand dtype
+    wgsl: Callable[[Sequence[str], str], str]  # (operand expressions, operand dtype) -> expression
+    float_only: bool = False  # trace casts integer operands to float32 first
+    bool_ok: bool = True
+    helper: str | None = None
+    # (rtol, atol) of the GPU float32 result against a float64 reference, from WGSL's accuracy rules
+    # (e.g. exp: 3 + 2|x| ULP; division 2.5 ULP) and measured on lavapipe and the H100/H200.
+    tol: tuple[float, float] = (1e-6, 0.0)
+
+
+def _neg(a: Sequence[str], dt: str) -> str:
+    return f"(0u - {a[0]})" if dt == "uint32" else f"(-{a[0]})"
+
+
+def _abs(a: Sequence[str], dt: str) -> str:
+    return a[0] if dt in ("uint32", "bool") else f"abs({a[0]})"
+
+
+def _bin(sym: str, bool_sym: str | None = None) -> Callable[[Sequence[str], str], str]:
+    def f(a: Sequence[str], dt: str) -> str:
+        if dt == "bool" and bool_sym is not None:
+            return f"({a[0]} {bool_sym} {a[1]})"
+        if dt == "bool" and sym in ("<", "<=", ">", ">="):
+            return f"(u32({a[0]}) {sym} u32({a[1]}))"
+        return f"({a[0]} {sym} {a[1]})"
+
+    return f
+
+
+def _call(name: str, bool_sym: str | None = None) -> Callable[[Sequence[str], str], str]:
+    def f(a: Sequence[str], dt: str) -> str:
+        if dt == "bool" and bool_sym is not None:
+            return f"({a[0]} {bool_sym} {a[1]})"
+        return f"{name}({', '.join(a)})"
+
+    return f
+
+
+def _np_erf(x: np.ndarray) -> np.ndarray:
+    return np.vectorize(math.erf, otypes=[np.float64])(x).astype(x.dtype)
+
+
+def _np_bool_safe(fn: Callable[..., Any], bool_fn: Callable[..., Any]) -> Callable[..., Any]:
+    def f(*xs: np.ndarray) -> Any:
+        if all(np.asarray(x).dtype == np.bool_ for x in xs):
+            return bool_fn(*xs)
+        return fn(*xs)
+
+    return f
+
+
+_TRANSCENDENTAL = (2e-5, 1e-6)
+
+ELEMENTWISE: dict[Op, Elementwise] = {
+    e.op: e
+    for e in [
+        Elementwise(Op.NEG, np.negative, _neg, bool_ok=False, tol=(0.0, 0.0)),
+        Elementwise(Op.ABS, np.abs, _abs, tol=(0.0, 0.0)),
+        Elementwise(Op.EXP, np.exp, _call("exp"), float_only=True, tol=_TRANSCENDENTAL),
+        Elementwise(Op.LOG, np.log, _call("log"), float_only=True, tol=_TRANSCENDENTAL),
+        Elementwise(Op.SQRT, np.sqrt, _call("sqrt"), float_only=True, tol=(1e-6, 0.0)),
+        Elementwise(Op.RSQRT, lambda x: (1 / np.sqrt(x)).astype(x.dtype), _call("inverseSqrt"),
+                    float_only=True, tol=(1e-6, 0.0)),
+        # Clamping keeps implementations that build tanh from exp() away from inf/inf = NaN;
+        # tanh(15) already rounds to 1.0 in float32.
+        Elementwise(Op.TANH, np.tanh, lambda a, dt: f"tanh(clamp({a[0]}, -15.0, 15.0))",
+                    float_only=True, tol=_TRANSCENDENTAL),
+        # WGSL promises sin/cos only to 2^-11 absolute on [-pi, pi]; real adapters do far better.
+        Elementwise(Op.SIN, np.sin, _call("sin"), float_only=True, tol=(1e-5, 2e-6)),
+        Elementwise(Op.COS, np.cos, _call("cos"), float_only=True, tol=(1e-5, 2e-6)),
+        Elementwise(Op.ERF, _np_erf, _call("fusec_erf"), float_only=True, helper="fusec_erf",
+                    tol=(1e-5, 1e-6)),
+        Elementwise(Op.ADD, _np_bool_safe(np.add, np.logical_or), _bin("+", "||"), tol=(1e-7, 0.0)),
+        Elementwise(Op.SUB, np.subtract, _bin("-"), bool_ok=False, tol=(1e-7, 0.0)),
+        Elementwise(Op.MUL, _np_bool_safe(np.multiply, np.logical_and), _bin("*", "&&"),
+                    tol=(1e-7, 0.0)),
+        Elementwise(Op.DIV, np.divide, _bin("/"), float_only=True, tol=(1e-6, 0.0)),
+        Elementwise(Op.POW, np.power, _call("fusec_pow"), float_only=True, helper="fusec_pow",
+                    tol=(5e-5, 1e-6)),
+        Elementwise(Op.MAX, np.maximum, _call("max", "||"), tol=(0.0, 0.0)),
+        Elementwise(Op.MIN, np.minimum, _call("min", "&&"), tol=(0.0, 0.0)),
+        Elementwise(Op.GT, np.greater, _bin(">"), tol=(0.0, 0.0)),
+        Elementwise(Op.GE, np.greater_equal, _bin(">="), tol=(0.0, 0.0)),
+        Elementwise(Op.LT, np.less, _bin("<"), tol=(0.0, 0.0)),
+        Elementwise(Op.LE, np.less_equal, _bin("<="), tol=(0.0, 0.0)),
+        Elementwise(Op.EQ, np.equal, _bin("=="), tol=(0.0, 0.0)),
+        Elementwise(Op.NE, np.not_equal, _bin("!="), tol=(0.0, 0.0)),
+        # where(c, a, b): WGSL select(false_value, true_value, cond)
+        Elementwise(Op.WHERE, np.where, lambda a, dt: f"select({a[2]}, {a[1]}, {a[0]})",
+                    tol=(0.0, 0.0)),
+    ]
+}
+
+
+def cast_wgsl(expr: str, src: str, dst: str) -> str:
+    """WGSL for numpy's astype between supported dtypes."""
+    if src == dst:
+        return expr
+    ty = dtypes.WGSL_TYPE[dst]
+    if dst == "bool":
+        zero = "0.0" if src == "float32" else ("0i" if src == "int32" else "0u")
+        return f"({expr} != {zero})"
+    if src == "bool":
+        one, zero = {"float32": ("1.0", "0.0"), "int32": ("1i", "0i"), "uint32": ("1u", "0u")}[dst]
+        return f"select({zero}, {one}, {expr})"
+    return f"{ty}({expr})"  # i32<->u32 reinterpret the bits; float->int saturates
+
+
+def ipow_wgsl(expr: str, n: int, dtype: str) -> str:
+    """x ** n for a Python int n, by repeated multiplication (exact for integers, as numpy)."""
+    if n == 0:
+        return wgsl_literal(1, dtype)
+    m = abs(n)
+    parts = [expr] * m
+    prod = "(" + " * ".join(parts) + ")"
+    return f"(1.0 / {prod})" if n < 0 else prod
+
+
+def elementwise_dtype(op: Op, in_dtypes: Sequence[str], params: dict[str, Any]) -> str:
+    if op in COMPARISON:
+        return "bool"
+    if op is Op.CAST:
+        return str(params["dtype"])
+    if op is Op.WHERE:
+        return in_dtypes[1]
+    return in_dtypes[0]
+
+
+def numpy_elementwise(op: Op, args: Sequence[np.ndarray], params: dict[str, Any],
+                      out_dtype: str) -> np.ndarray:
+    """The numpy reference of an elementwise primitive, computed in the operand dtype."""
+    ndt = np.dtype(out_dtype)
+    if op is Op.CAST:
+        x = args[0]
+        if out_dtype == "bool":
+            return np.asarray(x != 0)
+        return np.asarray(x).astype(ndt)
+    if op is Op.IPOW:
+        n = int(params["n"])
+        with np.errstate(all="ignore"):
+            x = args[0]
+            if n < 0:
+                return np.asarray(1 / np.power(x, -n)).astype(ndt)
+            return np.asarray(np.power(x, n)).astype(ndt)
+    with np.errstate(all="ignore"):
+        out = ELEMENTWISE[op].numpy(*args)
+    return np.asarray(out).astype(ndt, copy=False)
+
+
+# --- reductions -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Reduction:
+    op: Op
+    numpy: Callable[..., Any]
+    combine: Callable[[str, str], str]
+    identity: Callable[[str], Any]  # dtype -> Python value
+
+
+def _max_identity(dt: str) -> Any:
+    return {"float32": -math.inf, "int32": -(2**31), "uint32": 0, "bool": False}[dt]
+
+
+def _min_identity(dt: str) -> Any:
+    return {"float32": math.inf, "int32": 2**31 - 1, "uint32": 2**32 - 1, "bool": True}[dt]
+
+
+REDUCTIONS: dict[Op, Reduction] = {
+    Op.SUM: Reduction(Op.SUM, np.sum, lambda a, b: f"({a} + {b})", lambda dt: 0),
+    Op.RMAX: Reduction(Op.RMAX, np.max, lambda a, b: f"max({a}, {b})", _max_identity),
+    Op.RMIN: Reduction(Op.RMIN, np.min, lambda a, b: f"min({a}, {b})", _min_identity),
+}
+
+
+def reduce_shape(shape: Shape, axes: tuple[int, ...]) -> Shape:
+    return tuple(d for k, d in enumerate(shape) if k not in axes)
+
+
+def matmul_shape(a: Shape, b: Shape) -> Shape:
+    """a[..., M, K] @ b[..., K, N] with equal batch dims (trace inserts broadcasts)."""
+    if len(a) < 2 or len(b) < 2 or a[:-2] != b[:-2] or a[-1] != b[-2]:
+        raise ShapeError(f"matmul primitive needs [...,M,K] @ [...,K,N]; got {a} and {b}")
+    return a[:-1] + (b[-1],)
+
+
+def is_binary(op: Op) -> bool:
+    return op in BINARY
+
+
+def infer_type(op: Op, in_types: Sequence[tuple[Shape, str]], params: dict[str, Any]
+               ) -> tuple[Shape, str]:
+    """Result (shape, dtype) of a primitive: the one shape/dtype rule of the IR."""
+    shapes = [s for s, _ in in_types]
+    dts = [d for _, d in in_types]
+    if op in ELEMENTWISE or op in (Op.CAST, Op.IPOW):
+        return broadcast_shapes(*shapes), elementwise_dtype(op, dts, params)
+    if op in REDUCTIONS:
+        return reduce_shape(shapes[0], tuple(params["axes"])), dts[0]
+    if op is Op.MATMUL:
+        return matmul_shape(shapes[0], shapes[1]), dts[0]
+    if op is Op.RESHAPE:
+        new = tuple(params["shape"])
+        if math.prod(new) != math.prod(shapes[0]):
+            raise ShapeError(f"cannot reshape {shapes[0]} into {new}")
+        return new, dts[0]
+    if op is Op.TRANSPOSE:
+        perm = tuple(params["perm"])
+        if sorted(perm) != list(range(len(shapes[0]))):
+            raise ShapeError(f"transpose axes {perm} are not a permutation of {len(shapes[0])} axes")
+        return tuple(shapes[0][p] for p in perm), dts[0]
+    if op is Op.BROADCAST:
+        new = tuple(params["shape"])
+        if broadcast_shapes(shapes[0], new) != new:
+            raise ShapeError(f"cannot broadcast shape {shapes[0]} to {new}")
+        return new, dts[0]
+    raise ValueError(f"no type rule for {op}")

@@ -1,0 +1,512 @@
+"""The GPU runtime: adapter and device, device-resident arrays, the pipeline cache, executables.
+
+An executable records one command encoder with one compute pass holding every dispatch of a call,
+and submits it once. Calls return as soon as the work is submitted; reading an output waits.
+With no usable adapter (or FUSEC_BACKEND=cpu) the numpy interpreter runs the same lowered program.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import numpy as np
+
+from . import cache, config, dtypes
+from .errors import DeviceLimitError, FusecError
+from .ir import Lit, Op, Program, Var
+
+_BACKENDS = {"vulkan": "Vulkan", "metal": "Metal", "dx12": "D3D12", "gl": "OpenGL"}
+_TYPE_RANK = {"DiscreteGPU": 0, "IntegratedGPU": 1, "VirtualGPU": 2, "CPU": 3}
+_BACKEND_RANK = {"Vulkan": 0, "Metal": 0, "D3D12": 1, "OpenGL": 2}
+
+
+@dataclass
+class DeviceInfo:
+    """What ``fusec.default_device()`` reports."""
+
+    backend: str  # "Vulkan", "Metal", ..., or "cpu" for the numpy fallback
+    adapter: str
+    adapter_type: str
+    limits: dict[str, int] = field(default_factory=dict)
+    features: tuple[str, ...] = ()
+
+    @property
+    def is_cpu_fallback(self) -> bool:
+        return self.backend == "cpu"
+
+    def __str__(self) -> str:
+        return f"{self.adapter} ({self.adapter_type}, {self.backend})"
+
+
+class Runtime:
+    """The wgpu device and everything cached on it. One per process (see :func:`get_runtime`)."""
+
+    def __init__(self, adapter: Any) -> None:
+        import wgpu
+
+        self.wgpu = wgpu
+        self.adapter = adapter
+        feats = [f for f in ("timestamp-query",) if f in adapter.features]
+        self.device = adapter.request_device_sync(required_features=feats)
+        info = adapter.info
+        self.info = DeviceInfo(
+            backend=str(info["backend_type"]),
+            adapter=str(info["device"]),
+            adapter_type=str(info["adapter_type"]),
+            limits=dict(self.device.limits),
+            features=tuple(sorted(self.device.features)),
+        )
+        self.pipelines: dict[str, tuple[Any, Any]] = {}
+        self._staging: dict[int, Any] = {}
+        self._sync_src: Any = None
+        self.submitted = 0  # submission counter; arrays remember theirs
+        self.completed = 0  # every submission up to this one has finished
+        cache.register(self)
+
+    def clear(self) -> None:
+        self.pipelines.clear()
+
+    # -- limits --
+    @property
+    def max_binding_size(self) -> int:
+        return int(self.info.limits.get("max-storage-buffer-binding-size", 1 << 27))
+
+    @property
+    def max_bindings(self) -> int:
+        override = os.environ.get("FUSEC_MAX_STORAGE_BUFFERS")
+        real = int(self.info.limits.get("max-storage-buffers-per-shader-stage", 8))
+        return min(real, int(override)) if override else real
+
+    # -- buffers --
+    def buffer(self, nbytes: int) -> Any:
+        usage = (self.wgpu.BufferUsage.STORAGE | self.wgpu.BufferUsage.COPY_SRC
+                 | self.wgpu.BufferUsage.COPY_DST)
+        return self.device.create_buffer(size=max(4, nbytes), usage=usage)
+
+    def upload(self, data: np.ndarray) -> Any:
+        usage = (self.wgpu.BufferUsage.STORAGE | self.wgpu.BufferUsage.COPY_SRC
+                 | self.wgpu.BufferUsage.COPY_DST)
+        raw = np.ascontiguousarray(data)
+        if raw.nbytes == 0:
+            raw = np.zeros(1, dtype=np.uint32)
+        return self.device.create_buffer_with_data(data=memoryview(raw).cast("B"), usage=usage)
+
+    def _staging_buffer(self, nbytes: int) -> Any:
+        size = 1 << max(8, (nbytes - 1).bit_length())  # reuse by power-of-two size class
+        buf = self._staging.get(size)
+        if buf is None:
+            buf = self.device.create_buffer(
+                size=size, usage=self.wgpu.BufferUsage.MAP_READ | self.wgpu.BufferUsage.COPY_DST)
+            self._staging[size] = buf
+        return buf
+
+    def read(self, buffer: Any, nbytes: int) -> bytes:
+        """Copy ``nbytes`` from a device buffer to the host (waits for all submitted work)."""
+        stage = self._staging_buffer(nbytes)
+        enc = self.device.create_command_encoder()
+        enc.copy_buffer_to_buffer(buffer, 0, stage, 0, max(4, nbytes))
+        self.device.queue.submit([enc.finish()])
+        self.submitted += 1
+        stage.map_sync(self.wgpu.MapMode.READ, 0, max(4, nbytes))
+        try:
+            data = bytes(stage.read_mapped(0, max(4, nbytes)))
+        finally:
+            stage.unmap()
+        self.completed = self.submitted
+        cache.STATS.readbacks += 1
+        return data[:nbytes]
+
+    def sync(self) -> None:
+        """Wait for every submitted command (a mapped read; on_submitted_work_done is unusable)."""
+        if self.completed >= self.submitted:
+            return
+        if self._sync_src is None:
+            self._sync_src = self.buffer(4)
+        self.read(self._sync_src, 4)
+        cache.STATS.readbacks -= 1  # a wait, not a readback of user data
+
+    # -- pipelines --
+    def pipeline(self, key: str, wgsl: str, n_in: int, n_out: int, name: str) -> tuple[Any, Any]:
+        hit = self.pipelines.get(key)
+        if hit is not None:
+            cache.STATS.pipeline_hits += 1
+            return hit
+        wgpu = self.wgpu
+        t0 = time.perf_counter()
+        try:
+            module = self.device.create_shader_module(code=wgsl, label=name)
+            entries = [{"binding": i, "visibility": wgpu.ShaderStage.COMPUTE,
+                        "buffer": {"type": wgpu.BufferBindingType.read_only_storage
+                                   if i < n_in else wgpu.BufferBindingType.storage}}
+                       for i in range(n_in + n_out)]
+            bgl = self.device.create_bind_group_layout(entries=entries)
+            layout = self.device.create_pipeline_layout(bind_group_layouts=[bgl])
+            pipe = self.device.create_compute_pipeline(
+                layout=layout, compute={"module": module, "entry_point": "main"}, label=name)
+        except Exception as exc:  # a compiler bug, never a user error: say where to look
+            raise FusecError(f"internal error: the WGSL generated for kernel {name} did not "
+                             f"compile ({exc}); run with FUSEC_DEBUG=4 to see it, and please "
+                             "report it") from exc
+        cache.STATS.pipelines_compiled += 1
+        config.log_compile(f"compiled pipeline {name} in {1e3 * (time.perf_counter() - t0):.1f} ms")
+        self.pipelines[key] = (pipe, bgl)
+        return pipe, bgl
+
+
+_RUNTIME: Optional[Runtime] = None
+_RESOLVED = False
+
+
+def _choose_adapter() -> Any:
+    want = str(config.get("backend") or "")
+    if want == "cpu":
+        return None
+    if want and want not in _BACKENDS:
+        raise FusecError(f"FUSEC_BACKEND={want!r} is not one of vulkan, metal, dx12, gl, cpu")
+    try:
+        import wgpu
+
+        adapters = list(wgpu.gpu.enumerate_adapters_sync())
+    except Exception as exc:  # no wgpu-native library, no loader, ...
+        config.debug(1, f"wgpu unavailable: {exc}")
+        adapters = []
+    if want:
+        found = [a for a in adapters if a.info["backend_type"] == _BACKENDS[want]]
+        if not found:
+            have = sorted({str(a.info["backend_type"]) for a in adapters}) or ["none"]
+            raise FusecError(f"FUSEC_BACKEND={want} but no {_BACKENDS[want]} adapter was found "
+                             f"(available backends: {', '.join(have)})")
+        adapters = found
+    if not adapters:
+        return None
+    return min(adapters, key=lambda a: (_TYPE_RANK.get(a.info["adapter_type"], 4),
+                                        _BACKEND_RANK.get(a.info["backend_type"], 3)))
+
+
+def get_runtime() -> Optional[Runtime]:
+    """The process's runtime, created on first use; None means the numpy fallback."""
+    global _RUNTIME, _RESOLVED
+    if not _RESOLVED:
+        os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")  # quiets Mesa's warnings on headless Linux
+        adapter = _choose_adapter()
+        _RESOLVED = True
+        if adapter is None:
+            if config.get("backend") != "cpu":
+                warnings.warn("fusec: no GPU adapter found; running on the numpy interpreter "
+                              "(slow). Install a Vulkan driver (e.g. mesa-vulkan-drivers).",
+                              RuntimeWarning, stacklevel=3)
+        else:
+            _RUNTIME = Runtime(adapter)
+            config.debug(1, f"device: {_RUNTIME.info}")
+    return _RUNTIME
+
+
+def default_device() -> DeviceInfo:
+    """The device fusec runs on: backend, adapter name and type, limits, features."""
+    rt = get_runtime()
+    if rt is None:
+        return DeviceInfo(backend="cpu", adapter="numpy interpreter", adapter_type="CPU")
+    return rt.info
+
+
+# --- arrays ---------------------------------------------------------------------------------------
+
+
+class Array:
+    """An immutable array that lives on the device. Outputs of jitted functions are Arrays; feed them
+    back in and nothing is copied. ``np.asarray(a)``, ``a.numpy()`` read it back (and wait)."""
+
+    __array_priority__ = 100  # ndarray + Array -> Array.__radd__ (runs on the device)
+
+    def __init__(self, shape: Sequence[int], dtype: str, buffer: Any = None,
+                 host: Optional[np.ndarray] = None, submission: int = 0) -> None:
+        self._shape = tuple(int(d) for d in shape)
+        self._dtype = dtype
+        self._buffer = buffer
+        self._host = host
+        self._submission = submission
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._shape
+
+    @property
+    def dtype(self) -> np.dtype:  # type: ignore[type-arg]
+        return np.dtype(self._dtype)
+
+    @property
+    def ndim(self) -> int:
+        return len(self._shape)
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self._shape, dtype=np.int64))
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * 4
+
+    def device_buffer(self, rt: Runtime) -> Any:
+        """The wgpu buffer, uploading host data on first use."""
+        if self._buffer is None:
+            assert self._host is not None
+            self._buffer = rt.upload(to_storage(self._host, self._dtype))
+        return self._buffer
+
+    def _host_value(self) -> np.ndarray:
+        if self._host is None:
+            rt = get_runtime()
+            assert rt is not None and self._buffer is not None
+            raw = rt.read(self._buffer, self.nbytes)
+            st = np.frombuffer(raw, dtype=dtypes.NUMPY_STORAGE[self._dtype]).reshape(self._shape)
+            host = (st != 0) if self._dtype == "bool" else st.copy()
+            host.flags.writeable = False
+            self._host = host
+        return self._host
+
+    def numpy(self) -> np.ndarray:
+        """A numpy copy of the values (waits for the computation)."""
+        return np.array(self._host_value())
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        h = self._host_value()
+        if dtype is not None and np.dtype(dtype) != h.dtype:
+            return h.astype(dtype)
+        return np.array(h) if copy else h
+
+    def block_until_ready(self) -> Array:
+        """Wait until the computation producing this array has finished; returns self."""
+        rt = get_runtime()
+        if rt is not None and self._host is None and rt.completed < self._submission:
+            rt.sync()
+        return self
+
+    def is_ready(self) -> bool:
+        rt = get_runtime()
+        return rt is None or self._host is not None or rt.completed >= self._submission
+
+    def __repr__(self) -> str:
+        body = np.array2string(self._host_value(), separator=", ", prefix="fusec.Array(")
+        return f"fusec.Array({body}, dtype={self._dtype})"
+
+    def __len__(self) -> int:
+        if not self._shape:
+            raise TypeError("len() of a 0-d array")
+        return self._shape[0]
+
+    def __getitem__(self, idx: Any) -> Any:
+        # Host-side indexing: reads the array back. Index on the device by slicing before the jit.
+        return self._host_value()[idx]
+
+    def __iter__(self) -> Any:
+        return iter(self._host_value())
+
+    def __bool__(self) -> bool:
+        return bool(self._host_value())
+
+    def __float__(self) -> float:
+        return float(self._host_value())
+
+    def __int__(self) -> int:
+        return int(self._host_value())
+
+    __hash__ = None  # type: ignore[assignment]
+
+    # Operators and methods run eagerly on the device through fusec.numpy.
+    def __add__(self, o: Any) -> Array: return _fnp().add(self, o)
+    def __radd__(self, o: Any) -> Array: return _fnp().add(o, self)
+    def __sub__(self, o: Any) -> Array: return _fnp().subtract(self, o)
+    def __rsub__(self, o: Any) -> Array: return _fnp().subtract(o, self)
+    def __mul__(self, o: Any) -> Array: return _fnp().multiply(self, o)
+    def __rmul__(self, o: Any) -> Array: return _fnp().multiply(o, self)
+    def __truediv__(self, o: Any) -> Array: return _fnp().divide(self, o)
+    def __rtruediv__(self, o: Any) -> Array: return _fnp().divide(o, self)
+    def __pow__(self, o: Any) -> Array: return _fnp().power(self, o)
+    def __rpow__(self, o: Any) -> Array: return _fnp().power(o, self)
+    def __matmul__(self, o: Any) -> Array: return _fnp().matmul(self, o)
+    def __rmatmul__(self, o: Any) -> Array: return _fnp().matmul(o, self)
+    def __neg__(self) -> Array: return _fnp().negative(self)
+    def __abs__(self) -> Array: return _fnp().abs(self)
+    def __gt__(self, o: Any) -> Array: return _fnp().greater(self, o)
+    def __ge__(self, o: Any) -> Array: return _fnp().greater_equal(self, o)
+    def __lt__(self, o: Any) -> Array: return _fnp().less(self, o)
+    def __le__(self, o: Any) -> Array: return _fnp().less_equal(self, o)
+    def __eq__(self, o: Any) -> Array: return _fnp().equal(self, o)  # type: ignore[override]
+    def __ne__(self, o: Any) -> Array: return _fnp().not_equal(self, o)  # type: ignore[override]
+
+    @property
+    def T(self) -> Array:
+        return _fnp().transpose(self)  # type: ignore[no-any-return]
+
+    def sum(self, axis: Any = None, keepdims: bool = False) -> Array:
+        return _fnp().sum(self, axis=axis, keepdims=keepdims)  # type: ignore[no-any-return]
+
+    def max(self, axis: Any = None, keepdims: bool = False) -> Array:
+        return _fnp().max(self, axis=axis, keepdims=keepdims)  # type: ignore[no-any-return]
+
+    def min(self, axis: Any = None, keepdims: bool = False) -> Array:
+        return _fnp().min(self, axis=axis, keepdims=keepdims)  # type: ignore[no-any-return]
+
+    def mean(self, axis: Any = None, keepdims: bool = False) -> Array:
+        return _fnp().mean(self, axis=axis, keepdims=keepdims)  # type: ignore[no-any-return]
+
+    def reshape(self, *shape: Any) -> Array:
+        return _fnp().reshape(self, shape[0] if len(shape) == 1 else shape)  # type: ignore
+
+    def astype(self, dtype: Any) -> Array:
+        return _fnp().astype(self, dtype)  # type: ignore[no-any-return]
+
+
+def _fnp() -> Any:
+    from . import numpy as fnp
+
+    return fnp
+
+
+def to_storage(host: np.ndarray, dtype: str) -> np.ndarray:
+    return np.ascontiguousarray(host, dtype=dtypes.NUMPY_STORAGE[dtype])
+
+
+def device_put(x: Any, dtype: Any = None) -> Array:
+    """Upload ``x`` (a numpy array or scalar) once; pass the result to jitted functions."""
+    if isinstance(x, Array):
+        return x if dtype is None else x.astype(dtype)
+    arr = np.asarray(x)
+    dt = dtypes.canonicalize(dtype if dtype is not None else arr.dtype, "device_put argument")
+    host = np.ascontiguousarray(arr, dtype=dt)
+    rt = get_runtime()
+    if rt is None:
+        return Array(host.shape, dt, host=host)
+    if host.nbytes > rt.max_binding_size:
+        raise DeviceLimitError(
+            f"device_put argument of {host.nbytes} bytes exceeds the device's maximum storage "
+            f"buffer binding size of {rt.max_binding_size} bytes ({rt.info.adapter})")
+    return Array(host.shape, dt, buffer=rt.upload(to_storage(host, dt)))
+
+
+# --- executables ----------------------------------------------------------------------------------
+
+
+@dataclass
+class _Launch:
+    pipeline: Any
+    layout: Any
+    reads: list[int]
+    writes: list[int]
+    grid: tuple[int, int, int]
+
+
+@dataclass
+class _Alias:
+    src: int
+    dst: int
+    shape: tuple[int, ...]
+
+
+class GpuExecutable:
+    """A lowered program bound to compiled pipelines: run() encodes, submits and returns."""
+
+    def __init__(self, rt: Runtime, prog: Program, kernels: Sequence[Any]) -> None:
+        self.rt = rt
+        self.prog = prog
+        slot: dict[int, int] = {}
+        self.var_of: list[Var] = []
+
+        def slot_of(v: Var) -> int:
+            if id(v) not in slot:
+                slot[id(v)] = len(self.var_of)
+                self.var_of.append(v)
+            return slot[id(v)]
+
+        for v in prog.inputs:
+            slot_of(v)
+        self.steps: list[Any] = []
+        codes = iter(kernels)
+        for e in prog.eqns:
+            if e.op is Op.KERNEL:
+                code = next(codes)
+                pipe, layout = rt.pipeline(code.key, code.wgsl, code.n_inputs, code.n_outputs,
+                                           code.name)
+                self.steps.append(_Launch(pipe, layout, [slot_of(a) for a in e.inputs
+                                                         if isinstance(a, Var)],
+                                          [slot_of(o) for o in e.outs], code.grid))
+            else:
+                assert e.op is Op.RESHAPE and isinstance(e.inputs[0], Var)
+                self.steps.append(_Alias(slot_of(e.inputs[0]), slot_of(e.out), e.out.shape))
+        self.n_inputs = len(prog.inputs)
+        self.out_slots: list[Optional[int]] = [slot_of(a) if isinstance(a, Var) else None
+                                               for a in prog.outputs]
+        # buffers that escape to the caller are fresh every call; the rest persist across calls
+        escaping = {s for s in self.out_slots if s is not None}
+        for st in reversed(self.steps):
+            if isinstance(st, _Alias) and st.dst in escaping:
+                escaping.add(st.src)
+        self.escaping = escaping
+        self.persistent: dict[int, Any] = {}
+        self.n_slots = len(self.var_of)
+
+    def run(self, inputs: Sequence[Optional[Array]]) -> list[Any]:
+        rt = self.rt
+        bufs: list[Any] = [None] * self.n_slots
+        arrays: list[Optional[Array]] = [None] * self.n_slots
+        for i, a in enumerate(inputs):
+            if a is not None:
+                bufs[i] = a.device_buffer(rt)
+                arrays[i] = a
+        rt.submitted += 1
+        sub = rt.submitted
+        enc = rt.device.create_command_encoder()
+        cpass = enc.begin_compute_pass()
+        for st in self.steps:
+            if isinstance(st, _Alias):
+                bufs[st.dst] = bufs[st.src]
+                continue
+            for w in st.writes:
+                if w in self.escaping:
+                    bufs[w] = rt.buffer(self.var_of[w].nbytes)
+                else:
+                    if w not in self.persistent:
+                        self.persistent[w] = rt.buffer(self.var_of[w].nbytes)
+                    bufs[w] = self.persistent[w]
+            if st.grid[0] == 0:
+                continue
+            entries = [{"binding": i, "resource": {"buffer": bufs[s], "offset": 0,
+                                                   "size": bufs[s].size}}
+                       for i, s in enumerate(st.reads + st.writes)]
+            bg = rt.device.create_bind_group(layout=st.layout, entries=entries)
+            cpass.set_pipeline(st.pipeline)
+            cpass.set_bind_group(0, bg)
+            cpass.dispatch_workgroups(*st.grid)
+        cpass.end()
+        rt.device.queue.submit([enc.finish()])
+        outs: list[Any] = []
+        for s, a in zip(self.out_slots, self.prog.outputs):
+            if s is None:
+                assert isinstance(a, Lit)
+                outs.append(Array((), a.dtype, host=np.asarray(a.value, dtype=a.dtype)))
+            elif s < self.n_inputs and arrays[s] is not None:
+                outs.append(arrays[s])
+            else:
+                v = self.var_of[s]
+                outs.append(Array(v.shape, v.dtype, buffer=bufs[s], submission=sub))
+        return outs
+
+
+class CpuExecutable:
+    """The numpy interpreter running the lowered program: the fallback without an adapter."""
+
+    def __init__(self, prog: Program) -> None:
+        self.prog = prog
+
+    def run(self, inputs: Sequence[Optional[Array]]) -> list[Any]:
+        from .interpret import evaluate
+
+        args = [np.zeros(v.shape, v.dtype) if a is None else np.asarray(a)
+                for v, a in zip(self.prog.inputs, inputs)]
+        outs = evaluate(self.prog, args)
+        return [Array(o.shape, str(o.dtype), host=o) for o in outs]
