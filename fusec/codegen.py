@@ -10,6 +10,7 @@ whose index is the kernel's own flat index uses it directly, with no index arith
 from __future__ import annotations
 
 import functools
+import hashlib
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,22 +65,37 @@ class Idx:
         return (self.shape, self.flat, self.coords)
 
 
+class Unaligned(Exception):
+    """A fused value would read a register (a row's reduction, a matmul accumulator) at an index
+    other than the one it holds. The fusion pass treats this as "cannot fuse"."""
+
+
+def _nonunit(idx_coords: tuple[str, ...], shape: Shape) -> tuple[str, ...]:
+    return tuple(c for c, d in zip(idx_coords, shape) if d != 1)
+
+
 class Emitter:
     """Emits WGSL statements computing body values at given indices."""
 
-    def __init__(self, body: Program, buffers: dict[int, str], indent: str = "    ") -> None:
+    def __init__(self, body: Program, buffers: dict[int, str], indent: str = "    ",
+                 registers: Optional[dict[int, tuple[tuple[str, ...], str]]] = None,
+                 counter: Optional[list[int]] = None) -> None:
         self.producer = {id(o): e for e in body.eqns for o in e.outs}
         self.buffers = buffers  # id(var) -> binding name, for values read from memory
+        # id(var) -> (the coordinates it is held for, WGSL name): values already in registers
+        self.registers = registers if registers is not None else {}
         self.lines: list[str] = []
         self.memo: dict[tuple[Any, ...], str] = {}
-        self.n = 0
+        self.counter = counter if counter is not None else [0]  # shared: unique names per kernel
         self.indent = indent
 
     def fresh(self, prefix: str = "v") -> str:
-        self.n += 1
-        return f"{prefix}{self.n}"
+        self.counter[0] += 1
+        return f"{prefix}{self.counter[0]}"
 
     def let(self, expr: str, prefix: str = "v") -> str:
+        if expr.isidentifier():
+            return expr
         key = ("let", expr)
         if key in self.memo:
             return self.memo[key]
@@ -103,12 +119,14 @@ class Emitter:
         assert idx.flat is not None
         out = []
         st = strides(idx.shape)
-        for k, (d, s) in enumerate(zip(idx.shape, st)):
+        first = True  # the outermost non-unit axis needs no modulo: flat < size
+        for d, s in zip(idx.shape, st):
             if d == 1:
                 out.append("0u")
                 continue
             q = idx.flat if s == 1 else f"{idx.flat} / {s}u"
-            out.append(self.let(q if k == 0 else f"({q}) % {d}u", "c"))
+            out.append(self.let(q if first else f"({q}) % {d}u", "c"))
+            first = False
         return tuple(out)
 
     def unbroadcast(self, idx: Idx, shape: Shape) -> Idx:
@@ -118,7 +136,7 @@ class Emitter:
         if math.prod(shape) == 1:
             return Idx(shape, flat="0u")
         lead = len(idx.shape) - len(shape)
-        if idx.flat is not None and 1 not in shape and idx.shape[lead:] == shape:
+        if idx.coords is None and 1 not in shape and idx.shape[lead:] == shape:
             return Idx(shape, flat=self.let(f"{idx.flat} % {math.prod(shape)}u", "i"))
         cs = self.coords(idx)[lead:]
         return Idx(shape, coords=tuple("0u" if d == 1 else c for c, d in zip(cs, shape)))
@@ -130,7 +148,12 @@ class Emitter:
         key = (id(a), idx.key())
         if key in self.memo:
             return self.memo[key]
-        if id(a) in self.buffers:
+        if id(a) in self.registers:
+            held, reg = self.registers[id(a)]
+            if _nonunit(self.coords(idx), a.shape) != held:
+                raise Unaligned(f"register {reg} read at another index")
+            expr = reg
+        elif id(a) in self.buffers:
             expr = self.load(a, idx)
         else:
             expr = self.compute(self.producer[id(a)], idx)
@@ -149,6 +172,11 @@ class Emitter:
         if op in MOVEMENT:
             src = e.inputs[0]
             if op is Op.RESHAPE:
+                if tuple(d for d in src.shape if d != 1) == tuple(d for d in idx.shape if d != 1):
+                    # only unit axes change: keep the coordinates (no index arithmetic)
+                    it = iter(_nonunit(self.coords(idx), idx.shape))
+                    cs = tuple("0u" if d == 1 else next(it) for d in src.shape)
+                    return self.value(src, Idx(src.shape, coords=cs))
                 return self.value(src, Idx(src.shape, flat=self.flat(idx)))
             if op is Op.TRANSPOSE:
                 perm = e.params["perm"]
@@ -197,10 +225,17 @@ def grid_for(groups: int) -> tuple[int, int, int]:
     return (x, -(-groups // x), 1)
 
 
-def _bindings(body: Program) -> tuple[list[dict[str, str]], dict[int, str]]:
+def _bindings(body: Program, inplace: tuple[tuple[int, int], ...] = ()
+              ) -> tuple[list[dict[str, str]], dict[int, str]]:
+    """Bindings in order: inputs (read), then outputs (read_write). An input that is written in
+    place (a donated buffer) has no binding of its own: it is read through its output's."""
     binds: list[dict[str, str]] = []
     names: dict[int, str] = {}
+    aliased = dict(inplace)
     for i, v in enumerate(body.inputs):
+        if i in aliased:
+            names[id(v)] = f"out{aliased[i]}"
+            continue
         names[id(v)] = f"in{i}"
         binds.append({"name": f"in{i}", "access": "read", "type": WGSL_STORAGE[v.dtype]})
     for j, o in enumerate(body.outputs):
@@ -213,22 +248,25 @@ def _helpers(code: str) -> str:
     return "".join(text for name, text in HELPERS.items() if f"{name}(" in code)
 
 
-def generate(kernel: Eqn) -> KernelCode:
-    """WGSL for one ``kernel`` equation produced by the fusion pass."""
+def generate(kernel: Eqn, target: str = "gpu") -> KernelCode:
+    """WGSL for one ``kernel`` equation produced by the fusion pass. ``target`` is "gpu", or "cpu"
+    for a software adapter (lavapipe), where a thread per row beats a workgroup per row."""
     body: Program = kernel.params["body"]
     kind = kernel.params["kind"]
     name = kernel.params["name"]
-    binds, names = _bindings(body)
+    inplace = tuple(kernel.params.get("inplace", ()))
+    binds, names = _bindings(body, inplace)
     if kind == "elementwise":
         wgsl, groups = _elementwise(body, names)
     elif kind == "reduce":
-        wgsl, groups = _reduce(body, names)
+        wgsl, groups = _reduce(body, names, target)
     else:
         wgsl, groups = _matmul(body, names)
     header = _env().get_template("bindings.wgsl.j2").render(bindings=binds)
     full = header + _helpers(wgsl) + wgsl
-    return KernelCode(name, kind, full, grid_for(groups), len(body.inputs), len(body.outputs),
-                      key=body.hash() + f":{kind}:{groups}")
+    key = hashlib.sha256(full.encode()).hexdigest()  # the WGSL is a pure function of the kernel IR
+    return KernelCode(name, kind, full, grid_for(groups), len(body.inputs) - len(inplace),
+                      len(body.outputs), key=key)
 
 
 def _elementwise(body: Program, names: dict[int, str]) -> tuple[str, int]:
@@ -245,69 +283,206 @@ def _elementwise(body: Program, names: dict[int, str]) -> tuple[str, int]:
     return src, -(-n // WORKGROUP)
 
 
-def reduce_strategy(n_out: int, r: int, last_axis_reduced: bool) -> str:
+def reduce_strategy(n_out: int, r: int, last_axis_reduced: bool, target: str = "gpu") -> str:
     """'workgroup' (a workgroup per output, tree reduction in shared memory) or 'thread' (a thread
-    per output, sequential loop). Threads win when outputs are many and rows short or strided."""
+    per output, sequential loop). On a GPU threads win when outputs are many and rows short or
+    strided; on a software adapter barriers are expensive and a thread walking a contiguous row is
+    what a CPU does best, so threads win as soon as there are rows enough for every core."""
+    if target == "cpu":
+        return "thread" if n_out >= 64 else "workgroup"
     if n_out < 2048 or (last_axis_reduced and r >= 64):
         return "workgroup"
     return "thread"
 
 
-def _reduce(body: Program, names: dict[int, str]) -> tuple[str, int]:
-    red = body.eqns[-1]
-    assert red.op in REDUCE
-    src = red.inputs[0]
-    assert isinstance(src, Var)
-    shape, axes = src.shape, tuple(red.params["axes"])
+def _reduce(body: Program, names: dict[int, str], target: str = "gpu") -> tuple[str, int]:
+    """A row kernel: every reduction of the body runs over the same rows, one after another, each
+    result held in a register for the rest of the kernel; then row-shaped outputs are computed in a
+    last pass over the row, and per-row outputs once. One workgroup (or thread) owns a row."""
+    reds = [e for e in body.eqns if e.op in REDUCE or e.op is Op.PARTIAL]
+    first = reds[0]
+    src0 = first.inputs[0]
+    shape, axes = src0.shape, tuple(first.params["axes"])
+    for e in reds[1:]:
+        if e.inputs[0].shape != shape or tuple(e.params["axes"]) != axes or e.op is Op.PARTIAL:
+            raise Unaligned("reductions over different rows cannot share a kernel")
+    if first.op is Op.PARTIAL:
+        return _partial(body, names, first)
     kept = [k for k in range(len(shape)) if k not in axes]
-    n_out = math.prod(shape[k] for k in kept)
+    out_shape = tuple(shape[k] for k in kept)
+    n_out = math.prod(out_shape)
     r = math.prod(shape[k] for k in axes)
-    dt = red.out.dtype
-    info = REDUCTIONS[red.op]
-    strategy = reduce_strategy(n_out, r, bool(axes) and axes[-1] == len(shape) - 1)
-    em = Emitter(body, names, indent="        ")
-    if axes == tuple(range(len(shape) - len(axes), len(shape))):
-        idx = Idx(shape, flat=em.let(f"o * {r}u + r", "i") if n_out > 1 else "r")
-    elif axes == tuple(range(len(axes))):
-        idx = Idx(shape, flat=em.let(f"r * {n_out}u + o", "i") if n_out > 1 else "r")
-    else:
-        oc = em.coords(Idx(tuple(shape[k] for k in kept), flat="o"))
+    trailing = axes == tuple(range(len(shape) - len(axes), len(shape)))
+    leading = axes == tuple(range(len(axes)))
+    strategy = reduce_strategy(n_out, r, bool(axes) and axes[-1] == len(shape) - 1, target)
+
+    counter = [0]
+    prelude = Emitter(body, names, indent="    ", counter=counter)
+    outer = prelude.coords(Idx(out_shape, flat="o"))
+    held = _nonunit(outer, out_shape)
+    registers: dict[int, tuple[tuple[str, ...], str]] = {}
+
+    def row_index(em: Emitter) -> Idx:
         rc = em.coords(Idx(tuple(shape[k] for k in axes), flat="r"))
         coords = [""] * len(shape)
-        for k, c in zip(kept, oc):
+        for k, c in zip(kept, outer):
             coords[k] = c
         for k, c in zip(axes, rc):
             coords[k] = c
-        idx = Idx(shape, coords=tuple(coords))
-    val = em.value(src, idx)
-    src_code = _env().get_template("reduce.wgsl.j2").render(
-        strategy=strategy, wg=WORKGROUP, n_out=n_out, r=r, ty=WGSL_TYPE[dt],
-        identity=wgsl_literal(info.identity(dt), dt), body="\n".join(em.lines), value=val,
-        combine_acc=info.combine("acc", val), combine_shared=info.combine("sdata[lid]",
-                                                                          "sdata[lid + s]"),
-        store=store_expr("acc" if strategy == "thread" else "sdata[0]", dt))
+        flat = (em.let(f"o * {r}u + r", "i") if n_out > 1 else "r") if trailing else (
+            em.let(f"r * {n_out}u + o", "i") if n_out > 1 else "r") if leading else None
+        return Idx(shape, flat=flat, coords=tuple(coords))
+
+    stages = []
+    for k, e in enumerate(reds):
+        info = REDUCTIONS[e.op]
+        dt = e.out.dtype
+        em = Emitter(body, names, indent="        ", registers=registers, counter=counter)
+        em.memo.update(prelude.memo)
+        val = em.value(e.inputs[0], row_index(em))
+        acc = f"acc{k}"
+        stages.append({
+            "acc": acc, "ty": WGSL_TYPE[dt], "identity": wgsl_literal(info.identity(dt), dt),
+            "body": "\n".join(em.lines), "combine": info.combine(acc, val),
+            "shared": f"sdata{k}",
+            "combine_shared": info.combine(f"sdata{k}[lid]", f"sdata{k}[lid + s]"),
+            "result": f"red{k}", "after": ""})
+        registers[id(e.out)] = (held, f"red{k}")
+        stages[-1]["after"] = _hoist(body, names, registers, held, out_shape, prelude.memo,
+                                     counter)
+
+    out_index = {id(o): j for j, o in enumerate(body.outputs)}
+    row_outs = [o for o in body.outputs if isinstance(o, Var) and id(o) not in registers
+                and o.shape == shape and n_out * r > 0]
+    row_em = Emitter(body, names, indent="        ", registers=registers, counter=counter)
+    row_em.memo.update(prelude.memo)
+    row_stores = []
+    if row_outs:
+        ridx = row_index(row_em)
+        flat = row_em.flat(ridx)
+        for o in row_outs:
+            v = row_em.value(o, ridx)
+            row_stores.append(f"        out{out_index[id(o)]}[{flat}] = {store_expr(v, o.dtype)};")
+    row_ids = {id(o) for o in row_outs}
+    scalar_em = Emitter(body, names, indent="        ", registers=registers, counter=counter)
+    scalar_em.memo.update(prelude.memo)
+    scalar_stores = []
+    for o in body.outputs:
+        assert isinstance(o, Var)
+        if id(o) in row_ids:
+            continue
+        if o.size != n_out:
+            raise Unaligned(f"output of shape {o.shape} is neither a row nor a per-row value")
+        v = scalar_em.value(o, Idx(o.shape, flat="o"))
+        scalar_stores.append(f"        out{out_index[id(o)]}[o] = {store_expr(v, o.dtype)};")
+    src = _env().get_template("reduce.wgsl.j2").render(
+        strategy=strategy, wg=WORKGROUP, n_out=n_out, r=r, stages=stages,
+        prelude="\n".join(prelude.lines), row_body="\n".join(row_em.lines),
+        row_stores="\n".join(row_stores), scalar_body="\n".join(scalar_em.lines),
+        scalar_stores="\n".join(scalar_stores))
     groups = n_out if strategy == "workgroup" else -(-n_out // WORKGROUP)
-    return src_code, groups
+    return src, groups
+
+
+def _hoist(body: Program, names: dict[int, str], registers: dict[int, tuple[tuple[str, ...], str]],
+           held: tuple[str, ...], out_shape: Shape, memo: dict[tuple[Any, ...], str],
+           counter: list[int]) -> str:
+    """Compute once per row, right after a reduction, the values that depend only on the row's
+    reductions so far (mean = sum / n, rsqrt(var + eps), ...), and hold them in registers."""
+    lines: list[str] = []
+    row_dims = tuple(d for d in out_shape if d != 1)
+    for e in body.eqns:
+        if len(e.outs) != 1 or id(e.out) in registers or e.op in REDUCE or e.op is Op.PARTIAL:
+            continue
+        if e.op is Op.MATMUL or tuple(d for d in e.out.shape if d != 1) != row_dims:
+            continue
+        if not all(isinstance(a, Lit) or id(a) in registers for a in e.inputs):
+            continue
+        it = iter(held)
+        coords = tuple("0u" if d == 1 else next(it) for d in e.out.shape)
+        em = Emitter(body, names, indent="    ", registers=registers, counter=counter)
+        em.memo.update(memo)
+        try:
+            name = em.value(e.out, Idx(e.out.shape, coords=coords))
+        except Unaligned:
+            continue
+        lines.extend(em.lines)
+        registers[id(e.out)] = (_nonunit(coords, e.out.shape), name)
+    return "\n".join(lines)
+
+
+def _partial(body: Program, names: dict[int, str], e: Eqn) -> tuple[str, int]:
+    """First stage of a multi-stage reduction: workgroup (o, g) reduces chunk g of row o."""
+    src = e.inputs[0]
+    shape, axes, chunks = src.shape, tuple(e.params["axes"]), int(e.params["chunks"])
+    kept = [k for k in range(len(shape)) if k not in axes]
+    out_shape = tuple(shape[k] for k in kept)
+    n_out = math.prod(out_shape)
+    r = math.prod(shape[k] for k in axes)
+    size = -(-r // chunks)
+    info = REDUCTIONS[Op(e.params["reduce"])]
+    dt = e.out.dtype
+    em = Emitter(body, names, indent="        ")
+    oc = em.coords(Idx(out_shape, flat="o"))
+    rc = em.coords(Idx(tuple(shape[k] for k in axes), flat="r"))
+    coords = [""] * len(shape)
+    for k, c in zip(kept, oc):
+        coords[k] = c
+    for k, c in zip(axes, rc):
+        coords[k] = c
+    val = em.value(src, Idx(shape, coords=tuple(coords)))
+    code = _env().get_template("partial.wgsl.j2").render(
+        wg=WORKGROUP, n_out=n_out, r=r, chunks=chunks, size=size, ty=WGSL_TYPE[dt],
+        identity=wgsl_literal(info.identity(dt), dt), body="\n".join(em.lines),
+        combine=info.combine("acc", val),
+        combine_shared=info.combine("sdata[lid]", "sdata[lid + s]"),
+        store=store_expr("sdata[0]", dt))
+    return code, n_out * chunks
 
 
 def _matmul(body: Program, names: dict[int, str]) -> tuple[str, int]:
-    mm = body.eqns[-1]
-    assert mm.op is Op.MATMUL
+    mm = next(e for e in body.eqns if e.op is Op.MATMUL)
     a, b = mm.inputs
     assert isinstance(a, Var) and isinstance(b, Var)
     *batch, m, k = a.shape
     n = b.shape[-1]
     nb = math.prod(batch)
     tn, tm = -(-n // TILE), -(-m // TILE)
-    ea = Emitter(body, names, indent="            ")
-    eb = Emitter(body, names, indent="            ")
+    counter = [0]
+    ea = Emitter(body, names, indent="            ", counter=counter)
+    eb = Emitter(body, names, indent="            ", counter=counter)
     batch_coords_a = tuple(ea.coords(Idx(tuple(batch), flat="bt"))) if batch else ()
     batch_coords_b = tuple(eb.coords(Idx(tuple(batch), flat="bt"))) if batch else ()
     va = ea.value(a, Idx(a.shape, coords=batch_coords_a + ("row", "ka")))
     vb = eb.value(b, Idx(b.shape, coords=batch_coords_b + ("kb", "col")))
+    # the epilogue: everything after the product, evaluated where this thread's result lives
+    ee = Emitter(body, names, indent="        ", counter=counter)
+    bc = tuple(ee.coords(Idx(tuple(batch), flat="bt"))) if batch else ()
+    here = Idx(mm.out.shape, flat=ee.let(f"(bt * {m}u + row) * {n}u + col", "i"),
+               coords=bc + ("row", "col"))
+    ee.registers[id(mm.out)] = (_nonunit(bc + ("row", "col"), mm.out.shape), "acc")
+    stores = []
+    for j, o in enumerate(body.outputs):
+        assert isinstance(o, Var)
+        if o.shape != mm.out.shape:
+            raise Unaligned("a matmul epilogue output must have the product's shape")
+        v = ee.value(o, here)
+        stores.append(f"        out{j}[{here.flat}] = {store_expr(v, o.dtype)};")
     dt = mm.out.dtype
     src = _env().get_template("matmul.wgsl.j2").render(
         tile=TILE, m=m, n=n, k=k, tn=tn, tm=tm, total=tn * tm * nb, ty=WGSL_TYPE[dt],
         zero=wgsl_literal(0, dt), load_a="\n".join(ea.lines), val_a=va,
-        load_b="\n".join(eb.lines), val_b=vb)
+        load_b="\n".join(eb.lines), val_b=vb, epilogue="\n".join(ee.lines),
+        stores="\n".join(stores))
     return src, tn * tm * nb
+
+
+def check(kind: str, body: Program) -> bool:
+    """Can a kernel of ``kind`` compute ``body``? (The fusion pass asks before merging.)"""
+    try:
+        _, names = _bindings(body)
+        {"elementwise": _elementwise, "reduce": _reduce, "matmul": _matmul}[kind](
+            body, names)  # type: ignore[operator]
+    except Unaligned:
+        return False
+    return True

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from .ir import MOVEMENT, Atom, Eqn, Lit, Op, Program
-from .ops import ELEMENTWISE, REDUCTIONS, numpy_elementwise
+from .ops import ELEMENTWISE, REDUCTIONS, numpy_elementwise, partial_numpy
 
 
 def lit_value(lit: Lit) -> np.ndarray:
@@ -34,6 +34,8 @@ def _eval_primitive(e: Eqn, args: Sequence[np.ndarray]) -> np.ndarray:
     if op in REDUCTIONS:
         x = args[0]
         return np.asarray(REDUCTIONS[op].numpy(x, axis=tuple(p["axes"])), dtype=x.dtype)
+    if op is Op.PARTIAL:
+        return partial_numpy(args[0], Op(p["reduce"]), tuple(p["axes"]), int(p["chunks"]))
     if op is Op.MATMUL:
         a, b = args
         if a.dtype == np.float32:

@@ -69,6 +69,9 @@ class Op(Enum):
     SUM = "sum"
     RMAX = "reduce_max"
     RMIN = "reduce_min"
+    # first stage of a multi-stage reduction: params reduce (sum|reduce_max|reduce_min), axes,
+    # chunks; out[..., g] reduces chunk g of the flattened reduced axes
+    PARTIAL = "reduce_partial"
     # matmul: a[..., M, K] @ b[..., K, N] with equal batch dims
     MATMUL = "matmul"
     # movement
@@ -92,7 +95,7 @@ MOVEMENT = frozenset({Op.RESHAPE, Op.TRANSPOSE, Op.BROADCAST})
 def group_of(op: Op) -> OpGroup:
     if op in ELEMENTWISE:
         return OpGroup.ELEMENTWISE
-    if op in REDUCE:
+    if op in REDUCE or op is Op.PARTIAL:
         return OpGroup.REDUCE
     if op in MOVEMENT:
         return OpGroup.MOVEMENT

@@ -18,10 +18,10 @@ from typing import Any, Optional, Union
 import numpy as np
 
 from . import cache, codegen, config, dtypes
-from .errors import DeviceLimitError, SignatureError, StaticArgumentError, TraceError
+from .errors import DeviceLimitError, FusecError, SignatureError, StaticArgumentError, TraceError
 from .interpret import evaluate
 from .ir import REDUCE, Lit, Op, Program, Var
-from .passes import Options, run_pipeline, used_inputs
+from .passes import MemoryAnalysis, Options, analyse, run_pipeline, used_inputs
 from .runtime import Array, CpuExecutable, GpuExecutable, get_runtime
 from .trace import Aval, Builder, ShapeDtype, Tracer, current_builder, tracing
 from .tree import TreeDef, flatten_with_paths, unflatten
@@ -90,6 +90,20 @@ class _Binder:
                         f"(parameters: {', '.join(self.sig.parameters)})")
         self.static_names = names
         self.static_nums = tuple(static_argnums)
+
+    def names_of(self, argnums: Sequence[int], argnames: Sequence[str]) -> set[str]:
+        """Parameter names for positional indices and names (for donate_argnums/argnames)."""
+        names = set(argnames)
+        if self.sig is None:
+            return names | {f"arg{i}" for i in argnums}
+        positional = [p.name for p in self.sig.parameters.values()
+                      if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        for i in argnums:
+            if not -len(positional) <= i < len(positional):
+                raise StaticArgumentError(f"donate_argnums: {self.name} has only "
+                                          f"{len(positional)} positional parameters")
+            names.add(positional[i])
+        return names
 
     def split(self, args: tuple[Any, ...], kwargs: dict[str, Any]
               ) -> tuple[dict[str, Any], tuple[tuple[str, Any], ...]]:
@@ -224,6 +238,10 @@ class Lowered:
         return {"flops": float(flops), "bytes accessed": float(nbytes),
                 "kernels": float(len(self.kernels))}
 
+    def memory_analysis(self) -> MemoryAnalysis:
+        """Bytes allocated for intermediates (pooled by liveness), outputs and donated reuse."""
+        return analyse(self.ir)
+
     def compile(self) -> Compiled:
         """Build the GPU pipelines; the result is callable with arguments of this signature."""
         return compile_lowered(self, self.traced.binder, self.traced.key)
@@ -250,13 +268,24 @@ class Compiled:
 
     def run_leaves(self, leaves: Sequence[Any]) -> Any:
         t = self.traced
+        donated = set(t.options.donated)
         inputs: list[Optional[Array]] = []
-        for x, aval, used in zip(leaves, t.in_avals, self.used):
-            inputs.append(_to_array(x, aval) if used else None)  # unused inputs: no upload
+        for i, (x, aval, used) in enumerate(zip(leaves, t.in_avals, self.used)):
+            # unused inputs are never uploaded (unless donated: their buffer may hold an output)
+            inputs.append(_to_array(x, aval) if used or i in donated else None)
+        for i in donated:
+            x = leaves[i]
+            if isinstance(x, Array) and sum(y is x for y in leaves) > 1:
+                raise FusecError(f"{t.name}: argument '{t.in_paths[i]}' is donated but the same "
+                                 "array is also passed as another argument")
         consts = self._const_arrays()
         for c, used in zip(consts, self.used[len(leaves):]):
             inputs.append(c if used else None)
         outs = self.executable.run(inputs)
+        for i in donated:
+            x = leaves[i]
+            if isinstance(x, Array) and not any(o is x for o in outs):
+                x.donate(t.name)
         return unflatten(t.out_tree, outs)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -280,7 +309,7 @@ class Compiled:
 def lower(traced: Traced) -> Lowered:
     t0 = time.perf_counter()
     prog = run_pipeline(traced.program, traced.options)
-    kernels = [codegen.generate(e) for e in prog.eqns if e.op is Op.KERNEL]
+    kernels = [codegen.generate(e, traced.options.target) for e in prog.eqns if e.op is Op.KERNEL]
     rt = get_runtime()
     if rt is not None:
         _check_sizes(traced, prog, rt.max_binding_size, rt.info.adapter)
@@ -336,7 +365,7 @@ class JitFunction:
 
     def __init__(self, fun: Callable[..., Any], static_argnums: Sequence[int] = (),
                  static_argnames: Sequence[str] = (), donate_argnums: Sequence[int] = (),
-                 fuse: bool = True) -> None:
+                 fuse: bool = True, donate_argnames: Sequence[str] = ()) -> None:
         if not callable(fun):
             raise TypeError(f"gpu_jit needs a callable; got {type(fun).__name__}")
         self.fun = fun
@@ -346,7 +375,10 @@ class JitFunction:
         if isinstance(static_argnames, str):
             static_argnames = (static_argnames,)
         self._binder = _Binder(fun, self.name, tuple(static_argnums), tuple(static_argnames))
+        if isinstance(donate_argnums, int):
+            donate_argnums = (donate_argnums,)
         self.donate_argnums = tuple(donate_argnums)
+        self._donated_names = self._binder.names_of(self.donate_argnums, donate_argnames)
         self.fuse = fuse
         self._cache: dict[Signature, Compiled] = {}
         functools.update_wrapper(self, fun)  # type: ignore[arg-type]
@@ -355,9 +387,12 @@ class JitFunction:
     def clear(self) -> None:
         self._cache.clear()
 
-    def _options(self) -> Options:
+    def _options(self, paths: Sequence[str] = ()) -> Options:
         rt = get_runtime()
-        return Options(fuse=self.fuse, max_bindings=rt.max_bindings if rt is not None else 8)
+        donated = tuple(i for i, p in enumerate(paths)
+                        if p.split("[")[0].split(".")[0] in self._donated_names)
+        return Options(fuse=self.fuse, max_bindings=rt.max_bindings if rt is not None else 8,
+                       donated=donated, target=rt.target if rt is not None else "gpu")
 
     def _signature(self, args: tuple[Any, ...], kwargs: dict[str, Any]
                    ) -> tuple[Signature, list[tuple[str, Any]], TreeDef, tuple[Any, ...]]:
@@ -401,7 +436,7 @@ class JitFunction:
                            f"in {1e3 * (time.perf_counter() - t0):.1f} ms")
         config.debug(3, f"traced IR of {self.name}:\n{prog}")
         return Traced(self.name, prog, td, avals, tuple(p for p, _ in leaves), out_tree,
-                      b.const_values, self._options(), self._binder, key)
+                      b.const_values, self._options([p for p, _ in leaves]), self._binder, key)
 
     def lower(self, *args: Any, **kwargs: Any) -> Lowered:
         """Trace and run the pass pipeline and codegen; no pipeline is compiled."""
@@ -439,7 +474,7 @@ class JitFunction:
 
 def gpu_jit(fun: Optional[Callable[..., Any]] = None, *, static_argnums: Sequence[int] = (),
             static_argnames: Sequence[str] = (), donate_argnums: Sequence[int] = (),
-            fuse: bool = True) -> Any:
+            donate_argnames: Sequence[str] = (), fuse: bool = True) -> Any:
     """Compile ``fun`` to fused GPU kernels, once per argument signature.
 
     Use bare (``@gpu_jit``) or with options (``@gpu_jit(static_argnames=("axis",))``).
@@ -450,8 +485,9 @@ def gpu_jit(fun: Optional[Callable[..., Any]] = None, *, static_argnums: Sequenc
     return :class:`fusec.Array` outputs that stay on the device.
     """
     if fun is None:
-        return lambda f: JitFunction(f, static_argnums, static_argnames, donate_argnums, fuse)
-    return JitFunction(fun, static_argnums, static_argnames, donate_argnums, fuse)
+        return lambda f: JitFunction(f, static_argnums, static_argnames, donate_argnums, fuse,
+                                     donate_argnames)
+    return JitFunction(fun, static_argnums, static_argnames, donate_argnums, fuse, donate_argnames)
 
 
 # --- eager execution of fusec.numpy functions ----------------------------------------------------

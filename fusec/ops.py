@@ -265,6 +265,21 @@ REDUCTIONS: dict[Op, Reduction] = {
 }
 
 
+def partial_numpy(x: np.ndarray, op: Op, axes: tuple[int, ...], chunks: int) -> np.ndarray:
+    """Reference of ``reduce_partial``: chunk g of the flattened reduced axes, reduced."""
+    kept = [k for k in range(x.ndim) if k not in axes]
+    moved = np.transpose(x, kept + list(axes))
+    outer = tuple(x.shape[k] for k in kept)
+    r = int(np.prod([x.shape[k] for k in axes], dtype=np.int64))
+    flat = moved.reshape(outer + (r,))
+    size = -(-r // chunks)
+    ident = REDUCTIONS[op].identity(x.dtype.name)
+    padded = np.full(outer + (size * chunks,), ident, dtype=x.dtype)
+    padded[..., :r] = flat
+    return np.asarray(REDUCTIONS[op].numpy(padded.reshape(outer + (chunks, size)), axis=-1),
+                      dtype=x.dtype)
+
+
 def reduce_shape(shape: Shape, axes: tuple[int, ...]) -> Shape:
     return tuple(d for k, d in enumerate(shape) if k not in axes)
 
@@ -289,6 +304,8 @@ def infer_type(op: Op, in_types: Sequence[tuple[Shape, str]], params: dict[str, 
         return broadcast_shapes(*shapes), elementwise_dtype(op, dts, params)
     if op in REDUCTIONS:
         return reduce_shape(shapes[0], tuple(params["axes"])), dts[0]
+    if op is Op.PARTIAL:
+        return reduce_shape(shapes[0], tuple(params["axes"])) + (int(params["chunks"]),), dts[0]
     if op is Op.MATMUL:
         return matmul_shape(shapes[0], shapes[1]), dts[0]
     if op is Op.RESHAPE:

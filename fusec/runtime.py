@@ -71,6 +71,11 @@ class Runtime:
     def clear(self) -> None:
         self.pipelines.clear()
 
+    @property
+    def target(self) -> str:
+        """What codegen tunes for: "cpu" on a software adapter (lavapipe, llvmpipe), else "gpu"."""
+        return "cpu" if self.info.adapter_type == "CPU" else "gpu"
+
     # -- limits --
     @property
     def max_binding_size(self) -> int:
@@ -230,6 +235,23 @@ class Array:
         self._buffer = buffer
         self._host = host
         self._submission = submission
+        self._donated_to: Optional[str] = None
+
+    def _check_alive(self) -> None:
+        if self._donated_to is not None:
+            raise FusecError(
+                f"this array was donated to {self._donated_to} (donate_argnums) and its buffer now "
+                "holds that call's output; use the output, or stop donating this argument")
+
+    def donate(self, to: str) -> None:
+        """Give the buffer away (used by jitted functions with donate_argnums)."""
+        self._donated_to = to
+        self._buffer = None
+        self._host = None
+
+    @property
+    def is_deleted(self) -> bool:
+        return self._donated_to is not None
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -253,12 +275,14 @@ class Array:
 
     def device_buffer(self, rt: Runtime) -> Any:
         """The wgpu buffer, uploading host data on first use."""
+        self._check_alive()
         if self._buffer is None:
             assert self._host is not None
             self._buffer = rt.upload(to_storage(self._host, self._dtype))
         return self._buffer
 
     def _host_value(self) -> np.ndarray:
+        self._check_alive()
         if self._host is None:
             rt = get_runtime()
             assert rt is not None and self._buffer is not None
@@ -398,6 +422,7 @@ class _Launch:
     layout: Any
     reads: list[int]
     writes: list[int]
+    slots: tuple[str, ...]  # where each write lives: "new", "pN" (pooled), "inK" (donated input)
     grid: tuple[int, int, int]
 
 
@@ -426,28 +451,29 @@ class GpuExecutable:
         for v in prog.inputs:
             slot_of(v)
         self.steps: list[Any] = []
+        self.pool_sizes: dict[int, int] = {}
+        self.pool: dict[int, Any] = {}  # pooled intermediate buffers, persistent across calls
         codes = iter(kernels)
         for e in prog.eqns:
             if e.op is Op.KERNEL:
                 code = next(codes)
                 pipe, layout = rt.pipeline(code.key, code.wgsl, code.n_inputs, code.n_outputs,
                                            code.name)
-                self.steps.append(_Launch(pipe, layout, [slot_of(a) for a in e.inputs
-                                                         if isinstance(a, Var)],
-                                          [slot_of(o) for o in e.outs], code.grid))
+                slots = tuple(e.params.get("slots", ("new",) * len(e.outs)))
+                aliased = {j for j, _ in e.params.get("inplace", ())}
+                self.steps.append(_Launch(pipe, layout, [slot_of(a) for j, a in enumerate(e.inputs)
+                                                         if isinstance(a, Var) and j not in aliased],
+                                          [slot_of(o) for o in e.outs], slots, code.grid))
+                for o, sl in zip(e.outs, slots):
+                    if sl.startswith("p"):
+                        b = int(sl[1:])
+                        self.pool_sizes[b] = max(self.pool_sizes.get(b, 0), o.nbytes)
             else:
                 assert e.op is Op.RESHAPE and isinstance(e.inputs[0], Var)
                 self.steps.append(_Alias(slot_of(e.inputs[0]), slot_of(e.out), e.out.shape))
         self.n_inputs = len(prog.inputs)
         self.out_slots: list[Optional[int]] = [slot_of(a) if isinstance(a, Var) else None
                                                for a in prog.outputs]
-        # buffers that escape to the caller are fresh every call; the rest persist across calls
-        escaping = {s for s in self.out_slots if s is not None}
-        for st in reversed(self.steps):
-            if isinstance(st, _Alias) and st.dst in escaping:
-                escaping.add(st.src)
-        self.escaping = escaping
-        self.persistent: dict[int, Any] = {}
         self.n_slots = len(self.var_of)
 
     def run(self, inputs: Sequence[Optional[Array]]) -> list[Any]:
@@ -466,13 +492,16 @@ class GpuExecutable:
             if isinstance(st, _Alias):
                 bufs[st.dst] = bufs[st.src]
                 continue
-            for w in st.writes:
-                if w in self.escaping:
+            for w, sl in zip(st.writes, st.slots):
+                if sl == "new":
                     bufs[w] = rt.buffer(self.var_of[w].nbytes)
+                elif sl.startswith("p"):
+                    b = int(sl[1:])
+                    if b not in self.pool:
+                        self.pool[b] = rt.buffer(self.pool_sizes[b])
+                    bufs[w] = self.pool[b]
                 else:
-                    if w not in self.persistent:
-                        self.persistent[w] = rt.buffer(self.var_of[w].nbytes)
-                    bufs[w] = self.persistent[w]
+                    bufs[w] = bufs[int(sl[2:])]  # a donated input's buffer
             if st.grid[0] == 0:
                 continue
             entries = [{"binding": i, "resource": {"buffer": bufs[s], "offset": 0,

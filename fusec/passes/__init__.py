@@ -7,8 +7,12 @@ from dataclasses import dataclass
 
 from .. import config
 from ..ir import Program
+from .cse import cse
 from .dce import dce, used_inputs
 from .fuse import fuse
+from .memory import MemoryAnalysis, analyse, plan_memory
+from .simplify import simplify
+from .split import split_reductions
 from .verify import VerifyError, verify
 
 
@@ -18,13 +22,19 @@ class Options:
 
     fuse: bool = True
     max_bindings: int = 8  # storage buffers one kernel may bind (device limit)
+    donated: tuple[int, ...] = ()  # program inputs whose buffers the caller donates
+    target: str = "gpu"  # "cpu" for a software adapter: codegen picks other strategies
 
 
 Pass = Callable[[Program, Options], Program]
 
 PIPELINE: list[tuple[str, Pass]] = [
+    ("simplify", lambda p, o: simplify(p)),
+    ("cse", lambda p, o: cse(p)),
     ("dce", lambda p, o: dce(p)),
+    ("split_reductions", lambda p, o: split_reductions(p)),
     ("fuse", lambda p, o: fuse(p, enabled=o.fuse, max_bindings=o.max_bindings)),
+    ("plan_memory", lambda p, o: plan_memory(p, o.donated)),
 ]
 
 
@@ -39,5 +49,6 @@ def run_pipeline(prog: Program, opts: Options, check: bool | None = None) -> Pro
     return prog
 
 
-__all__ = ["PIPELINE", "Options", "run_pipeline", "dce", "fuse", "verify", "VerifyError",
+__all__ = ["PIPELINE", "Options", "run_pipeline", "simplify", "cse", "dce", "split_reductions",
+           "fuse", "plan_memory", "analyse", "MemoryAnalysis", "verify", "VerifyError",
            "used_inputs"]

@@ -1,33 +1,50 @@
 """Fusion: turn a program of primitives into a program of ``kernel`` equations.
 
-The plan is decided by which values are *materialised* (written to a buffer). Program inputs and
-outputs, reduction and matmul results, and matmul operands are always materialised. Every other
-value is computed inside each kernel that needs it. Each materialised value produced by an equation
-is a *root*; a kernel computes its roots from materialised values through its *cone*: the
-non-materialised elementwise and movement equations between them.
+The plan is decided by which values are *materialised* (could be written to a buffer). Program
+inputs and outputs, reduction and matmul results, and matmul operands start materialised. Every
+other value is computed inside each kernel that needs it. Each materialised value produced by an
+equation is a *root*; a kernel (a *group*) computes its roots from materialised values through its
+*cone*: the non-materialised elementwise and movement equations between them. Reductions therefore
+absorb their elementwise prologues from the start. Then groups merge:
 
-* Elementwise roots of one shape whose cones overlap (or that feed each other) merge into one
-  multi-output kernel, unless merging would create a cycle between kernels.
-* A value in the cones of k >= 2 kernels is either recomputed in each or materialised once, whichever
-  moves fewer bytes: materialise when ``V * (1 + k) < (k - 1) * L`` where V is its size and L the
-  bytes of the materialised values its own cone reads.
-* A kernel never binds more storage buffers than the device allows: an intermediate of its cone is
-  materialised to split it.
-* ``reshape`` of a materialised value is an alias of its buffer, not a kernel.
+* elementwise groups of one shape whose cones overlap, or that feed each other: one multi-output
+  kernel;
+* an elementwise group reading a reduction's result, whose outputs are either rows of the reduced
+  array (rows up to ``ROW_MAX`` elements) or one value per row: the reduction's epilogue. This is
+  how softmax, log_softmax, layer_norm and rms_norm become one kernel;
+* two reductions over the same rows, one reading the other (max then sum of exp(x - max)) or both
+  reading the same array: one kernel whose reductions run one after another; rows longer than ``ROW_MAX`` stop here, giving a
+  two-kernel plan (statistics, then the elementwise pass);
+* an elementwise group of the matmul's shape reading its result: the matmul's epilogue (bias,
+  activation, residual).
 
-With ``enabled=False`` every compute equation is materialised: one kernel per op (movement ops still
-fold into the index arithmetic of the kernel that reads them), the baseline of benchmark reports.
+A merge is made only if it creates no cycle between kernels, binds no more storage buffers than the
+device allows, and codegen can index it (a register holding a row's reduction can only be read for
+that row; :func:`fusec.codegen.check`). A value only its own kernel reads is never written.
+
+A value in the cones of k >= 2 kernels is either recomputed in each or materialised once, whichever
+moves fewer bytes: materialise when ``V * (1 + k) < (k - 1) * L`` where V is its size and L the
+bytes of the materialised values its own cone reads. A kernel that would bind too many buffers is
+split by materialising part of its cone. ``reshape`` of a materialised value is an alias of its
+buffer, not a kernel.
+
+With ``enabled=False`` every compute equation is materialised and nothing merges: one kernel per op
+(movement ops still fold into the index arithmetic of the kernel that reads them), the baseline of
+the benchmark reports.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
 from dataclasses import dataclass, field
 
+from .. import codegen
 from ..errors import DeviceLimitError
 from ..ir import MOVEMENT, REDUCE, Eqn, Op, Program, Var
 
 KIND_ABBR = {"elementwise": "ew", "reduce": "red", "matmul": "mm"}
+ROW_MAX = 8192  # longest row whose elementwise pass fuses into its reductions' kernel
+REDUCING = REDUCE | {Op.PARTIAL}
 
 
 @dataclass(eq=False)
@@ -40,92 +57,220 @@ class _Group:
         return [e.out for e in self.roots]
 
 
-def fuse(prog: Program, enabled: bool = True, max_bindings: int = 8) -> Program:
-    order = {id(e): i for i, e in enumerate(prog.eqns)}
-    producer = {id(o): e for e in prog.eqns for o in e.outs}
-    input_pos = {id(v): i for i, v in enumerate(prog.inputs)}
+class _Planner:
+    def __init__(self, prog: Program, enabled: bool, max_bindings: int, row_max: int) -> None:
+        self.prog = prog
+        self.enabled = enabled
+        self.max_bindings = max_bindings
+        self.row_max = row_max
+        self.order = {id(e): i for i, e in enumerate(prog.eqns)}
+        self.producer = {id(o): e for e in prog.eqns for o in e.outs}
+        self.input_pos = {id(v): i for i, v in enumerate(prog.inputs)}
+        self.out_ids = {id(a) for a in prog.outputs if isinstance(a, Var)}
+        mat: set[int] = set(self.input_pos) | self.out_ids
+        for e in prog.eqns:
+            if e.op in REDUCING or e.op is Op.MATMUL or (not enabled and e.op not in MOVEMENT):
+                mat.add(id(e.out))
+            if e.op is Op.MATMUL:
+                # operands: only movement ops are recomputed per tile load; arithmetic is not
+                for a in e.inputs:
+                    v = a
+                    while isinstance(v, Var) and id(v) in self.producer and (
+                            self.producer[id(v)].op in MOVEMENT):
+                        v = self.producer[id(v)].inputs[0]
+                    if isinstance(v, Var):
+                        mat.add(id(v))
+        self.mat = mat
 
-    mat: set[int] = set(input_pos)
-    mat.update(id(a) for a in prog.outputs if isinstance(a, Var))
-    for e in prog.eqns:
-        if e.op in REDUCE or e.op is Op.MATMUL or (not enabled and e.op not in MOVEMENT):
-            mat.add(id(e.out))
-        if e.op is Op.MATMUL:
-            # operands: only movement ops are recomputed per tile load; arithmetic is materialised
-            for a in e.inputs:
-                v = a
-                while isinstance(v, Var) and id(v) in producer and producer[id(v)].op in MOVEMENT:
-                    v = producer[id(v)].inputs[0]
-                if isinstance(v, Var):
-                    mat.add(id(v))
-
-    def cone(root: Eqn) -> dict[int, Eqn]:
+    # -- building blocks --
+    def cone(self, root: Eqn) -> dict[int, Eqn]:
         found: dict[int, Eqn] = {}
         stack = [a for a in root.inputs if isinstance(a, Var)]
         while stack:
             v = stack.pop()
-            if id(v) in mat:
+            if id(v) in self.mat:
                 continue
-            p = producer[id(v)]
+            p = self.producer[id(v)]
             if id(p) not in found:
                 found[id(p)] = p
                 stack.extend(a for a in p.inputs if isinstance(a, Var))
         return found
 
-    def leaves(eqns: dict[int, Eqn], outs: set[int]) -> list[Var]:
+    def leaves(self, eqns: dict[int, Eqn], own: set[int]) -> list[Var]:
         seen: dict[int, Var] = {}
-        for e in sorted(eqns.values(), key=lambda e: order[id(e)]):
+        for e in sorted(eqns.values(), key=lambda e: self.order[id(e)]):
             for a in e.inputs:
-                if isinstance(a, Var) and id(a) in mat and id(a) not in outs and id(a) not in seen:
+                if isinstance(a, Var) and id(a) in self.mat and id(a) not in own and (
+                        id(a) not in seen):
                     seen[id(a)] = a
         return sorted(seen.values(), key=lambda v: (
-            input_pos.get(id(v), len(input_pos)), order.get(id(producer.get(id(v))), -1)))
+            self.input_pos.get(id(v), len(self.input_pos)),
+            self.order.get(id(self.producer.get(id(v))), -1)))
 
-    def n_bindings(g: _Group) -> int:
-        return len(leaves(g.eqns, {id(o) for o in g.outs()})) + len(g.roots)
+    def needed(self, g: _Group, others: list[_Group], aliases: list[Eqn]) -> list[Var]:
+        """The roots of ``g`` that must be written: outputs, or read by another kernel or alias."""
+        read: set[int] = {id(a.inputs[0]) for a in aliases}
+        for h in others:
+            if h is g:
+                continue
+            for e in h.eqns.values():
+                read.update(id(x) for x in e.inputs if isinstance(x, Var))
+        roots = sorted(g.roots, key=lambda e: self.order[id(e)])
+        return [r.out for r in roots if id(r.out) in self.out_ids or id(r.out) in read]
 
-    while True:
+    def body(self, g: _Group, others: list[_Group], aliases: list[Eqn]) -> Program:
+        own = {id(o) for o in g.outs()}
+        ins = self.leaves(g.eqns, own)
+        eqns = sorted(g.eqns.values(), key=lambda e: self.order[id(e)])
+        return Program(list(ins), eqns, list(self.needed(g, others, aliases)))
+
+    def n_bindings(self, g: _Group, others: list[_Group], aliases: list[Eqn]) -> int:
+        b = self.body(g, others, aliases)
+        return len(b.inputs) + len(b.outputs)
+
+    # -- the plan --
+    def base_groups(self) -> tuple[list[_Group], list[Eqn]]:
         groups: list[_Group] = []
         aliases: list[Eqn] = []
-        for e in prog.eqns:
-            if id(e.out) not in mat:
+        for e in self.prog.eqns:
+            if id(e.out) not in self.mat:
                 continue
-            if e.op is Op.RESHAPE and isinstance(e.inputs[0], Var) and id(e.inputs[0]) in mat:
+            if e.op is Op.RESHAPE and isinstance(e.inputs[0], Var) and id(e.inputs[0]) in self.mat:
                 aliases.append(e)
                 continue
-            kind = "reduce" if e.op in REDUCE else "matmul" if e.op is Op.MATMUL else "elementwise"
-            g = _Group([e], kind, {id(e): e, **cone(e)})
-            groups.append(g)
-        groups = _merge(groups, n_bindings, max_bindings)
+            kind = ("reduce" if e.op in REDUCING else "matmul" if e.op is Op.MATMUL
+                    else "elementwise")
+            groups.append(_Group([e], kind, {id(e): e, **self.cone(e)}))
+        return groups, aliases
 
-        # the binding limit: split an oversized kernel by materialising part of its cone
-        too_big = next((g for g in groups if n_bindings(g) > max_bindings), None)
-        if too_big is not None:
-            mat.add(id(_split_point(too_big, cone, leaves, max_bindings).out))
-            continue
+    def plan(self) -> tuple[list[_Group], list[Eqn]]:
+        while True:
+            groups, aliases = self.base_groups()
+            if self.enabled:
+                groups = self.merge(groups, aliases)
+            too_big = next((g for g in groups
+                            if self.n_bindings(g, groups, aliases) > self.max_bindings), None)
+            if too_big is not None:
+                self.mat.add(id(self.split_point(too_big).out))
+                continue
+            if not self.share(groups):
+                return groups, aliases
 
-        # values in several kernels: recompute or materialise, by bytes moved
+    def share(self, groups: list[_Group]) -> bool:
+        """Values in several kernels: recompute or materialise, by bytes moved. True if changed."""
         owners: dict[int, int] = {}
         for g in groups:
-            for k in g.eqns:
-                if id(g.eqns[k].out) not in mat:
+            for k, e in g.eqns.items():
+                if id(e.out) not in self.mat:
                     owners[k] = owners.get(k, 0) + 1
-        decided = False
-        for e in reversed(prog.eqns):
+        for e in reversed(self.prog.eqns):
             k = owners.get(id(e), 0)
             if k < 2:
                 continue
-            c = cone(e)
+            c = self.cone(e)
             c[id(e)] = e
-            leaf_bytes = sum(v.nbytes for v in leaves(c, set()))
+            leaf_bytes = sum(v.nbytes for v in self.leaves(c, set()))
             if e.out.nbytes * (1 + k) < (k - 1) * leaf_bytes:
-                mat.add(id(e.out))
-                decided = True
-                break
-        if not decided:
-            break
+                self.mat.add(id(e.out))
+                return True
+        return False
 
-    return _emit(prog, groups, aliases, order, producer, leaves)
+    def split_point(self, g: _Group) -> Eqn:
+        """The cone equation with the most inputs that still fits in a kernel of its own."""
+        best: Eqn | None = None
+        best_n = -1
+        roots = {id(r) for r in g.roots}
+        for e in g.eqns.values():
+            if id(e) in roots or e.op in MOVEMENT:
+                continue
+            c = self.cone(e)
+            c[id(e)] = e
+            n = len(self.leaves(c, set()))
+            if n + 1 <= self.max_bindings and n > best_n:
+                best, best_n = e, n
+        if best is None:
+            raise DeviceLimitError(
+                f"a kernel needs more storage buffers than the device allows ({self.max_bindings})"
+                " and cannot be split further")
+        return best
+
+    def row_info(self, g: _Group) -> tuple[tuple[int, ...], tuple[int, ...], bool] | None:
+        """(row-array shape, reduced axes, is partial) of a reduce group."""
+        reds = [e for e in g.roots if e.op in REDUCING]
+        if not reds:
+            return None
+        e = reds[0]
+        return e.inputs[0].shape, tuple(e.params["axes"]), e.op is Op.PARTIAL
+
+    def mergeable(self, a: _Group, b: _Group) -> str | None:
+        """The kind of the merged kernel if ``a`` and ``b`` may merge (before the legality checks)."""
+        a_outs = {id(o) for o in a.outs()}
+        b_outs = {id(o) for o in b.outs()}
+
+        def reads(x: _Group, outs: set[int]) -> bool:
+            return any(isinstance(v, Var) and id(v) in outs for e in x.eqns.values()
+                       for v in e.inputs)
+
+        if a.kind == b.kind == "elementwise":
+            if a.roots[0].out.shape != b.roots[0].out.shape:
+                return None
+            if reads(a, b_outs) or reads(b, a_outs) or set(a.eqns) & set(b.eqns):
+                return "elementwise"
+            return None
+        if a.kind == b.kind == "reduce":
+            ia, ib = self.row_info(a), self.row_info(b)
+            if ia is None or ib is None or ia[2] or ib[2] or ia[:2] != ib[:2]:
+                return None
+            shared_input = {id(v) for v in self.leaves(a.eqns, a_outs)} & {
+                id(v) for v in self.leaves(b.eqns, b_outs)}
+            return "reduce" if reads(a, b_outs) or reads(b, a_outs) or shared_input else None
+        red, ew = (a, b) if b.kind == "elementwise" else (b, a)
+        if ew.kind != "elementwise" or not reads(ew, {id(o) for o in red.outs()}):
+            return None
+        if red.kind == "matmul":
+            mm = red.roots[0].out.shape
+            return "matmul" if all(r.out.shape == mm for r in ew.roots) else None
+        info = self.row_info(red)
+        if red.kind != "reduce" or info is None or info[2]:
+            return None
+        shape, axes, _ = info
+        n_out = math.prod(d for k, d in enumerate(shape) if k not in axes)
+        row = math.prod(shape[k] for k in axes)
+        for r in ew.roots:
+            if r.out.shape == shape and row <= self.row_max:
+                continue
+            if r.out.size != n_out:
+                return None
+        return "reduce"
+
+    def merge(self, groups: list[_Group], aliases: list[Eqn]) -> list[_Group]:
+        changed = True
+        while changed:
+            changed = False
+            by_var = {id(o): g for g in groups for o in g.outs()}
+            for i, a in enumerate(groups):
+                for b in groups[i + 1:]:
+                    kind = self.mergeable(a, b)
+                    if kind is None:
+                        continue
+                    ra, rb = _reads(a, by_var), _reads(b, by_var)
+                    # a path a -> other kernel -> b (or back) would become a cycle
+                    if _reaches([g for g in rb if g is not a], a, by_var) or _reaches(
+                            [g for g in ra if g is not b], b, by_var):
+                        continue
+                    merged = _Group(a.roots + b.roots, kind, {**a.eqns, **b.eqns})
+                    rest = [g for g in groups if g is not a and g is not b]
+                    if self.n_bindings(merged, rest, aliases) > self.max_bindings:
+                        continue
+                    if not codegen.check(kind, self.body(merged, rest, aliases)):
+                        continue
+                    groups = rest + [merged]
+                    groups.sort(key=lambda g: min(self.order[id(r)] for r in g.roots))
+                    changed = True
+                    break
+                if changed:
+                    break
+        return groups
 
 
 def _reads(g: _Group, by_var: dict[int, _Group]) -> list[_Group]:
@@ -156,109 +301,47 @@ def _reaches(starts: list[_Group], target: _Group, by_var: dict[int, _Group]) ->
     return False
 
 
-def _merge(groups: list[_Group], n_bindings: Callable[[_Group], int],
-           max_bindings: int) -> list[_Group]:
-    """Merge elementwise groups of one shape that share work or feed each other."""
-    changed = True
-    while changed:
-        changed = False
-        by_var = {id(o): g for g in groups for o in g.outs()}
-        ew = [g for g in groups if g.kind == "elementwise"]
-        for i, a in enumerate(ew):
-            for b in ew[i + 1:]:
-                if a.roots[0].out.shape != b.roots[0].out.shape:
-                    continue
-                ra, rb = _reads(a, by_var), _reads(b, by_var)
-                feeds = any(g is a for g in rb) or any(g is b for g in ra)
-                if not (feeds or set(a.eqns) & set(b.eqns)):
-                    continue
-                merged = _Group(a.roots + b.roots, "elementwise", {**a.eqns, **b.eqns})
-                if n_bindings(merged) > max_bindings:
-                    continue
-                # a path a -> other kernel -> b (or back) would become a cycle
-                if _reaches([g for g in rb if g is not a], a, by_var) or _reaches(
-                        [g for g in ra if g is not b], b, by_var):
-                    continue
-                groups = [g for g in groups if g is not a and g is not b] + [merged]
-                changed = True
-                break
-            if changed:
-                break
-    return groups
+def fuse(prog: Program, enabled: bool = True, max_bindings: int = 8,
+         row_max: int = ROW_MAX) -> Program:
+    planner = _Planner(prog, enabled, max_bindings, row_max)
+    groups, aliases = planner.plan()
+    bodies = {id(g): planner.body(g, groups, aliases) for g in groups}
 
-
-def _split_point(g: _Group, cone: object, leaves: object, max_bindings: int) -> Eqn:
-    """The cone equation with the most inputs that still fits in a kernel of its own."""
-    best: Eqn | None = None
-    best_n = -1
-    roots = {id(r) for r in g.roots}
-    for e in g.eqns.values():
-        if id(e) in roots:
-            continue
-        c = cone(e)  # type: ignore[operator]
-        c[id(e)] = e
-        n = len(leaves(c, set()))  # type: ignore[operator]
-        if n + 1 <= max_bindings and n > best_n:
-            best, best_n = e, n
-    if best is None:
-        raise DeviceLimitError(
-            f"a kernel needs more storage buffers than the device allows ({max_bindings}) and "
-            "cannot be split further")
-    return best
-
-
-def _emit(prog: Program, groups: list[_Group], aliases: list[Eqn], order: dict[int, int],
-          producer: dict[int, Eqn], leaves: object) -> Program:
-    items: list[tuple[str, object]] = [("group", g) for g in groups] + [("alias", a) for a in aliases]
+    # order kernels and aliases so that every value is written before it is read
+    items: list[_Group | Eqn] = [*groups, *aliases]
     made_by: dict[int, int] = {}
-    for i, (kind, it) in enumerate(items):
-        outs = it.outs() if isinstance(it, _Group) else [it.out]  # type: ignore[attr-defined]
-        for o in outs:
+    for i, it in enumerate(items):
+        for o in (bodies[id(it)].outputs if isinstance(it, _Group) else [it.out]):
             made_by[id(o)] = i
-
-    def reads(i: int) -> set[int]:
-        kind, it = items[i]
-        if isinstance(it, _Group):
-            own = {id(o) for o in it.outs()}
-            vs = leaves(it.eqns, own)  # type: ignore[operator]
-        else:
-            vs = [it.inputs[0]]  # type: ignore[attr-defined]
-        return {made_by[id(v)] for v in vs if id(v) in made_by}
+    deps = {i: {made_by[id(v)] for v in (bodies[id(it)].inputs if isinstance(it, _Group)
+                                         else [it.inputs[0]]) if id(v) in made_by}
+            for i, it in enumerate(items)}
 
     def position(i: int) -> int:
-        it = items[i][1]
+        it = items[i]
         roots = it.roots if isinstance(it, _Group) else [it]
-        return max(order[id(r)] for r in roots)  # type: ignore[union-attr]
+        return max(planner.order[id(r)] for r in roots)
 
-    deps = {i: reads(i) for i in range(len(items))}
     done: set[int] = set()
-    sequence: list[int] = []
-    while len(sequence) < len(items):
+    eqns: list[Eqn] = []
+    counter = 0
+    while len(done) < len(items):
         ready = [i for i in range(len(items)) if i not in done and deps[i] <= done]
         if not ready:
             raise AssertionError("fusion produced a cycle between kernels")
         i = min(ready, key=position)
         done.add(i)
-        sequence.append(i)
-
-    eqns: list[Eqn] = []
-    counter = 0
-    for i in sequence:
-        _, it = items[i]
-        if not isinstance(it, _Group):
-            eqns.append(it)  # type: ignore[arg-type]
+        it = items[i]
+        if isinstance(it, Eqn):
+            eqns.append(it)
             continue
-        own = {id(o) for o in it.outs()}
-        ins = leaves(it.eqns, own)  # type: ignore[operator]
-        body_eqns = sorted(it.eqns.values(), key=lambda e: order[id(e)])
-        outs = [r.out for r in sorted(it.roots, key=lambda e: order[id(e)])]
-        body = Program(list(ins), body_eqns, outs)
-        ops = []
-        for e in body_eqns:
+        body = bodies[id(it)]
+        ops: list[str] = []
+        for e in body.eqns:
             if e.op not in MOVEMENT and e.op.value not in ops:
                 ops.append(e.op.value)
         name = f"k{counter}_{KIND_ABBR[it.kind]}" + "".join(f"_{o}" for o in ops[:4])
         counter += 1
-        eqns.append(Eqn(Op.KERNEL, tuple(ins), tuple(outs),
+        eqns.append(Eqn(Op.KERNEL, tuple(body.inputs), tuple(body.outputs),  # type: ignore[arg-type]
                         {"kind": it.kind, "name": name, "body": body}))
     return Program(list(prog.inputs), eqns, list(prog.outputs))

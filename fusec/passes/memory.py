@@ -1,0 +1,157 @@
+"""Memory planning: decide, for every buffer a kernel writes, where it lives.
+
+The result is recorded on each kernel equation as ``params["slots"]``, one entry per output:
+
+* ``"new"``: the value escapes to the caller (a program output, or aliased by one): a fresh buffer
+  every call;
+* ``"pN"``: pooled buffer N, owned by the executable and reused across calls. Intermediates whose
+  lifetimes do not overlap share a pooled buffer (best fit, by liveness over the kernel order);
+* ``"inK"``: the buffer of program input K, donated by the caller (``donate_argnums``), reused once
+  every kernel that reads it has run, or by the elementwise kernel that reads it last when every
+  thread reads only its own element of it (``params["inplace"]``: body input j is output k, one
+  read-write binding: WebGPU forbids binding one buffer both read-only and writable).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..ir import Eqn, Op, Program, Var
+
+
+def _roots(prog: Program) -> dict[int, int]:
+    """Alias (reshape) results share their source's buffer: map each var to its buffer's owner."""
+    root: dict[int, int] = {}
+    for e in prog.eqns:
+        if e.op is Op.RESHAPE and isinstance(e.inputs[0], Var):
+            src = id(e.inputs[0])
+            root[id(e.out)] = root.get(src, src)
+    return root
+
+
+def _inplace_ok(e: Eqn, donor: Var, out: Var) -> bool:
+    """Is ``donor`` read only at each thread's own index in elementwise kernel ``e``?"""
+    if e.params.get("kind") != "elementwise" or donor.shape != out.shape:
+        return False
+    body: Program = e.params["body"]
+    j = next(i for i, a in enumerate(e.inputs) if a is donor)
+    bv = body.inputs[j]
+    for be in body.eqns:
+        if any(a is bv for a in be.inputs):
+            if be.op in (Op.RESHAPE, Op.TRANSPOSE, Op.BROADCAST) or be.out.shape != out.shape:
+                return False
+    return all(not (o is bv) for o in body.outputs)
+
+
+def plan_memory(prog: Program, donated: tuple[int, ...] = ()) -> Program:
+    root = _roots(prog)
+
+    def owner(v: Var) -> int:
+        return root.get(id(v), id(v))
+
+    end = len(prog.eqns)
+    last: dict[int, int] = {}
+    for i, e in enumerate(prog.eqns):
+        for a in e.inputs:
+            if isinstance(a, Var):
+                last[owner(a)] = i
+    escaping = {owner(a) for a in prog.outputs if isinstance(a, Var)}
+    for o in escaping:
+        last[o] = end
+
+    donors: dict[int, int] = {}  # owner id of a donated input -> input index
+    for k in donated:
+        v = prog.inputs[k]
+        if owner(v) not in escaping:
+            donors[id(v)] = k
+    free_donors: list[tuple[int, int]] = [(v.nbytes, k) for k, v in enumerate(prog.inputs)
+                                          if id(v) in donors and id(v) not in last]
+    pool: list[int] = []  # sizes of pooled buffers
+    free_pool: list[int] = []
+    holder: dict[int, str] = {}  # owner id -> slot name
+    eqns: list[Eqn] = []
+    for i, e in enumerate(prog.eqns):
+        if e.op is not Op.KERNEL:
+            eqns.append(e)
+            continue
+        slots = []
+        inplace: list[tuple[int, int]] = []
+        for j, o in enumerate(e.outs):
+            if owner(o) in escaping:
+                fits = sorted((s, k) for s, k in free_donors if s >= o.nbytes)
+                here = [k for k in sorted(donors.values())
+                        if last.get(id(prog.inputs[k])) == i and not any(
+                            k == kk for kk, _ in inplace) and prog.inputs[k] in e.inputs
+                        and _inplace_ok(e, prog.inputs[k], o)]
+                if fits:
+                    free_donors.remove(fits[0])
+                    slot = f"in{fits[0][1]}"
+                elif here:
+                    k = here[0]
+                    inplace.append((k, j))
+                    slot = f"in{k}"
+                    last[id(prog.inputs[k])] = end  # taken: not freed after this kernel
+                else:
+                    slot = "new"
+            else:
+                fits_pool = sorted((pool[b], b) for b in free_pool if pool[b] >= o.nbytes)
+                if fits_pool:
+                    b = fits_pool[0][1]
+                    free_pool.remove(b)
+                else:
+                    b = len(pool)
+                    pool.append(o.nbytes)
+                slot = f"p{b}"
+            holder[owner(o)] = slot
+            slots.append(slot)
+        params = {**e.params, "slots": tuple(slots)}
+        if inplace:
+            pos = {id(a): n for n, a in enumerate(e.inputs)}
+            params["inplace"] = tuple((pos[id(prog.inputs[k])], j) for k, j in inplace)
+        eqns.append(Eqn(e.op, e.inputs, e.outs, params))
+        # buffers whose last reader was this kernel become free for later kernels
+        for a in {owner(a) for a in e.inputs if isinstance(a, Var)}:
+            if last.get(a) != i:
+                continue
+            slot = holder.get(a, "")
+            if slot.startswith("p"):
+                free_pool.append(int(slot[1:]))
+            elif a in donors:
+                v = prog.inputs[donors[a]]
+                free_donors.append((v.nbytes, donors[a]))
+    return Program(list(prog.inputs), eqns, list(prog.outputs))
+
+
+@dataclass(frozen=True)
+class MemoryAnalysis:
+    """Bytes a compiled program allocates (``lowered.memory_analysis()``)."""
+
+    intermediate_bytes: int  # pooled buffers, allocated once per executable and reused
+    intermediate_bytes_unplanned: int  # what one buffer per intermediate would take
+    output_bytes: int  # fresh buffers for outputs, every call
+    donated_bytes_reused: int  # output bytes written into donated inputs' buffers
+    argument_bytes: int  # inputs the kernels read
+
+    def __str__(self) -> str:
+        return (f"intermediates {self.intermediate_bytes} B (unplanned "
+                f"{self.intermediate_bytes_unplanned} B), outputs {self.output_bytes} B, "
+                f"donated reuse {self.donated_bytes_reused} B, arguments {self.argument_bytes} B")
+
+
+def analyse(prog: Program) -> MemoryAnalysis:
+    pool: dict[str, int] = {}
+    unplanned = outputs = donated = 0
+    for e in prog.eqns:
+        if e.op is not Op.KERNEL:
+            continue
+        for o, slot in zip(e.outs, e.params.get("slots", ("new",) * len(e.outs))):
+            if slot.startswith("p"):
+                pool[slot] = max(pool.get(slot, 0), o.nbytes)
+                unplanned += o.nbytes
+            elif slot.startswith("in"):
+                donated += o.nbytes
+            else:
+                outputs += o.nbytes
+    used = {id(a) for e in prog.eqns for a in e.inputs if isinstance(a, Var)}
+    args = sum(v.nbytes for v in prog.inputs if id(v) in used)
+    return MemoryAnalysis(sum(pool.values()), unplanned, outputs, donated, args)
