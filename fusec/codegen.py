@@ -19,6 +19,7 @@ from typing import Any, Optional
 import jinja2
 
 from .dtypes import WGSL_STORAGE, WGSL_TYPE
+from .errors import DeviceLimitError
 from .ir import ELEMENTWISE, MOVEMENT, REDUCE, Atom, Eqn, Lit, Op, Program, Shape, Var
 from .ops import ELEMENTWISE as EW_TABLE
 from .ops import HELPERS, REDUCTIONS, cast_wgsl, ipow_wgsl, wgsl_literal
@@ -221,6 +222,9 @@ def grid_for(groups: int) -> tuple[int, int, int]:
     """Spread ``groups`` workgroups over x and y so neither exceeds 65535."""
     if groups <= 0:
         return (0, 1, 1)
+    if groups > MAX_GROUPS * MAX_GROUPS:
+        raise DeviceLimitError(f"a kernel needs {groups} workgroups, more than a 65535 x 65535 "
+                               "grid holds; split the work into smaller arrays")
     x = min(groups, MAX_GROUPS)
     return (x, -(-groups // x), 1)
 

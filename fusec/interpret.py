@@ -69,5 +69,5 @@ def evaluate(prog: Program, args: Sequence[Any]) -> list[np.ndarray]:
     for e in prog.eqns:
         outs = eval_eqn(e, [read(a) for a in e.inputs])
         for v, out in zip(e.outs, outs):
-            env[id(v)] = np.ascontiguousarray(out, dtype=np.dtype(v.dtype))
+            env[id(v)] = np.array(out, dtype=np.dtype(v.dtype), order="C")  # keeps 0-d
     return [np.asarray(read(o)) for o in prog.outputs]

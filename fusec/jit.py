@@ -18,7 +18,7 @@ from typing import Any, Optional, Union
 import numpy as np
 
 from . import cache, codegen, config, dtypes
-from .errors import DeviceLimitError, FusecError, SignatureError, StaticArgumentError, TraceError
+from .errors import DeviceLimitError, DTypeError, FusecError, SignatureError, StaticArgumentError, TraceError
 from .interpret import evaluate
 from .ir import REDUCE, Lit, Op, Program, Var
 from .passes import MemoryAnalysis, Options, analyse, run_pipeline, used_inputs
@@ -36,6 +36,10 @@ def _aval(path: str, x: Any, fname: str) -> Aval:
     if isinstance(x, (Array, ShapeDtype)):
         return Aval(tuple(x.shape), str(np.dtype(x.dtype)) if isinstance(x, Array) else x.dtype)
     if isinstance(x, (bool, int, float)) and not isinstance(x, np.generic):
+        if isinstance(x, int) and not isinstance(x, bool) and not -(2**31) <= x < 2**32:
+            raise DTypeError(f"argument '{path}' of {fname} is the Python int {x}, which does not "
+                             "fit in 32 bits (fusec computes in int32/uint32/float32); pass a "
+                             "float, or a numpy array of a supported dtype")
         return Aval((), dtypes.weak_dtype(x), weak=True)
     if isinstance(x, np.generic) and not isinstance(x, np.ndarray):
         if x.dtype.name in dtypes.SUPPORTED:
@@ -57,7 +61,10 @@ def _aval(path: str, x: Any, fname: str) -> Aval:
 def _to_array(x: Any, aval: Aval) -> Array:
     if isinstance(x, Array):
         return x
-    host = np.asarray(x.item() if isinstance(x, np.generic) else x, dtype=aval.dtype)
+    value = x.item() if isinstance(x, np.generic) else x
+    if aval.weak and aval.dtype == "int32" and value >= 2**31:
+        value -= 2**32  # a weak int in [2**31, 2**32) only ever meets uint32 arrays: same bits
+    host = np.asarray(value, dtype=aval.dtype)
     return Array(aval.shape, aval.dtype, host=host)
 
 
@@ -115,7 +122,7 @@ class _Binder:
             ba = self.sig.bind(*args, **kwargs)
         except TypeError as exc:
             raise TypeError(f"{self.name}: {exc}") from None
-        ba.apply_defaults()
+        # defaults the caller did not pass stay Python values, as in a plain call
         dyn = {}
         static = []
         for k, v in ba.arguments.items():
@@ -506,7 +513,8 @@ def eager_call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, 
     for _, x in leaves:
         if isinstance(x, Tracer):
             raise TraceError("a traced value was used outside of its jitted function")
-    statics = tuple((i, x) for i, (_, x) in enumerate(leaves) if not _is_array_leaf(x))
+    # the type is part of the key: 1 == 1.0 == True, but they promote differently
+    statics = tuple((i, type(x), x) for i, (_, x) in enumerate(leaves) if not _is_array_leaf(x))
     try:
         key = (fn, td, statics)
         hash(key)

@@ -66,6 +66,10 @@ def _lift(x: Any) -> Operand:
         return x
     if _is_scalar(x):
         if isinstance(x, np.generic):
+            if x.dtype.name in dtypes.SUPPORTED:  # numpy scalars are strongly typed, as in numpy
+                b = current_builder()
+                assert b is not None
+                return b.const(np.asarray(x))
             return x.item()  # type: ignore[no-any-return]
         return x  # type: ignore[no-any-return]
     b = current_builder()
@@ -268,11 +272,9 @@ def power(x1: Any, x2: Any) -> Tracer:
         return t.builder.bind(Op.IPOW, [t], {"n": n}, weak=t.weak)
     exponent = _lift(x2)
     dt = _result_dtype([base, exponent])
-    if dt != "float32":
-        # numpy raises integers to integer arrays exactly; we compute in float32, exact below 2**24
-        res = _elementwise(Op.POW, _as(base, "float32") if isinstance(base, Tracer) else base,
-                           _as(exponent, "float32") if isinstance(exponent, Tracer) else exponent)
-        return astype(res, "int32" if dt == "bool" else dt)
+    if dt == "bool":  # numpy gives a small integer type; int32 here
+        base = _as(base, "int32") if isinstance(base, Tracer) else int(base)  # type: ignore
+        exponent = _as(exponent, "int32") if isinstance(exponent, Tracer) else int(exponent)  # type: ignore
     return _elementwise(Op.POW, base, exponent)
 
 
@@ -491,7 +493,11 @@ def _reduce(op: Op, a: Any, axis: Any, keepdims: bool, name: str) -> Tracer:
                          "identity")
     if op is Op.SUM and t.var.dtype == "bool":
         t = astype(t, "int32")
-    out = t.builder.bind(op, [t], {"axes": axes})
+    if op is not Op.SUM and t.var.dtype == "bool":
+        # WGSL has no max/min of bool: reduce the 0/1 words, then compare back
+        out = astype(t.builder.bind(op, [astype(t, "uint32")], {"axes": axes}), "bool")
+    else:
+        out = t.builder.bind(op, [t], {"axes": axes})
     if keepdims:
         out = reshape(out, tuple(1 if k in axes else d for k, d in enumerate(t.shape)))
     return out

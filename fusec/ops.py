@@ -70,6 +70,36 @@ fn fusec_erf(x: f32) -> f32 {
             + t * (-1.453152027 + t * 1.061405429))));
     return sign(x) * (1.0 - p * exp(-x * x));
 }""",
+    "fusec_ipow_i32": """
+fn fusec_ipow_i32(x: i32, n: i32) -> i32 {
+    // exact integer power by squaring, wrapping like numpy's int32
+    if (n < 0) {
+        if (x == 1i) { return 1i; }
+        if (x == -1i) { return select(1i, -1i, (n & 1i) != 0i); }
+        return 0i;
+    }
+    var r = 1i;
+    var b = x;
+    var e = u32(n);
+    while (e != 0u) {
+        if ((e & 1u) == 1u) { r = r * b; }
+        b = b * b;
+        e = e >> 1u;
+    }
+    return r;
+}""",
+    "fusec_ipow_u32": """
+fn fusec_ipow_u32(x: u32, n: u32) -> u32 {
+    var r = 1u;
+    var b = x;
+    var e = n;
+    while (e != 0u) {
+        if ((e & 1u) == 1u) { r = r * b; }
+        b = b * b;
+        e = e >> 1u;
+    }
+    return r;
+}""",
     "fusec_pow": """
 fn fusec_pow(x: f32, y: f32) -> f32 {
     // WGSL pow(x, y) is undefined for x < 0 and for x == 0; numpy is not.
@@ -94,7 +124,6 @@ class Elementwise:
     wgsl: Callable[[Sequence[str], str], str]  # (operand expressions, operand dtype) -> expression
     float_only: bool = False  # trace casts integer operands to float32 first
     bool_ok: bool = True
-    helper: str | None = None
     # (rtol, atol) of the GPU float32 result against a float64 reference, from WGSL's accuracy rules
     # (e.g. exp: 3 + 2|x| ULP; division 2.5 ULP) and measured on lavapipe and the H100/H200.
     tol: tuple[float, float] = (1e-6, 0.0)
@@ -126,6 +155,25 @@ def _call(name: str, bool_sym: str | None = None) -> Callable[[Sequence[str], st
         return f"{name}({', '.join(a)})"
 
     return f
+
+
+def _pow(a: Sequence[str], dt: str) -> str:
+    fn = {"float32": "fusec_pow", "int32": "fusec_ipow_i32", "uint32": "fusec_ipow_u32"}[dt]
+    return f"{fn}({a[0]}, {a[1]})"
+
+
+def _np_power(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """numpy's power; for integers, negative exponents give 0 (1 or -1 for bases 1 and -1) where
+    numpy would raise, as the GPU computes them."""
+    x, y = np.asarray(x), np.asarray(y)
+    if x.dtype.kind == "f":
+        return np.power(x, y)
+    if x.dtype.kind == "i":
+        neg = y < 0
+        safe = np.power(x, np.where(neg, 0, y))
+        special = np.where(x == 1, 1, np.where(x == -1, np.where(y % 2 == 0, 1, -1), 0))
+        return np.where(neg, special, safe).astype(x.dtype)
+    return np.power(x, y)
 
 
 def _np_erf(x: np.ndarray) -> np.ndarray:
@@ -160,15 +208,13 @@ ELEMENTWISE: dict[Op, Elementwise] = {
         # WGSL promises sin/cos only to 2^-11 absolute on [-pi, pi]; real adapters do far better.
         Elementwise(Op.SIN, np.sin, _call("sin"), float_only=True, tol=(1e-5, 2e-6)),
         Elementwise(Op.COS, np.cos, _call("cos"), float_only=True, tol=(1e-5, 2e-6)),
-        Elementwise(Op.ERF, _np_erf, _call("fusec_erf"), float_only=True, helper="fusec_erf",
-                    tol=(1e-5, 1e-6)),
+        Elementwise(Op.ERF, _np_erf, _call("fusec_erf"), float_only=True, tol=(1e-5, 1e-6)),
         Elementwise(Op.ADD, _np_bool_safe(np.add, np.logical_or), _bin("+", "||"), tol=(1e-7, 0.0)),
         Elementwise(Op.SUB, np.subtract, _bin("-"), bool_ok=False, tol=(1e-7, 0.0)),
         Elementwise(Op.MUL, _np_bool_safe(np.multiply, np.logical_and), _bin("*", "&&"),
                     tol=(1e-7, 0.0)),
         Elementwise(Op.DIV, np.divide, _bin("/"), float_only=True, tol=(1e-6, 0.0)),
-        Elementwise(Op.POW, np.power, _call("fusec_pow"), float_only=True, helper="fusec_pow",
-                    tol=(5e-5, 1e-6)),
+        Elementwise(Op.POW, _np_power, _pow, bool_ok=False, tol=(5e-5, 1e-6)),
         Elementwise(Op.MAX, np.maximum, _call("max", "||"), tol=(0.0, 0.0)),
         Elementwise(Op.MIN, np.minimum, _call("min", "&&"), tol=(0.0, 0.0)),
         Elementwise(Op.GT, np.greater, _bin(">"), tol=(0.0, 0.0)),

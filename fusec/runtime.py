@@ -193,6 +193,19 @@ def _choose_adapter() -> Any:
                                         _BACKEND_RANK.get(a.info["backend_type"], 3)))
 
 
+def _user_stacklevel() -> int:
+    """The stacklevel that points a warning at the first frame outside fusec (the user's call)."""
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    frame = sys._getframe(1)
+    level = 1
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(here):
+        frame = frame.f_back  # type: ignore[assignment]
+        level += 1
+    return level
+
+
 def get_runtime() -> Optional[Runtime]:
     """The process's runtime, created on first use; None means the numpy fallback."""
     global _RUNTIME, _RESOLVED
@@ -204,7 +217,7 @@ def get_runtime() -> Optional[Runtime]:
             if config.get("backend") != "cpu":
                 warnings.warn("fusec: no GPU adapter found; running on the numpy interpreter "
                               "(slow). Install a Vulkan driver (e.g. mesa-vulkan-drivers).",
-                              RuntimeWarning, stacklevel=3)
+                              RuntimeWarning, stacklevel=_user_stacklevel())
         else:
             _RUNTIME = Runtime(adapter)
             config.debug(1, f"device: {_RUNTIME.info}")
@@ -288,7 +301,7 @@ class Array:
             assert rt is not None and self._buffer is not None
             raw = rt.read(self._buffer, self.nbytes)
             st = np.frombuffer(raw, dtype=dtypes.NUMPY_STORAGE[self._dtype]).reshape(self._shape)
-            host = (st != 0) if self._dtype == "bool" else st.copy()
+            host = np.asarray(st != 0) if self._dtype == "bool" else st.copy()
             host.flags.writeable = False
             self._host = host
         return self._host

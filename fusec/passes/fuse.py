@@ -248,6 +248,9 @@ class _Planner:
         while changed:
             changed = False
             by_var = {id(o): g for g in groups for o in g.outs()}
+            for a in aliases:  # an alias is written by whoever writes its source
+                if id(a.inputs[0]) in by_var:
+                    by_var[id(a.out)] = by_var[id(a.inputs[0])]
             for i, a in enumerate(groups):
                 for b in groups[i + 1:]:
                     kind = self.mergeable(a, b)
