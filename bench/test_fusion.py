@@ -9,9 +9,9 @@ from typing import Any
 
 import numpy as np
 import pytest
+from workloads import WORKLOADS, Workload, is_software_adapter
 
 import fusec
-from workloads import WORKLOADS, Workload, is_software_adapter
 
 
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "unfused"])

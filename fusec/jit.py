@@ -18,7 +18,14 @@ from typing import Any, Optional, Union
 import numpy as np
 
 from . import cache, codegen, config, dtypes
-from .errors import DeviceLimitError, DTypeError, FusecError, SignatureError, StaticArgumentError, TraceError
+from .errors import (
+    DeviceLimitError,
+    DTypeError,
+    FusecError,
+    SignatureError,
+    StaticArgumentError,
+    TraceError,
+)
 from .interpret import evaluate
 from .ir import REDUCE, Lit, Op, Program, Var
 from .passes import MemoryAnalysis, Options, analyse, run_pipeline, used_inputs

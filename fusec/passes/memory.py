@@ -40,7 +40,7 @@ def _inplace_ok(e: Eqn, donor: Var, out: Var) -> bool:
         if any(a is bv for a in be.inputs):
             if be.op in (Op.RESHAPE, Op.TRANSPOSE, Op.BROADCAST) or be.out.shape != out.shape:
                 return False
-    return all(not (o is bv) for o in body.outputs)
+    return all(o is not bv for o in body.outputs)
 
 
 def plan_memory(prog: Program, donated: tuple[int, ...] = ()) -> Program:

@@ -1,0 +1,223 @@
+"""The ``fusec`` command line.
+
+    fusec info                                        adapters, the chosen device, its limits
+    fusec show MODULE:FUNCTION --arg 64x512:float32 [--arg ...] [--ir | --wgsl]
+
+``show`` imports MODULE (a dotted module name or a path to a .py file), takes FUNCTION from it (a
+``@fusec.gpu_jit`` function, or a plain one, which is wrapped with ``fusec.gpu_jit``), lowers it for
+the given argument shapes and dtypes without running it, and prints the lowered IR and the WGSL.
+Errors the user can fix (a bad ``--arg``, a module or function that cannot be found, a function that
+does not trace for those arguments) print one line on stderr and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import os
+import re
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+
+class UsageError(Exception):
+    """Something the user can fix on the command line: reported in one line, exit status 2."""
+
+
+# --- fusec info -----------------------------------------------------------------------------------
+
+
+def _cmd_info(args: argparse.Namespace) -> int:
+    import fusec
+
+    print(f"fusec {fusec.__version__}")
+    try:
+        import wgpu
+
+        print(f"wgpu {wgpu.__version__}")
+        adapters = list(wgpu.gpu.enumerate_adapters_sync())
+    except Exception as exc:  # no wgpu-native library, no loader, ...
+        print(f"wgpu unavailable: {exc}")
+        adapters = []
+    print(f"adapters found: {len(adapters)}")
+    for a in adapters:
+        info = a.info
+        print(f"  - {info['device']}  [{info['backend_type']}, {info['adapter_type']}]"
+              + (f"  {info['description']}" if info.get("description") else ""))
+    backend = os.environ.get("FUSEC_BACKEND")
+    if backend:
+        print(f"FUSEC_BACKEND={backend}")
+    dev = fusec.default_device()
+    print(f"chosen device: {dev}")
+    if dev.is_cpu_fallback:
+        print("  no GPU adapter is used: fusec runs the numpy interpreter of its IR")
+        return 0
+    if args.all_limits:
+        limits = dict(dev.limits)
+    else:
+        limits = {k: v for k, v in dev.limits.items() if k in _KEY_LIMITS}
+    print("limits:" if args.all_limits else "limits (--all-limits for every one):")
+    width = max((len(k) for k in limits), default=0)
+    for k in sorted(limits):
+        print(f"  {k:<{width}}  {limits[k]}")
+    print(f"features: {', '.join(dev.features) if dev.features else '(none requested)'}")
+    return 0
+
+
+_KEY_LIMITS = {
+    "max-storage-buffer-binding-size", "max-buffer-size", "max-storage-buffers-per-shader-stage",
+    "max-compute-workgroup-storage-size", "max-compute-invocations-per-workgroup",
+    "max-compute-workgroup-size-x", "max-compute-workgroups-per-dimension",
+}
+
+
+# --- fusec show -----------------------------------------------------------------------------------
+
+_SPEC = re.compile(r"^\s*(?P<shape>[^:]*?)\s*:\s*(?P<dtype>[A-Za-z0-9_]+)\s*$")
+
+
+def parse_spec(text: str) -> Any:
+    """``64x512:float32``, ``64,512:int32``, ``7:bool``, ``scalar:float32`` -> fusec.ShapeDtype."""
+    import fusec
+
+    m = _SPEC.match(text)
+    if m is None:
+        raise UsageError(f"bad --arg {text!r}: expected SHAPE:DTYPE, e.g. 64x512:float32, "
+                         "64,512:float32 or scalar:float32")
+    shape_txt, dtype = m.group("shape"), m.group("dtype")
+    if shape_txt.lower() in ("scalar", "()", ""):
+        shape: tuple[int, ...] = ()
+    else:
+        parts = re.split(r"\s*[x,]\s*", shape_txt.strip("()[] "))
+        if not all(p.isdigit() for p in parts):
+            raise UsageError(f"bad --arg {text!r}: the shape {shape_txt!r} must be sizes joined "
+                             "by 'x' or ',' (e.g. 64x512), or 'scalar'")
+        shape = tuple(int(p) for p in parts)
+    try:
+        return fusec.ShapeDtype(shape, dtype)
+    except fusec.FusecError as exc:
+        raise UsageError(f"bad --arg {text!r}: {exc}") from None
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"bad --arg {text!r}: {exc}") from None
+
+
+def _import_module(target: str) -> ModuleType:
+    path = Path(target)
+    if target.endswith(".py") or os.sep in target or "/" in target:
+        if not path.is_file():
+            raise UsageError(f"no such file: {target}")
+        name = f"_fusec_show_{path.stem}"
+        spec = importlib.util.spec_from_file_location(name, path)
+        if spec is None or spec.loader is None:
+            raise UsageError(f"cannot import {target} as a Python module")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        sys.path.insert(0, str(path.resolve().parent))  # its sibling imports
+        spec.loader.exec_module(module)
+        return module
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # like `python -m`: modules in the current directory
+    try:
+        return importlib.import_module(target)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and (target == exc.name or target.startswith(exc.name + ".")):
+            raise UsageError(f"module {target!r} not found (give a dotted module name importable "
+                             "from the current directory, or a path to a .py file)") from None
+        raise
+
+
+def load_function(ref: str) -> Any:
+    """``MODULE:FUNCTION`` -> a fusec.JitFunction (plain functions are wrapped with gpu_jit)."""
+    import fusec
+
+    module_name, sep, attr = ref.rpartition(":")
+    if not sep or not module_name or not attr:
+        raise UsageError(f"bad function reference {ref!r}: expected MODULE:FUNCTION, e.g. "
+                         "mymodel:block or path/to/model.py:block")
+    module = _import_module(module_name)
+    obj: Any = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise UsageError(f"{module_name} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    if isinstance(obj, fusec.JitFunction):
+        return obj
+    if not callable(obj):
+        raise UsageError(f"{ref} is a {type(obj).__name__}, not a function")
+    return fusec.gpu_jit(obj)
+
+
+def _cmd_show(args: argparse.Namespace) -> int:
+    import fusec
+
+    specs = [parse_spec(s) for s in args.arg]
+    fn = load_function(args.function)
+    try:
+        lowered = fn.lower(*specs)
+    except fusec.FusecError as exc:
+        raise UsageError(f"{args.function} does not compile for ({', '.join(args.arg)}): "
+                         f"{type(exc).__name__}: {exc}") from None
+    except TypeError as exc:  # wrong number of arguments, mostly
+        raise UsageError(f"cannot call {args.function} with {len(specs)} argument(s): "
+                         f"{exc}") from None
+    show_ir = args.ir or not args.wgsl
+    show_wgsl = args.wgsl or not args.ir
+    if show_ir:
+        print(f"# lowered IR of {args.function} ({len(lowered.kernels)} kernel(s))")
+        print(lowered.as_text("ir"))
+    if show_ir and show_wgsl:
+        print()
+    if show_wgsl:
+        print(f"# WGSL of {args.function}")
+        print(lowered.as_text("wgsl"))
+    return 0
+
+
+# --- entry point ----------------------------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="fusec", description="fusec: trace numpy-style Python into fused WGSL compute "
+        "shaders and run them through wgpu.")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    info = sub.add_parser("info", help="adapters found, the device fusec chose, its limits")
+    info.add_argument("--all-limits", action="store_true", help="print every device limit")
+    info.set_defaults(run=_cmd_info)
+
+    show = sub.add_parser(
+        "show", help="print the lowered IR and WGSL of a function for given argument shapes",
+        description="Lower MODULE:FUNCTION for abstract arguments (nothing runs) and print its IR "
+        "and WGSL. MODULE is a dotted module name or a path to a .py file.")
+    show.add_argument("function", metavar="MODULE:FUNCTION")
+    show.add_argument("--arg", action="append", default=[], metavar="SHAPE:DTYPE",
+                      help="one per positional argument, in order: 64x512:float32, "
+                           "64,512:int32, scalar:float32")
+    what = show.add_mutually_exclusive_group()
+    what.add_argument("--ir", action="store_true", help="only the lowered IR")
+    what.add_argument("--wgsl", action="store_true", help="only the WGSL")
+    show.set_defaults(run=_cmd_show)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")  # quiets Mesa's warnings on headless Linux
+    try:
+        args = _parser().parse_args(argv)
+    except SystemExit as exc:  # --help (0) or an argparse usage error (2), already printed
+        return exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 2
+    try:
+        return int(args.run(args))
+    except UsageError as exc:
+        print(f"fusec: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,330 @@
+"""Compile-only tests on the generated WGSL: index arithmetic, bool storage, dispatch grids, the
+matmul tile, determinism, and pipeline sharing between functions."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import fusec
+import fusec.numpy as fnp
+from fusec import codegen
+from fusec.ir import Op
+from fusec.ops import wgsl_literal
+
+REPO = Path(__file__).resolve().parent.parent
+S = fusec.ShapeDtype
+MAX_DIM = 65535
+
+requires_gpu = pytest.mark.skipif(
+    fusec.default_device().is_cpu_fallback,
+    reason="needs a wgpu adapter (FUSEC_BACKEND=cpu runs the numpy interpreter)")
+
+
+def code_of(wgsl: str) -> str:
+    """The WGSL without comments (comments may contain '/' and words)."""
+    return "\n".join(line.split("//", 1)[0] for line in wgsl.splitlines())
+
+
+def main_body(wgsl: str) -> str:
+    code = code_of(wgsl)
+    return code[code.index("fn main"):]
+
+
+def only_kernel(fn, *specs, **kw) -> codegen.KernelCode:
+    lowered = fusec.gpu_jit(fn, **kw).lower(*specs)
+    assert len(lowered.kernels) == 1, [k.name for k in lowered.kernels]
+    return lowered.kernels[0]
+
+
+# --- index arithmetic -----------------------------------------------------------------------------
+
+
+def test_same_shape_inputs_are_indexed_by_gid_directly():
+    k = only_kernel(lambda x, y, z: fnp.exp(x) * y + fnp.tanh(z) - x, S((33, 7)), S((33, 7)),
+                    S((33, 7)))
+    body = main_body(k.wgsl)
+    for i in range(3):
+        assert f"in{i}[gid]" in body
+    assert body.count("in0[") == 1  # x is read once although used twice
+    assert "%" not in body
+    assert not re.search(r"/", body), body
+    assert "out0[gid] = " in body
+    assert "if (gid >= 231u)" in body  # sizes are baked into the kernel
+
+
+def test_reshape_between_same_size_arrays_keeps_gid():
+    k = only_kernel(lambda x, y: x.reshape(6, 4) + y, S((4, 6)), S((6, 4)))
+    body = main_body(k.wgsl)
+    assert "in0[gid]" in body and "in1[gid]" in body
+    assert "%" not in body and "/" not in body
+
+
+def test_trailing_broadcast_uses_modulo():
+    k = only_kernel(lambda x, y: x * y, S((3, 5)), S((5,)))
+    body = main_body(k.wgsl)
+    assert "in0[gid]" in body
+    assert "gid % 5u" in body
+    assert "/" not in body
+
+
+def test_leading_broadcast_uses_division():
+    k = only_kernel(lambda x, c: x * c, S((3, 5)), S((3, 1)))
+    body = main_body(k.wgsl)
+    assert "in0[gid]" in body
+    assert "gid / 5u" in body
+    assert "in1[gid]" not in body
+
+
+def test_outer_broadcast_indexes_both_operands():
+    k = only_kernel(lambda x, y: x + y, S((64, 1)), S((1, 48)))
+    body = main_body(k.wgsl)
+    assert "gid / 48u" in body and "% 48u" in body
+    assert "[gid]" not in body.replace("out0[gid]", "")
+
+
+def test_scalar_operand_reads_element_zero():
+    k = only_kernel(lambda x, s: x * s, S((10,)), S(()))
+    assert "in1[0u]" in main_body(k.wgsl)
+
+
+def test_transpose_rewrites_the_index():
+    k = only_kernel(lambda x: x.T * 2.0, S((3, 5)))
+    body = main_body(k.wgsl)
+    assert "in0[gid]" not in body
+    assert "%" in body and "/" in body
+
+
+# --- bool storage ---------------------------------------------------------------------------------
+
+
+def test_bool_outputs_are_stored_as_u32():
+    k = only_kernel(lambda x, y: x > y, S((8,)), S((8,)))
+    code = code_of(k.wgsl)
+    assert re.search(r"var<storage, read_write> out0: array<u32>;", code)
+    assert "select(0u, 1u, " in main_body(k.wgsl)
+    assert "array<bool>" not in code
+
+
+def test_bool_inputs_are_read_from_u32_words():
+    k = only_kernel(lambda m, x, y: fnp.where(m, x, y), S((8,), "bool"), S((8,)), S((8,)))
+    code = code_of(k.wgsl)
+    assert "var<storage, read> in0: array<u32>;" in code
+    assert "(in0[gid] != 0u)" in code
+    assert "var<storage, read_write> out0: array<f32>;" in code
+
+
+def test_bool_reduction_stores_u32():
+    k = only_kernel(lambda m: fnp.max(m, axis=1), S((4, 9), "bool"))
+    code = code_of(k.wgsl)
+    assert "out0: array<u32>" in code
+    assert "select(0u, 1u, " in code
+
+
+def test_bool_results_round_trip_through_the_device():
+    x = np.array([1.0, -1.0, 2.0, 0.0], np.float32)
+    out = fusec.gpu_jit(lambda x: x > 0.5)(x)
+    assert out.dtype == np.bool_
+    np.testing.assert_array_equal(np.asarray(out), x > 0.5)
+
+
+# --- dispatch grids -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("groups", [1, 2, 255, 256, 65535, 65536, 65537, 2**17 + 1, 2**20,
+                                    2**24 + 7, 65535 * 65535])
+def test_grid_for_never_exceeds_the_limit(groups):
+    grid = codegen.grid_for(groups)
+    assert len(grid) == 3
+    assert all(1 <= d <= MAX_DIM for d in grid), grid
+    x, y, z = grid
+    assert x * y * z >= groups
+    assert x * y * z - groups < x * z  # no more than one partial row of workgroups
+
+
+def test_grid_for_zero_groups_dispatches_nothing():
+    assert codegen.grid_for(0)[0] == 0
+
+
+def test_grid_for_more_groups_than_a_2d_grid_holds():
+    # kernels number workgroups as wid.y * nwg.x + wid.x, so 65535**2 is the most a grid can hold
+    groups = 65535 * 65535 + 1
+    try:
+        grid = codegen.grid_for(groups)
+    except fusec.FusecError:
+        return  # refusing is fine
+    assert all(d <= MAX_DIM for d in grid), f"grid_for({groups}) = {grid}"
+
+
+def test_large_elementwise_kernel_grid():
+    n = 2**24 + 3
+    k = only_kernel(lambda x: x * 2.0 + 1.0, S((n,)))
+    gx, gy, gz = k.grid
+    assert gx <= MAX_DIM and gy <= MAX_DIM and gz == 1
+    assert gy > 1
+    assert gx * gy * 256 >= n
+    assert "@workgroup_size(256)" in k.wgsl
+    assert "wid.y * nwg.x + wid.x" in k.wgsl  # the 2-D grid is folded back into one index
+    assert f"if (gid >= {n}u)" in k.wgsl
+
+
+def test_large_reduction_and_matmul_grids():
+    # a reduction's launch depends on the target: a workgroup per row on a GPU, a thread per row on
+    # a software adapter; both must respect the 65535-per-dimension limit and cover every row
+    lowered = fusec.gpu_jit(lambda x: x.sum(axis=1)).lower(S((70000, 64)))
+    (eqn,) = [e for e in lowered.ir.eqns if e.op is Op.KERNEL]
+    for target, per_group in (("gpu", 1), ("cpu", 256)):
+        k = codegen.generate(eqn, target)
+        gx, gy, gz = k.grid
+        assert gx <= MAX_DIM and gy <= MAX_DIM and gz == 1, (target, k.grid)
+        assert gx * gy * per_group >= 70000
+    assert codegen.generate(eqn, "gpu").grid[1] > 1  # 70000 workgroups: a second grid dimension
+    batched = only_kernel(lambda a, b: a @ b, S((300, 256, 16)), S((300, 16, 256)))
+    gx, gy, gz = batched.grid
+    assert gx <= MAX_DIM and gy <= MAX_DIM and gz == 1 and gy > 1
+    assert gx * gy >= 300 * 16 * 16
+
+
+def test_large_grid_kernels_compile():
+    # pipelines only: compile() builds them, nothing is allocated or run
+    for fn, specs in [(lambda x: x * 2.0 + 1.0, [S((2**24 + 3,))]),
+                      (lambda x: x.sum(axis=1), [S((70000, 64))]),
+                      (lambda a, b: a @ b, [S((300, 256, 16)), S((300, 16, 256))])]:
+        compiled = fusec.gpu_jit(fn).lower(*specs).compile()
+        assert isinstance(compiled, fusec.Compiled)
+
+
+# --- matmul ---------------------------------------------------------------------------------------
+
+
+def test_matmul_kernel_uses_a_16x16_workgroup_tile():
+    k = only_kernel(lambda a, b: a @ b, S((20, 30)), S((30, 17)))
+    code = code_of(k.wgsl)
+    assert k.kind == "matmul"
+    assert "@workgroup_size(16, 16)" in code
+    assert "var<workgroup> tile_a: array<array<f32, 16>, 16>;" in code
+    assert "var<workgroup> tile_b: array<array<f32, 16>, 16>;" in code
+    assert code.count("workgroupBarrier()") >= 2
+    # M, N, K that are not multiples of 16 are guarded, not assumed
+    assert "row < 20u" in code and "col < 17u" in code and "< 30u" in code
+    assert k.grid == (2 * 2, 1, 1)
+
+
+def test_transposed_matmul_operand_folds_into_the_tile_load():
+    k = only_kernel(lambda a, b: a @ b.T, S((8, 4)), S((6, 4)))  # one kernel: no transpose pass
+    assert k.kind == "matmul"
+    assert "var<workgroup> tile_b" in k.wgsl
+
+
+# --- literals -------------------------------------------------------------------------------------
+
+
+def test_wgsl_literals():
+    assert wgsl_literal(1.0, "float32") == "1.0f"
+    assert wgsl_literal(0.1, "float32") == f"{float(np.float32(0.1))!r}f"
+    assert wgsl_literal(float("inf"), "float32") == "bitcast<f32>(0x7f800000u)"
+    assert wgsl_literal(-(2**31), "int32") == "i32(-2147483647 - 1)"
+    assert wgsl_literal(7, "uint32") == "7u"
+    assert wgsl_literal(True, "bool") == "true"
+
+
+def test_infinite_constants_compile():
+    f = fusec.gpu_jit(lambda x: fnp.where(x > 0, x, -np.inf))
+    k = f.lower(S((5,))).kernels[0]
+    assert "bitcast<f32>(0xff800000u)" in k.wgsl
+    x = np.array([1, -1, 2, -3, 0], np.float32)
+    np.testing.assert_array_equal(np.asarray(f(x)), np.where(x > 0, x, -np.inf))
+
+
+# --- determinism ----------------------------------------------------------------------------------
+
+
+def block(x, w, b):
+    h = x @ w + b
+    return fnp.maximum(h, 0.0).sum(axis=0), fnp.exp(h - h.max(axis=1, keepdims=True))
+
+
+BLOCK_SPECS = (S((9, 20)), S((20, 7)), S((7,)))
+
+
+def test_wgsl_is_deterministic_within_a_process():
+    a = fusec.gpu_jit(block).lower(*BLOCK_SPECS)
+    b = fusec.gpu_jit(block).lower(*BLOCK_SPECS)
+    assert a.as_text("wgsl") == b.as_text("wgsl")
+    assert [k.key for k in a.kernels] == [k.key for k in b.kernels]
+    assert [k.grid for k in a.kernels] == [k.grid for k in b.kernels]
+
+
+_CHILD = textwrap.dedent("""
+    import hashlib, fusec, fusec.numpy as fnp
+    S = fusec.ShapeDtype
+    def block(x, w, b):
+        h = x @ w + b
+        return fnp.maximum(h, 0.0).sum(axis=0), fnp.exp(h - h.max(axis=1, keepdims=True))
+    low = fusec.gpu_jit(block).lower(S((9, 20)), S((20, 7)), S((7,)))
+    print(hashlib.sha256(low.as_text("wgsl").encode()).hexdigest())
+    print(" ".join(k.key for k in low.kernels))
+""")
+
+
+def test_wgsl_is_identical_in_another_process():
+    import hashlib
+
+    low = fusec.gpu_jit(block).lower(*BLOCK_SPECS)
+    env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONHASHSEED="7",
+               XDG_RUNTIME_DIR=os.environ.get("XDG_RUNTIME_DIR", "/tmp"))
+    out = subprocess.run([sys.executable, "-c", _CHILD], env=env, capture_output=True, text=True,
+                         timeout=120, cwd=str(REPO))
+    assert out.returncode == 0, out.stderr
+    digest, keys = out.stdout.splitlines()[:2]
+    assert digest == hashlib.sha256(low.as_text("wgsl").encode()).hexdigest()
+    assert keys.split() == [k.key for k in low.kernels]
+
+
+def test_as_text_wgsl_holds_every_kernel():
+    low = fusec.gpu_jit(block).lower(*BLOCK_SPECS)
+    text = low.as_text("wgsl")
+    assert len(low.kernels) >= 3
+    for k in low.kernels:
+        assert k.wgsl in text
+        assert f"// kernel {k.name} ({k.kind})" in text
+    assert text.count("fn main") == len(low.kernels)
+    with pytest.raises(ValueError):
+        low.as_text("ptx")
+
+
+# --- pipeline sharing -----------------------------------------------------------------------------
+
+
+@requires_gpu
+def test_two_functions_with_the_same_kernel_share_its_pipeline():
+    def first(x):
+        return fnp.sin(x) * 3.0 - x
+
+    def second(anything):
+        return fnp.sin(anything) * 3.0 - anything
+
+    x = np.linspace(-1, 1, 37 * 11, dtype=np.float32).reshape(37, 11)
+    f1, f2 = fusec.gpu_jit(first), fusec.gpu_jit(second)
+    assert [k.key for k in f1.lower(x).kernels] == [k.key for k in f2.lower(x).kernels]
+
+    c0 = fusec.cache_info()
+    r1 = f1(x)
+    c1 = fusec.cache_info()
+    r2 = f2(x)
+    c2 = fusec.cache_info()
+    d1, d2 = c1 - c0, c2 - c1
+    assert d1.pipelines_compiled == 1 and d1.traces == 1
+    assert d2.traces == 1  # a different function is traced...
+    assert d2.pipelines_compiled == 0  # ...but its kernel's pipeline is reused
+    assert d2.pipeline_hits == 1
+    want = np.sin(x) * 3 - x
+    np.testing.assert_allclose(np.asarray(r1), want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(r2), want, rtol=1e-5, atol=1e-6)

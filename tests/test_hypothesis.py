@@ -1,0 +1,684 @@
+"""Property tests: hypothesis generates broadcasting shapes and random programs; the GPU must agree.
+
+Three families, all on the real adapter (lavapipe in CI):
+
+1. Binary elementwise ops (add, subtract, multiply, maximum, minimum, where, comparisons) over
+   ``mutually_broadcastable_shapes``, float32 and int32, against numpy itself: the result shape and
+   dtype are numpy's, integers are bit-exact (wrapping like numpy) and float32 is exact too, since
+   WGSL's ``+ - *`` are correctly rounded and max/min/select/compare do no arithmetic. The only
+   slack is ``atol = finfo(float32).tiny``: WGSL lets a GPU flush subnormal results to zero.
+2. Random small programs (a DAG of unary/binary elementwise ops with broadcasting, where, scalar
+   operands, constants, reductions, movement and matmuls), kept as *data* (a list of source lines)
+   so hypothesis shrinks them and a failure prints a runnable function. For each: (a) the fused GPU
+   run and (b) the ``fuse=False`` GPU run equal the interpreter on the unoptimised traced IR, and
+   (c) the pass pipeline verifies after every pass (fused, unfused, and with a binding limit of 4)
+   and the lowered program, interpreted, still computes the same values.
+3. Longer chains mixing reductions and matmuls (softmax/layer_norm/rms_norm rows feeding matmuls,
+   column softmax, Gram matrices, residuals) against the interpreter, fused and unfused.
+
+Tolerances for random programs come from a forward error bound carried along the program (see
+``_Val`` below): every value has a magnitude bound B and an absolute error bound E that the
+difference between two correct float32 evaluations (GPU, numpy) cannot exceed. A result passes when
+``|got - want| <= 4 E + 1e-6 |want|``. Values computed without rounding (inputs, neg, abs,
+max/min, where, movement, scaling by powers of two) have E = 0 and must match bit for bit.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+from typing import Any, Optional
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, note, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+import fusec
+import fusec.numpy as fnp
+from fusec import nn
+from fusec.interpret import evaluate
+from fusec.jit import interpret_traced
+from fusec.passes import Options, run_pipeline
+
+EPS = float(np.finfo(np.float32).eps)  # 2**-23: one rounding, relative, with a factor 2 to spare
+TINY = float(np.finfo(np.float32).tiny)  # smallest normal float32; below it a GPU may flush to 0
+
+# Each distinct kernel costs 10-50 ms to compile on lavapipe: example counts keep the file ~2 min.
+SETTINGS = dict(deadline=None, print_blob=True,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+def _device_bindings() -> int:
+    rt = fusec.runtime.get_runtime()
+    return rt.max_bindings if rt is not None else 8
+
+
+# =================================================================================================
+# 1. Broadcasting shapes: binary elementwise ops against numpy
+# =================================================================================================
+
+BINARY_OPS = {
+    "add": (fnp.add, np.add),
+    "subtract": (fnp.subtract, np.subtract),
+    "multiply": (fnp.multiply, np.multiply),
+    "maximum": (fnp.maximum, np.maximum),
+    "minimum": (fnp.minimum, np.minimum),
+    "greater": (fnp.greater, np.greater),
+    "greater_equal": (fnp.greater_equal, np.greater_equal),
+    "less": (fnp.less, np.less),
+    "less_equal": (fnp.less_equal, np.less_equal),
+    "equal": (fnp.equal, np.equal),
+    "not_equal": (fnp.not_equal, np.not_equal),
+}
+
+# |x| <= 2**60 keeps every product finite (WGSL leaves float overflow implementation-defined);
+# subnormal inputs are excluded because WGSL allows flushing them (comparisons would differ).
+FLOAT_ELEMENTS = st.floats(-(2.0**60), 2.0**60, width=32, allow_subnormal=False)
+INT_ELEMENTS = st.integers(-(2**31), 2**31 - 1)  # full range: add/subtract/multiply wrap as numpy
+ELEMENTS = {"float32": FLOAT_ELEMENTS, "int32": INT_ELEMENTS}
+BCAST_SHAPES = dict(min_dims=0, max_dims=4, min_side=1, max_side=5)
+
+
+def _assert_matches_numpy(got: Any, want: np.ndarray) -> None:
+    got_np = np.asarray(got)
+    want = np.asarray(want)
+    assert got_np.shape == want.shape, f"shape {got_np.shape}, numpy gives {want.shape}"
+    assert got_np.dtype == want.dtype, f"dtype {got_np.dtype}, numpy gives {want.dtype}"
+    if want.dtype == np.float32:
+        np.testing.assert_allclose(got_np, want, rtol=0, atol=TINY)
+    else:
+        np.testing.assert_array_equal(got_np, want)
+
+
+@settings(max_examples=110, **SETTINGS)
+@given(op=st.sampled_from(sorted(BINARY_OPS)), dtype=st.sampled_from(["float32", "int32"]),
+       data=st.data())
+def test_broadcast_binary(op: str, dtype: str, data: st.DataObject) -> None:
+    fop, nop = BINARY_OPS[op]
+    shapes = data.draw(hnp.mutually_broadcastable_shapes(num_shapes=2, **BCAST_SHAPES),
+                       label="shapes")
+    x = data.draw(hnp.arrays(dtype, shapes.input_shapes[0], elements=ELEMENTS[dtype]), label="x")
+    # the right operand: an array, or (sometimes) a Python scalar closed over, i.e. a literal
+    scalar = data.draw(st.none() | ELEMENTS[dtype].map(lambda v: v if dtype == "int32" else float(
+        v)), label="scalar right operand (None: an array)")
+    if scalar is None:
+        y = data.draw(hnp.arrays(dtype, shapes.input_shapes[1], elements=ELEMENTS[dtype]),
+                      label="y")
+        f = fusec.gpu_jit(lambda a, b: fop(a, b))
+        got = f(x, y)
+        with np.errstate(all="ignore"):
+            want = np.asarray(nop(x, y))
+        assert want.shape == np.broadcast_shapes(x.shape, y.shape)
+    else:
+        f = fusec.gpu_jit(lambda a: fop(a, scalar))
+        got = f(x)
+        with np.errstate(all="ignore"):
+            want = np.asarray(nop(x, scalar))  # numpy 2 (NEP 50): the scalar takes x's dtype
+    _assert_matches_numpy(got, want)
+
+
+@settings(max_examples=50, **SETTINGS)
+@given(dtype=st.sampled_from(["float32", "int32"]), data=st.data())
+def test_broadcast_where(dtype: str, data: st.DataObject) -> None:
+    shapes = data.draw(hnp.mutually_broadcastable_shapes(num_shapes=3, **BCAST_SHAPES),
+                       label="shapes")
+    c = data.draw(hnp.arrays(np.bool_, shapes.input_shapes[0]), label="condition")
+    x = data.draw(hnp.arrays(dtype, shapes.input_shapes[1], elements=ELEMENTS[dtype]), label="x")
+    y = data.draw(hnp.arrays(dtype, shapes.input_shapes[2], elements=ELEMENTS[dtype]), label="y")
+    f = fusec.gpu_jit(lambda c, x, y: fnp.where(c, x, y))
+    want = np.where(c, x, y)
+    assert want.shape == shapes.result_shape
+    _assert_matches_numpy(f(c, x, y), want)
+
+
+@settings(max_examples=40, **SETTINGS)
+@given(dtype=st.sampled_from(["float32", "int32"]), data=st.data())
+def test_broadcast_compare_then_where(dtype: str, data: st.DataObject) -> None:
+    """``where(x > y, x - y, y * x)``: a fused kernel computing a bool and selecting with it."""
+    shapes = data.draw(hnp.mutually_broadcastable_shapes(num_shapes=2, **BCAST_SHAPES),
+                       label="shapes")
+    x = data.draw(hnp.arrays(dtype, shapes.input_shapes[0], elements=ELEMENTS[dtype]), label="x")
+    y = data.draw(hnp.arrays(dtype, shapes.input_shapes[1], elements=ELEMENTS[dtype]), label="y")
+    f = fusec.gpu_jit(lambda x, y: (fnp.where(x > y, x - y, y * x), x >= y))
+    got_sel, got_cmp = f(x, y)
+    with np.errstate(all="ignore"):
+        want_sel = np.where(x > y, x - y, y * x)
+    _assert_matches_numpy(got_sel, want_sel)
+    _assert_matches_numpy(got_cmp, x >= y)
+
+
+# =================================================================================================
+# 2. Random small programs against the interpreter on the unoptimised IR
+# =================================================================================================
+
+
+class _Val:
+    """What the generator knows about a program value: its numpy shape, a bound B on its magnitude,
+    and a bound E on the absolute difference between two correct float32 evaluations of it.
+
+    Rules (eps = 2**-23 = 2u, n = elements reduced, K = contraction length, T = TRANS):
+      exact ops (neg, abs, max, min, where, movement, x*2**k, x+0)  E' = E (max of operands)
+      add/sub       E' = Ea + Eb + eps (Ba + Bb)
+      mul           E' = Ea Bb + Eb Ba + Ea Eb + eps Ba Bb      (also covers FMA contraction)
+      tanh, sin     E' = E + T + 4 eps B       (Lipschitz 1, plus the op's own error)
+      exp(tanh x)   E' = e (E + 2T + 4 eps B)  (exp' <= e on [-1, 1])
+      sqrt(|x|+1)   E' = (E + eps (B+1)) / 2 + 2 eps sqrt(B+1)
+      sum           E' = n E + eps (n B) depth(n)
+      mean          E' = E + eps B depth(n) + eps B
+      matmul        E' = K (Ea Bb + Eb Ba + Ea Eb) + eps (K Ba Bb) depth(K)
+    depth(n) = min(n, 8 sqrt(n)): a sum of n terms in float32 is off by at most n u sum|x| (the
+    deterministic bound) and, for rounding errors that behave randomly, by 8 sqrt(n) u sum|x| except
+    with probability < 2 exp(-32) (Higham & Mary's probabilistic bound with lambda = 8); GPU and
+    numpy each contribute one such error, hence eps = 2u. Summing n equal values (the least random
+    case) was measured at 1.4x the one-sided probabilistic bound for n = 2053: within the factor 4.
+    ``where``'s condition compares only exact (E = 0) values, so both sides take the same branch.
+    """
+
+    def __init__(self, name: str, shape: tuple[int, ...], bound: float, err: float) -> None:
+        self.name, self.shape, self.bound, self.err = name, tuple(shape), float(bound), float(err)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+
+# The GPU's error for tanh/exp/sin, from fusec.ops (rtol 2e-5, atol 1e-6 against float64 on values
+# of magnitude <= 1; numpy's float32 versions are within a few ulp).
+TRANS = 2.1e-5
+
+
+def _depth(n: int) -> float:
+    return min(float(n), 8.0 * math.sqrt(n))
+
+
+MAX_BOUND = 1e4  # ops whose result could exceed this are not generated (float32 stays accurate)
+MAX_SIZE = 8192  # elements per value
+# Input dimensions: mostly small; 16/17/64 around the 16x16 matmul tile, 257 and 2053 above the
+# 256-thread workgroup (primes), 2053 also enough outputs for the thread-per-output reduction.
+DIMS = (1, 2, 3, 4, 5, 6, 7, 2, 3, 5, 16, 17, 64, 257, 2053)
+INPUT_STYLES = {"uniform(-2,2)": 2.0, "ints(-3..3)": 3.0}
+
+
+class RandomProgram:
+    """A random program as data: input shapes, a list of source lines, the outputs. ``source()``
+    is a runnable function (the one under test is built by exec-ing it)."""
+
+    def __init__(self, shapes: list[tuple[int, ...]], style: str, seed: int, lines: list[str],
+                 outputs: list[_Val], max_bindings: Optional[int]) -> None:
+        self.shapes, self.style, self.seed = shapes, style, seed
+        self.lines, self.outputs, self.max_bindings = lines, outputs, max_bindings
+
+    def source(self) -> str:
+        args = ", ".join(f"x{i}" for i in range(len(self.shapes)))
+        body = "".join(f"    {ln}\n" for ln in self.lines)
+        outs = ", ".join(o.name for o in self.outputs)
+        return f"def program({args}):\n{body}    return ({outs},)\n"
+
+    def build(self) -> Any:
+        ns: dict[str, Any] = {"fnp": fnp, "nn": nn}
+        exec(compile(self.source(), "<random program>", "exec"), ns)
+        return ns["program"]
+
+    def inputs(self) -> list[np.ndarray]:
+        rng = np.random.default_rng(self.seed)
+        if self.style == "uniform(-2,2)":
+            return [rng.uniform(-2, 2, s).astype(np.float32) for s in self.shapes]
+        return [rng.integers(-3, 4, s).astype(np.float32) for s in self.shapes]
+
+    def __repr__(self) -> str:
+        shapes = ", ".join(f"x{i}: float32{list(s)}" for i, s in enumerate(self.shapes))
+        lim = "" if self.max_bindings is None else f", max storage buffers {self.max_bindings}"
+        return (f"RandomProgram({shapes}; values {self.style}, seed {self.seed}{lim})\n"
+                + self.source())
+
+
+def _bshape(*shapes: tuple[int, ...]) -> Optional[tuple[int, ...]]:
+    try:
+        return tuple(np.broadcast_shapes(*shapes))
+    except ValueError:
+        return None
+
+
+@functools.lru_cache(maxsize=None)
+def _factorizations(n: int, k: int) -> tuple[tuple[int, ...], ...]:
+    if k == 1:
+        return ((n,),)
+    return tuple((d,) + rest for d in range(1, n + 1) if n % d == 0
+                 for rest in _factorizations(n // d, k - 1))
+
+
+@functools.lru_cache(maxsize=None)
+def _reshape_targets(n: int) -> tuple[tuple[int, ...], ...]:
+    out: list[tuple[int, ...]] = [()] if n == 1 else []
+    for k in (1, 2, 3):
+        out.extend(s for s in _factorizations(n, k) if s.count(1) <= 1)
+    return tuple(out)
+
+
+def _matmul_shape(a: tuple[int, ...], b: tuple[int, ...]) -> Optional[tuple[int, ...]]:
+    """numpy's matmul result shape, or None."""
+    if not a or not b:
+        return None
+    a2 = (1,) + a if len(a) == 1 else a
+    b2 = b + (1,) if len(b) == 1 else b
+    if a2[-1] != b2[-2]:
+        return None
+    batch = _bshape(a2[:-2], b2[:-2])
+    if batch is None:
+        return None
+    return batch + ((a[-2],) if len(a) >= 2 else ()) + ((b[-1],) if len(b) >= 2 else ())
+
+
+def _recent(draw: Any, vals: list[_Val]) -> _Val:
+    """A value, biased towards (and shrinking towards) the most recent one."""
+    return vals[len(vals) - 1 - draw(st.integers(0, len(vals) - 1))]
+
+
+def _compatible(vals: list[_Val], shape: tuple[int, ...], exact: bool = False) -> list[_Val]:
+    return [v for v in vals if _bshape(v.shape, shape) is not None and (not exact or v.err == 0)]
+
+
+Made = Optional[tuple[str, tuple[int, ...], float, float]]  # (expression, shape, B, E)
+
+
+def _step_unary(draw: Any, vals: list[_Val]) -> Made:
+    a = _recent(draw, vals)
+    op = draw(st.sampled_from(["neg", "abs", "tanh", "exp_tanh", "sqrt_abs1", "sin"]))
+    B, E = a.bound, a.err
+    if op == "neg":
+        return f"-{a.name}", a.shape, B, E
+    if op == "abs":
+        return f"fnp.abs({a.name})", a.shape, B, E
+    if op == "tanh":
+        return f"fnp.tanh({a.name})", a.shape, min(B, 1.0), E + TRANS + 4 * EPS * B
+    if op == "exp_tanh":
+        return (f"fnp.exp(fnp.tanh({a.name}))", a.shape, math.e,
+                math.e * (E + 2 * TRANS + 4 * EPS * B))
+    if op == "sqrt_abs1":
+        b = math.sqrt(B + 1)
+        return (f"fnp.sqrt(fnp.abs({a.name}) + 1.0)", a.shape, b,
+                (E + EPS * (B + 1)) / 2 + 2 * EPS * b)
+    if B > 30:  # sin of large arguments: argument reduction is where GPUs differ; keep it modest
+        return None
+    return f"fnp.sin({a.name})", a.shape, min(B, 1.0), E + TRANS + 4 * EPS * B
+
+
+def _step_binary(draw: Any, vals: list[_Val]) -> Made:
+    a = _recent(draw, vals)
+    b = draw(st.sampled_from(_compatible(vals, a.shape)))
+    shape = _bshape(a.shape, b.shape)
+    assert shape is not None
+    op = draw(st.sampled_from(["add", "mul", "sub", "maximum", "minimum"]))
+    Ba, Bb, Ea, Eb = a.bound, b.bound, a.err, b.err
+    if op in ("add", "sub"):
+        sym = "+" if op == "add" else "-"
+        return f"{a.name} {sym} {b.name}", shape, Ba + Bb, Ea + Eb + EPS * (Ba + Bb)
+    if op == "mul":
+        return (f"{a.name} * {b.name}", shape, Ba * Bb,
+                Ea * Bb + Eb * Ba + Ea * Eb + EPS * Ba * Bb)
+    return f"fnp.{op}({a.name}, {b.name})", shape, max(Ba, Bb), max(Ea, Eb)
+
+
+def _step_where(draw: Any, vals: list[_Val]) -> Made:
+    c1 = draw(st.sampled_from([v for v in vals if v.err == 0]))
+    c2 = draw(st.sampled_from(_compatible(vals, c1.shape, exact=True)))
+    shape = _bshape(c1.shape, c2.shape)
+    assert shape is not None
+    a = draw(st.sampled_from(_compatible(vals, shape)))
+    shape = _bshape(shape, a.shape)
+    assert shape is not None
+    b = draw(st.sampled_from(_compatible(vals, shape)))
+    shape = _bshape(shape, b.shape)
+    assert shape is not None
+    return (f"fnp.where({c1.name} > {c2.name}, {a.name}, {b.name})", shape,
+            max(a.bound, b.bound), max(a.err, b.err))
+
+
+def _step_scalar(draw: Any, vals: list[_Val]) -> Made:
+    a = _recent(draw, vals)
+    c = draw(st.sampled_from([1.0, 0.0, 0.5, -2.0, 0.1, 3.0]))
+    if draw(st.booleans()):
+        exact = c == 0.0
+        return (f"{a.name} + {c!r}", a.shape, a.bound + abs(c),
+                a.err + (0.0 if exact else EPS * (a.bound + abs(c))))
+    exact = c == 0.0 or math.log2(abs(c)).is_integer()
+    return (f"{a.name} * {c!r}", a.shape, a.bound * abs(c),
+            abs(c) * a.err + (0.0 if exact else EPS * a.bound * abs(c)))
+
+
+def _step_full(draw: Any, vals: list[_Val]) -> Made:
+    shape = draw(st.sampled_from([v.shape for v in vals]))
+    c = draw(st.sampled_from([0.5, -1.25, 0.0, 2.0]))
+    return f"fnp.full({shape!r}, {c!r})", shape, abs(c), 0.0
+
+
+def _step_reduce(draw: Any, vals: list[_Val]) -> Made:
+    a = _recent(draw, vals)
+    if a.ndim == 0:
+        return None
+    op = draw(st.sampled_from(["sum", "max", "mean", "min"]))
+    if draw(st.integers(0, 4)) == 0:
+        axes: tuple[int, ...] = tuple(range(a.ndim))
+        axis_src = "None"
+    else:
+        axes = tuple(sorted(draw(st.sets(st.integers(0, a.ndim - 1), min_size=1))))
+        neg = draw(st.booleans())
+        spelled = tuple(k - a.ndim for k in axes) if neg else axes
+        axis_src = repr(spelled[0]) if len(spelled) == 1 else repr(spelled)
+    keep = draw(st.booleans())
+    n = math.prod(a.shape[k] for k in axes)
+    shape = tuple(1 if k in axes else d for k, d in enumerate(a.shape)) if keep else tuple(
+        d for k, d in enumerate(a.shape) if k not in axes)
+    B, E = a.bound, a.err
+    if op == "sum":
+        B2, E2 = n * B, n * E + EPS * n * B * _depth(n)
+    elif op == "mean":
+        B2, E2 = B, E + EPS * B * _depth(n) + EPS * B
+    else:
+        B2, E2 = B, E
+    return f"fnp.{op}({a.name}, axis={axis_src}, keepdims={keep})", shape, B2, E2
+
+
+def _step_movement(draw: Any, vals: list[_Val]) -> Made:
+    a = _recent(draw, vals)
+    kind = draw(st.sampled_from(["transpose", "reshape", "expand_dims", "broadcast_to"]))
+    if kind == "transpose":
+        if a.ndim < 2:
+            return None
+        perm = tuple(draw(st.permutations(range(a.ndim))))
+        return (f"fnp.transpose({a.name}, {perm!r})", tuple(a.shape[p] for p in perm), a.bound,
+                a.err)
+    if kind == "reshape":
+        shape = draw(st.sampled_from(_reshape_targets(a.size)))
+        return f"fnp.reshape({a.name}, {shape!r})", shape, a.bound, a.err
+    if kind == "expand_dims":
+        if a.ndim >= 4:
+            return None
+        axis = draw(st.integers(-(a.ndim + 1), a.ndim))
+        shape_l = list(a.shape)
+        shape_l.insert(axis % (a.ndim + 1), 1)
+        return f"fnp.expand_dims({a.name}, {axis})", tuple(shape_l), a.bound, a.err
+    if a.ndim >= 4:
+        return None
+    lead = draw(st.integers(1, 3))
+    shape = (lead,) + tuple(d if d != 1 else draw(st.integers(1, 3)) for d in a.shape)
+    return f"fnp.broadcast_to({a.name}, {shape!r})", shape, a.bound, a.err
+
+
+def _step_matmul(draw: Any, vals: list[_Val]) -> Made:
+    cands = [v for v in vals if v.ndim >= 1]
+    if not cands:
+        return None
+    a = _recent(draw, cands)
+    K = a.shape[-1]
+    options: list[tuple[_Val, Optional[tuple[int, int]]]] = [
+        (v, None) for v in vals if _matmul_shape(a.shape, v.shape) is not None]
+    options += [(v, (K, v.size // K)) for v in vals if v.size % K == 0]  # reshape to fit
+    b, reshape_to = draw(st.sampled_from(options))
+    if reshape_to is None:
+        shape = _matmul_shape(a.shape, b.shape)
+        rhs = b.name
+    else:
+        shape = _matmul_shape(a.shape, reshape_to)
+        rhs = f"fnp.reshape({b.name}, {reshape_to!r})"
+    assert shape is not None
+    Ba, Bb, Ea, Eb = a.bound, b.bound, a.err, b.err
+    return (f"{a.name} @ {rhs}", shape, K * Ba * Bb,
+            K * (Ea * Bb + Eb * Ba + Ea * Eb) + EPS * K * Ba * Bb * _depth(K))
+
+
+STEPS = {  # simplest first: hypothesis shrinks towards the start of sampled_from lists
+    "unary": _step_unary, "binary": _step_binary, "scalar": _step_scalar,
+    "reduce": _step_reduce, "movement": _step_movement, "matmul": _step_matmul,
+    "where": _step_where, "full": _step_full,
+}
+STEP_MIX = ["unary", "binary", "scalar", "reduce", "movement", "matmul", "where", "full",
+            "binary", "reduce", "movement", "matmul", "reduce", "movement", "unary"]
+
+
+@st.composite
+def _input_shapes(draw: Any) -> list[tuple[int, ...]]:
+    nd = draw(st.sampled_from([1, 2, 3, 2, 3, 1, 0]))  # rank; mostly 1-3, shrinking towards 1-D
+    dims = [draw(st.sampled_from(DIMS)) for _ in range(nd)]
+    while math.prod(dims) > 4200:  # keep inputs small: shrink the largest dimension
+        dims[dims.index(max(dims))] = 3
+    shapes = []
+    for _ in range(draw(st.integers(1, 3))):
+        drop = draw(st.integers(0, nd)) if draw(st.integers(0, 3)) == 3 else 0
+        shapes.append(tuple(1 if draw(st.integers(0, 3)) == 3 else d for d in dims[drop:]))
+    return shapes
+
+
+@st.composite
+def random_programs(draw: Any) -> RandomProgram:
+    shapes = draw(_input_shapes())
+    style = draw(st.sampled_from(sorted(INPUT_STYLES)))
+    seed = draw(st.integers(0, 2**16))
+    vals = [_Val(f"x{i}", s, INPUT_STYLES[style], 0.0) for i, s in enumerate(shapes)]
+    lines = []
+    for _ in range(draw(st.integers(1, 8))):
+        for _attempt in range(3):
+            made = STEPS[draw(st.sampled_from(STEP_MIX))](draw, vals)
+            if made is not None and made[2] <= MAX_BOUND and math.prod(
+                    made[1]) <= MAX_SIZE and len(made[1]) <= 4:
+                break
+        else:
+            a = vals[-1]  # infeasible or too large: tanh of the latest value instead
+            made = (f"fnp.tanh({a.name})", a.shape, min(a.bound, 1.0),
+                    a.err + TRANS + 4 * EPS * a.bound)
+        expr, shape, bound, err = made
+        name = f"v{len(vals)}"
+        lines.append(f"{name} = {expr}")
+        vals.append(_Val(name, shape, bound, err))
+    extra = draw(st.lists(st.integers(0, len(vals) - 1), max_size=2))
+    outputs = [vals[-1]] + [vals[i] for i in extra]
+    max_bindings = draw(st.sampled_from([None, 4]))
+    return RandomProgram(shapes, style, seed, lines, outputs, max_bindings)
+
+
+def _check_close(got: Any, want: np.ndarray, atol: float, rtol: float, what: str) -> None:
+    """``|got - want| <= atol + rtol |want|`` elementwise (NaN matches NaN); same shape, dtype."""
+    got_np = np.asarray(got)
+    assert got_np.shape == want.shape, f"{what}: shape {got_np.shape}, expected {want.shape}"
+    assert got_np.dtype == want.dtype, f"{what}: dtype {got_np.dtype}, expected {want.dtype}"
+    g = got_np.astype(np.float64)
+    w = want.astype(np.float64)
+    tol = atol + rtol * np.abs(w)
+    ok = np.abs(g - w) <= tol
+    ok |= np.isnan(g) & np.isnan(w)
+    if not ok.all():
+        bad = np.argwhere(~ok) if want.ndim else [()]
+        lines = [f"  at {tuple(int(i) for i in ix)}: got {g[tuple(ix)]!r}, expected "
+                 f"{w[tuple(ix)]!r}" for ix in bad[:6]]
+        raise AssertionError(
+            f"{what}: {int((~ok).sum())} of {want.size} elements differ (max |diff| "
+            f"{np.nanmax(np.abs(g - w)):.3g}, allowed {atol:.3g} + {rtol:.0e} |expected|)\n"
+            + "\n".join(lines))
+
+
+def _set_bindings(limit: Optional[int]) -> Optional[str]:
+    old = os.environ.get("FUSEC_MAX_STORAGE_BUFFERS")
+    if limit is None:
+        os.environ.pop("FUSEC_MAX_STORAGE_BUFFERS", None)
+    else:
+        os.environ["FUSEC_MAX_STORAGE_BUFFERS"] = str(limit)
+    return old
+
+
+@settings(max_examples=150, **SETTINGS)
+@given(prog=random_programs())
+def test_random_program(prog: RandomProgram) -> None:
+    note(repr(prog))
+    fn = prog.build()
+    args = prog.inputs()
+    errs = [o.err for o in prog.outputs]
+
+    traced = fusec.gpu_jit(fn).trace(*args)
+    want = interpret_traced(traced, args)
+    assert len(want) == len(prog.outputs)
+    for w, o in zip(want, prog.outputs):
+        assert w.shape == o.shape, f"{o.name}: traced shape {w.shape}, numpy's is {o.shape}"
+
+    # (c) the verifier passes after every pass, and the lowered program still computes the same
+    leaves = [*args, *(np.asarray(c) for c in traced.const_values)]
+    for opts in (Options(fuse=True, max_bindings=_device_bindings()),
+                 Options(fuse=False, max_bindings=_device_bindings()),
+                 Options(fuse=True, max_bindings=4)):
+        lowered = run_pipeline(traced.program, opts, check=True)
+        for i, (g, w) in enumerate(zip(evaluate(lowered, leaves), want)):
+            _check_close(g, w, 4 * errs[i], 1e-6, f"lowered IR ({opts}) interpreted, output {i}")
+
+    # (a) fused on the GPU, optionally under a low storage-buffer limit (fusion must split)
+    old = _set_bindings(prog.max_bindings)
+    try:
+        got = fusec.gpu_jit(fn)(*args)
+    finally:
+        _set_bindings(None if old is None else int(old))
+    assert isinstance(got, tuple) and len(got) == len(want)
+    for i, (g, w) in enumerate(zip(got, want)):
+        _check_close(g, w, 4 * errs[i], 1e-6, f"fused GPU output {i}")
+
+    # (b) one kernel per op
+    got = fusec.gpu_jit(fn, fuse=False)(*args)
+    for i, (g, w) in enumerate(zip(got, want)):
+        _check_close(g, w, 4 * errs[i], 1e-6, f"unfused GPU output {i}")
+
+
+# =================================================================================================
+# 3. Longer chains mixing reductions and matmuls
+# =================================================================================================
+
+# Each layer maps h (shape (..., M, n)) to a new h; weights are extra inputs, scaled by 1/sqrt(fan
+# in) so activations stay O(1). "{k}" is the layer number, "{n}"/"{m}" the width in/out.
+LAYERS: dict[str, tuple[str, list[tuple[str, str]]]] = {
+    # name: (source line, [(weight name, shape spec)])
+    "softmax_matmul": ("h = nn.softmax(h, axis=-1) @ w{k}", [("w{k}", "n,m")]),
+    "layer_norm_matmul": ("h = nn.layer_norm(h, g{k}, b{k}, eps=1e-4) @ w{k}",
+                          [("g{k}", "n"), ("b{k}", "n"), ("w{k}", "n,m")]),
+    "gelu_linear": ("h = nn.gelu(h @ w{k} + b{k})", [("w{k}", "n,m"), ("b{k}", "m")]),
+    "center_rows": ("h = h - fnp.mean(h, axis=-1, keepdims=True)", []),
+    "log_softmax": ("h = nn.log_softmax(h, axis=-1)", []),
+    "rms_norm": ("h = nn.rms_norm(h, g{k}, eps=1e-4)", [("g{k}", "n")]),
+    "col_softmax": ("h = nn.softmax(h, axis=-2)", []),
+    "residual_tanh": ("h = h + fnp.tanh(h @ w{k})", [("w{k}", "n,n")]),
+    "gram": ("h = fnp.tanh(fnp.transpose(h, {perm}) @ h)", []),
+    "scale_by_col_max": ("h = fnp.tanh(h) * fnp.max(fnp.abs(h), axis=-2, keepdims=True)", []),
+    "relu_mlp": ("h = nn.relu(h @ w{k} + b{k}) @ v{k}",
+                 [("w{k}", "n,m"), ("b{k}", "m"), ("v{k}", "m,n")]),
+}
+TAILS = {  # optional final reduction, returned next to h
+    "none": None,
+    "row_sum": "fnp.sum(h, axis=-1)",
+    "total_max": "fnp.max(h)",
+    "col_mean": "fnp.mean(h, axis=-2, keepdims=True)",
+}
+CHAIN_ATOL = 1e-5  # times max(1, max|want|) times Chain.gains[i]
+CHAIN_RTOL = 1e-4
+NORMS = ("layer_norm_matmul", "rms_norm")
+WIDTHS = st.one_of(st.integers(1, 9), st.sampled_from([16, 17, 33, 64, 300]))
+
+
+class Chain:
+    """A chain of layers as data; ``source()`` is the function under test."""
+
+    def __init__(self, batch: tuple[int, ...], rows: int, widths: list[int], layers: list[str],
+                 tail: str, seed: int) -> None:
+        self.batch, self.rows, self.widths, self.layers = batch, rows, widths, layers
+        self.tail, self.seed = tail, seed
+        self.weights: list[tuple[str, tuple[int, ...], float]] = []  # name, shape, scale
+        lines = []
+        n = widths[0]
+        nb = len(batch)
+        perm = tuple(range(nb)) + (nb + 1, nb)  # swap the last two axes
+        for k, (layer, m) in enumerate(zip(layers, widths[1:])):
+            line, ws = LAYERS[layer]
+            for wname, spec in ws:
+                dims = {"n": n, "m": m}
+                shape = tuple(dims[s] for s in spec.split(","))
+                scale = 1.0 / math.sqrt(shape[0]) if len(shape) == 2 else 1.0
+                self.weights.append((wname.format(k=k), shape, scale))
+            lines.append(line.format(k=k, perm=perm))
+            if any(spec.endswith(",m") for _, spec in ws) and layer != "relu_mlp":
+                n = m  # the layer's output width (gram's (..., n, n) keeps it)
+        self.lines = lines
+        self.out_width = n
+        # normalising a near-constant row can amplify rounding errors (by <= 1/sqrt(1e-4)); a row
+        # sum adds up `n` elements' errors (which behave randomly: sqrt(n))
+        g = 10.0 if any(layer in NORMS for layer in layers) else 1.0
+        self.gains = [g, g * (math.sqrt(n) if tail == "row_sum" else 1.0)]
+
+    def source(self) -> str:
+        params = ", ".join(["x"] + [w for w, _, _ in self.weights])
+        body = "".join(f"    {ln}\n" for ln in self.lines)
+        tail = TAILS[self.tail]
+        ret = "(h,)" if tail is None else f"(h, {tail})"
+        return f"def chain({params}):\n    h = x\n{body}    return {ret}\n"
+
+    def build(self) -> Any:
+        ns: dict[str, Any] = {"fnp": fnp, "nn": nn}
+        exec(compile(self.source(), "<random chain>", "exec"), ns)
+        return ns["chain"]
+
+    def inputs(self) -> list[np.ndarray]:
+        rng = np.random.default_rng(self.seed)
+        x = rng.uniform(-2, 2, self.batch + (self.rows, self.widths[0])).astype(np.float32)
+        return [x] + [(rng.uniform(-1, 1, s) * sc).astype(np.float32)
+                      for _, s, sc in self.weights]
+
+    def __repr__(self) -> str:
+        return (f"Chain(x: float32{list(self.batch + (self.rows, self.widths[0]))}, weights "
+                f"{[(w, list(s)) for w, s, _ in self.weights]}, seed {self.seed})\n"
+                + self.source())
+
+
+@st.composite
+def chains(draw: Any) -> Chain:
+    batch = tuple(draw(st.lists(st.integers(1, 3), max_size=1)))
+    rows = draw(st.one_of(st.integers(1, 9), st.sampled_from([17, 64])))
+    layers = draw(st.lists(st.sampled_from(list(LAYERS)), min_size=2, max_size=5))
+    widths = [draw(WIDTHS)]
+    for layer in layers:
+        _, ws = LAYERS[layer]
+        needs_m = any("m" in spec for _, spec in ws)
+        widths.append(draw(WIDTHS) if needs_m else widths[-1])
+    tail = draw(st.sampled_from(list(TAILS)))
+    seed = draw(st.integers(0, 2**16))
+    return Chain(batch, rows, widths, layers, tail, seed)
+
+
+@settings(max_examples=45, **SETTINGS)
+@given(chain=chains())
+def test_reduction_matmul_chains(chain: Chain) -> None:
+    """Tolerance: 1e-4 * max(1, max|want|) absolute plus 1e-6 relative. Activations stay O(1)
+    (weights scaled by 1/sqrt(fan-in), softmax rows sum to 1); per layer, float32 rounding over K <=
+    300 terms is ~8 sqrt(K) u ~ 1e-5 relative (see _Val), and tanh/exp/log add ~2e-5 (fusec.ops);
+    softmax, tanh, gelu are Lipschitz ~1. The normalisations run with eps = 1e-4, which caps how
+    much they can amplify an input error in a near-constant row at 1/sqrt(eps) = 100 (eps * 100 *
+    |h| < 1e-4 for |h| < 8). Measured errors are ~100x below this; a wrong index, axis, or a row
+    missing one element of 300 is far above it."""
+    note(repr(chain))
+    fn = chain.build()
+    args = chain.inputs()
+    traced = fusec.gpu_jit(fn).trace(*args)
+    want = interpret_traced(traced, args)
+    lowered = run_pipeline(traced.program, Options(fuse=True, max_bindings=_device_bindings()),
+                           check=True)
+    assert lowered is not None
+    for label, f in (("fused", fusec.gpu_jit(fn)), ("unfused", fusec.gpu_jit(fn, fuse=False))):
+        got = f(*args)
+        assert len(got) == len(want)
+        for i, (g, w) in enumerate(zip(got, want)):
+            scale = max(1.0, float(np.max(np.abs(w), initial=0.0)))
+            _check_close(g, w, CHAIN_ATOL * scale * chain.gains[i], CHAIN_RTOL,
+                         f"{label} GPU output {i}")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(pytest.main([__file__, "-q"]))

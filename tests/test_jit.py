@@ -1,0 +1,529 @@
+"""gpu_jit: signature caching, weak scalars, pytrees, static arguments, nested jit, constants,
+device-resident arrays, outputs, AOT (lower/compile/warmup)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+import fusec
+import fusec.numpy as fnp
+from fusec import nn
+from fusec.runtime import get_runtime
+
+S = fusec.ShapeDtype
+RNG = np.random.default_rng(7)
+
+requires_gpu = pytest.mark.skipif(
+    fusec.default_device().is_cpu_fallback,
+    reason="needs a wgpu adapter (FUSEC_BACKEND=cpu runs the numpy interpreter)")
+
+
+def rand(*shape: int) -> np.ndarray:
+    return RNG.uniform(-1, 1, shape).astype(np.float32)
+
+
+class Delta:
+    """cache_info() change over a block."""
+
+    def __enter__(self) -> Delta:
+        self.start = fusec.cache_info()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.d = fusec.cache_info() - self.start
+
+    def __getattr__(self, name: str) -> int:
+        return getattr(self.__dict__["d"], name)
+
+
+def check(out: Any, want: np.ndarray, rtol: float = 1e-5) -> None:
+    assert isinstance(out, fusec.Array), type(out)
+    got = np.asarray(out)
+    assert got.shape == want.shape, (got.shape, want.shape)
+    assert got.dtype == want.dtype, (got.dtype, want.dtype)
+    np.testing.assert_allclose(got, want, rtol=rtol, atol=1e-6)
+
+
+@pytest.fixture
+def uploads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Sizes of every host-to-device upload while the test runs."""
+    rt = get_runtime()
+    if rt is None:
+        pytest.skip("needs a wgpu adapter: the numpy fallback uploads nothing")
+    seen: list[int] = []
+    real = rt.upload
+
+    def counting(data: np.ndarray) -> Any:
+        seen.append(int(np.asarray(data).nbytes))
+        return real(data)
+
+    monkeypatch.setattr(rt, "upload", counting)
+    return seen
+
+
+# --- caching --------------------------------------------------------------------------------------
+
+
+def test_second_call_with_same_signature_traces_and_compiles_nothing():
+    f = fusec.gpu_jit(lambda x, y: fnp.tanh(x) * y + 0.5)
+    x, y = rand(13, 17), rand(17)
+    with Delta() as first:
+        f(x, y)
+    assert first.traces == 1 and first.misses == 1 and first.hits == 0
+    with Delta() as second:
+        out = f(rand(13, 17), rand(17))  # new values, same signature
+    assert second.traces == 0
+    assert second.lowerings == 0
+    assert second.pipelines_compiled == 0
+    assert second.misses == 0
+    assert second.hits == 1
+    assert np.asarray(out).shape == (13, 17)
+
+
+def test_repeated_calls_return_fresh_correct_results():
+    f = fusec.gpu_jit(lambda x: x * 2.0 + 1.0)
+    a, b = rand(50), rand(50)
+    ra, rb = f(a), f(b)
+    check(ra, a * 2 + 1)
+    check(rb, b * 2 + 1)  # the second call did not overwrite the first result
+    check(ra, a * 2 + 1)
+
+
+@pytest.mark.parametrize("other", [
+    pytest.param(lambda: (rand(4, 6),), id="shape"),
+    pytest.param(lambda: (rand(4, 5)[None],), id="rank"),
+    pytest.param(lambda: (np.ones((4, 5), np.int32),), id="dtype"),
+    pytest.param(lambda: ((rand(4, 5),),), id="structure"),
+])
+def test_new_signature_retraces(other):
+    f = fusec.gpu_jit(lambda x: fnp.sum(x, axis=-1) if not isinstance(x, tuple) else x[0])
+    f(rand(4, 5))
+    with Delta() as d:
+        f(*other())
+    assert d.traces == 1 and d.misses == 1
+    with Delta() as again:
+        f(*other())
+    assert again.traces == 0 and again.hits == 1
+
+
+def test_new_static_value_retraces():
+    f = fusec.gpu_jit(lambda x, axis: x.sum(axis=axis), static_argnames=("axis",))
+    x = rand(4, 5)
+    check(f(x, axis=0), x.sum(axis=0))
+    with Delta() as d:
+        check(f(x, axis=1), x.sum(axis=1))
+    assert d.traces == 1
+    with Delta() as d2:
+        check(f(x, 1), x.sum(axis=1))  # the same value passed positionally
+    assert d2.traces == 0 and d2.hits == 1
+
+
+def test_python_scalars_are_weak_and_do_not_retrace():
+    f = fusec.gpu_jit(lambda x, s: x * s + s)
+    x = rand(3, 4)
+    check(f(x, 2.0), x * 2 + 2)
+    with Delta() as d:
+        out = f(x, 3.0)
+    assert d.traces == 0 and d.pipelines_compiled == 0 and d.hits == 1
+    check(out, x * 3 + 3)  # the new value is used, not the traced one
+    check(f(x, -0.5), x * -0.5 - 0.5)
+
+
+def test_weak_scalars_take_the_array_dtype():
+    fi = fusec.gpu_jit(lambda i, s: i * s)
+    i = np.arange(6, dtype=np.int32)
+    out = fi(i, 3)
+    assert out.dtype == np.int32
+    np.testing.assert_array_equal(np.asarray(out), i * 3)
+    fu = fusec.gpu_jit(lambda u, s: u + s)
+    u = np.arange(6, dtype=np.uint32)
+    assert fu(u, 7).dtype == np.uint32
+    np.testing.assert_array_equal(np.asarray(fu(u, 7)), u + 7)
+    # an int array meeting a Python float becomes float32 (numpy 2 with 32-bit types)
+    check(fi(i, 0.5), i.astype(np.float32) * np.float32(0.5))
+
+
+def test_int_scalars_do_not_retrace_either():
+    f = fusec.gpu_jit(lambda x, n: x + n)
+    x = np.arange(5, dtype=np.int32)
+    np.testing.assert_array_equal(np.asarray(f(x, 1)), x + 1)
+    with Delta() as d:
+        np.testing.assert_array_equal(np.asarray(f(x, 100)), x + 100)
+    assert d.traces == 0
+
+
+def test_only_scalars():
+    f = fusec.gpu_jit(lambda a, b: a * b + 1.0)
+    out = f(2.0, 4.0)
+    assert out.shape == () and out.dtype == np.float32
+    assert float(np.asarray(out)) == 9.0
+
+
+def test_numpy_scalar_argument():
+    f = fusec.gpu_jit(lambda x, s: x * s)
+    x = rand(4)
+    check(f(x, np.float32(1.5)), x * np.float32(1.5))
+
+
+# --- pytrees --------------------------------------------------------------------------------------
+
+
+def test_pytrees_in_and_out():
+    def f(params, batch):
+        w, (b, scale) = params["w"], params["rest"]
+        h = batch["x"] @ w + b
+        return {"h": h * scale, "extra": [h.sum(axis=0), None, (batch["x"] * 2.0,)]}
+
+    params = {"w": rand(4, 3), "rest": (rand(3), 0.5)}
+    batch = {"x": rand(5, 4)}
+    out = fusec.gpu_jit(f)(params, batch)
+    assert set(out) == {"h", "extra"}
+    assert isinstance(out["extra"], list) and len(out["extra"]) == 3
+    assert out["extra"][1] is None
+    assert isinstance(out["extra"][2], tuple) and len(out["extra"][2]) == 1
+    h = batch["x"] @ params["w"] + params["rest"][0]
+    check(out["h"], h * np.float32(0.5))
+    check(out["extra"][0], h.sum(axis=0), rtol=1e-4)
+    check(out["extra"][2][0], batch["x"] * 2)
+
+
+def test_list_and_tuple_outputs_keep_their_type():
+    f = fusec.gpu_jit(lambda xs: [xs[0] + xs[1], (xs[1],)])
+    a, b = rand(3), rand(3)
+    out = f([a, b])
+    assert isinstance(out, list) and isinstance(out[1], tuple)
+    check(out[0], a + b)
+    check(out[1][0], b)
+
+
+def test_none_leaves_in_arguments():
+    f = fusec.gpu_jit(lambda x, bias: x * 2.0 if bias is None else x * 2.0 + bias)
+    x = rand(4)
+    check(f(x, None), x * 2)
+    check(f(x, x), x * 3)
+
+
+def test_pytree_structure_is_part_of_the_signature():
+    f = fusec.gpu_jit(lambda d: d["a"] + d.get("b", 0.0))
+    x = rand(3)
+    check(f({"a": x}), x)
+    check(f({"a": x, "b": x}), x + x)
+
+
+def test_function_returning_none_and_empty_tuple():
+    out = fusec.gpu_jit(lambda x: (x + 1.0, None, ()))(rand(2))
+    assert out[1] is None and out[2] == ()
+
+
+# --- kwargs and defaults --------------------------------------------------------------------------
+
+
+def test_kwargs_and_default_args():
+    def f(x, y=None, scale=2.0):
+        return x * scale if y is None else x * scale + y
+
+    g = fusec.gpu_jit(f)
+    x, y = rand(6), rand(6)
+    check(g(x), x * 2)
+    check(g(x, y=y), x * 2 + y)
+    check(g(x, scale=3.0), x * 3)
+    check(g(x, y, 4.0), x * 4 + y)
+    check(g(y=y, x=x), x * 2 + y)
+
+
+def test_keyword_and_positional_calls_share_the_executable():
+    g = fusec.gpu_jit(lambda x, y: x - y)
+    x, y = rand(6), rand(6)
+    g(x, y)
+    with Delta() as d:
+        check(g(y=y, x=x), x - y)
+    assert d.traces == 0 and d.hits == 1
+
+
+def test_unpassed_default_args_keep_their_python_values():
+    # As in JAX: a default the caller does not pass is not an argument to trace. nn.softmax has
+    # axis=-1; jitting it directly must work.
+    x = rand(3, 8)
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    check(fusec.gpu_jit(nn.softmax)(x), e / e.sum(axis=-1, keepdims=True))
+
+
+def test_wrong_call_arguments_raise_type_error():
+    g = fusec.gpu_jit(lambda x, y: x + y)
+    with pytest.raises(TypeError):
+        g(rand(2))
+
+
+# --- static arguments -----------------------------------------------------------------------------
+
+
+def test_static_argnames_axis():
+    f = fusec.gpu_jit(lambda x, axis: fnp.max(x, axis=axis), static_argnames=("axis",))
+    x = rand(3, 4, 5)
+    check(f(x, axis=0), x.max(axis=0))
+    check(f(x, axis=(1, 2)), x.max(axis=(1, 2)))
+    check(f(x, axis=-1), x.max(axis=-1))
+
+
+def test_static_argnums():
+    def f(x, n, mode):
+        y = x
+        for _ in range(n):  # Python control flow on static values is fine
+            y = y * 2.0
+        return y + 1.0 if mode == "plus" else y - 1.0
+
+    g = fusec.gpu_jit(f, static_argnums=(1, 2))
+    x = rand(5)
+    check(g(x, 3, "plus"), x * 8 + 1)
+    check(g(x, 2, "minus"), x * 4 - 1)
+    with Delta() as d:
+        check(g(x, 3, "plus"), x * 8 + 1)
+    assert d.traces == 0
+
+
+def test_static_argnames_given_as_a_string_and_argnums_as_an_int():
+    f = fusec.gpu_jit(lambda x, k: x * k, static_argnames="k")
+    check(f(np.ones(3, np.float32), k=4), np.full(3, 4, np.float32))
+    g = fusec.gpu_jit(lambda x, k: x * k, static_argnums=1)
+    check(g(np.ones(3, np.float32), 5), np.full(3, 5, np.float32))
+
+
+def test_unhashable_static_argument_names_the_argument():
+    f = fusec.gpu_jit(lambda x, axes: x.sum(axis=axes), static_argnames=("axes",))
+    with pytest.raises(fusec.StaticArgumentError, match="'axes'") as info:
+        f(rand(3, 4), [0, 1])
+    assert "hashable" in str(info.value)
+    check(f(np.ones((3, 4), np.float32), (1,)), np.full(3, 4, np.float32))
+
+
+def test_static_argnames_that_do_not_exist_raise_at_decoration():
+    with pytest.raises(fusec.StaticArgumentError, match="'nope'"):
+        fusec.gpu_jit(lambda x: x, static_argnames=("nope",))
+    with pytest.raises(fusec.StaticArgumentError, match="static_argnums"):
+        fusec.gpu_jit(lambda x: x, static_argnums=(3,))
+
+    with pytest.raises(fusec.StaticArgumentError):
+        @fusec.gpu_jit(static_argnames=("axis",))
+        def f(x, axes):
+            return x
+
+
+# --- nested jit, closures, constants --------------------------------------------------------------
+
+
+def test_nested_jit_inlines():
+    inner = fusec.gpu_jit(lambda a: fnp.exp(a) * 2.0)
+    outer = fusec.gpu_jit(lambda a: inner(a) + 1.0)
+    x = rand(4, 4)
+    lowered = outer.lower(x)
+    assert len(lowered.kernels) == 1  # one fused kernel: the inner function was inlined
+    with Delta() as d:
+        out = outer(x)
+    assert d.traces == 1  # the outer function only
+    check(out, np.exp(x) * 2 + 1)
+    assert inner._cache == {}  # inner was never compiled on its own
+
+
+def test_closures_capture_numpy_arrays_as_constants():
+    w = rand(4, 3)
+    b = np.arange(3, dtype=np.float32)
+    f = fusec.gpu_jit(lambda x: x @ w + b + w.sum())
+    x = rand(5, 4)
+    check(f(x), x @ w + b + w.sum(), rtol=1e-4)
+    with Delta() as d:
+        check(f(x * 2), (x * 2) @ w + b + w.sum(), rtol=1e-4)
+    assert d.traces == 0
+
+
+def test_captured_constants_are_uploaded_once(uploads):
+    table = rand(64)
+    f = fusec.gpu_jit(lambda x: x * table)
+    x = rand(64)
+    f(x)
+    first = len(uploads)
+    f(x)
+    assert len(uploads) - first == 1  # only x: the constant stays on the device
+
+
+def test_fusec_numpy_outside_jit_runs_eagerly():
+    x = rand(5)
+    check(fnp.exp(x), np.exp(x))
+    check(fnp.add(fusec.device_put(x), 1.0), x + 1)
+
+
+# --- device-resident arrays -----------------------------------------------------------------------
+
+
+def test_device_put_arrays_are_not_re_uploaded(uploads):
+    x = rand(32, 8)
+    d = fusec.device_put(x)
+    assert isinstance(d, fusec.Array) and d.shape == (32, 8) and d.dtype == np.float32
+    assert len(uploads) == 1
+    f = fusec.gpu_jit(lambda a, b: a * b + a)
+    for _ in range(3):
+        check(f(d, d), x * x + x)
+    assert len(uploads) == 1  # no upload in any call
+    y = rand(32, 8)
+    check(f(d, y), x * y + x)
+    assert len(uploads) == 2  # only the numpy argument
+
+
+def test_outputs_feed_back_without_copies(uploads):
+    f = fusec.gpu_jit(lambda a: a * 2.0)
+    out = f(fusec.device_put(np.ones(10, np.float32)))
+    for _ in range(3):
+        out = f(out)
+    assert len(uploads) == 1
+    check(out, np.full(10, 16.0, np.float32))
+
+
+def test_output_arrays():
+    x = rand(3, 4)
+    out = fusec.gpu_jit(lambda a: a * 3.0)(x)
+    assert isinstance(out, fusec.Array)
+    assert out.shape == (3, 4) and out.dtype == np.float32
+    assert out.block_until_ready() is out
+    np.testing.assert_allclose(out.numpy(), x * 3, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(out), x * 3, rtol=1e-6)
+    n = out.numpy()
+    n[0, 0] = 123.0  # numpy() is a copy: the array is unchanged
+    assert np.asarray(out)[0, 0] != 123.0
+
+
+def test_returning_an_input_unchanged():
+    x = rand(5)
+    out = fusec.gpu_jit(lambda a, b: (a, b * 2.0))(x, x)
+    check(out[0], x)
+    check(out[1], x * 2)
+    d = fusec.device_put(x)
+    same = fusec.gpu_jit(lambda a: a)(d)
+    check(same, x)
+
+
+def test_the_same_value_returned_twice_and_aliases_of_inputs():
+    def f(a):
+        y = a * 2.0
+        return y, y, a.reshape(3, 2), a
+
+    x = rand(2, 3)
+    y1, y2, r, same = fusec.gpu_jit(f)(x)
+    check(y1, x * 2)
+    check(y2, x * 2)
+    check(r, x.reshape(3, 2))
+    check(same, x)
+
+
+def test_non_contiguous_numpy_arguments():
+    x = rand(4, 6)
+    f = fusec.gpu_jit(lambda a: a + 1.0)
+    check(f(x.T), x.T + 1)
+    check(f(x[:, ::2]), x[:, ::2] + 1)
+    check(f(np.asfortranarray(x)), x + 1)
+
+
+def test_bool_arguments():
+    f = fusec.gpu_jit(lambda a, m, flag: fnp.where(fnp.multiply(m, flag), a, 0.0))
+    x = rand(5)
+    m = np.array([True, False, True, True, False])
+    check(f(x, m, True), np.where(m, x, 0).astype(np.float32))
+    check(f(x, m, False), np.zeros(5, np.float32))
+
+
+def test_returning_python_constants():
+    f = fusec.gpu_jit(lambda a: (3.0, 2, True, a + 1.0))
+    c_float, c_int, c_bool, y = f(rand(2))
+    for c in (c_float, c_int, c_bool):
+        assert isinstance(c, fusec.Array) and c.shape == ()
+    assert np.asarray(c_float) == 3.0 and np.asarray(c_float).dtype == np.float32
+    assert np.asarray(c_int) == 2 and np.asarray(c_int).dtype == np.int32
+    assert bool(np.asarray(c_bool)) is True
+    assert y.shape == (2,)
+
+
+def test_zero_size_arrays():
+    z = np.zeros((0, 3), np.float32)
+    out = fusec.gpu_jit(lambda a: a * 2.0 + 1.0)(z)
+    assert out.shape == (0, 3) and np.asarray(out).shape == (0, 3)
+    s = fusec.gpu_jit(lambda a: a.sum(axis=0))(z)
+    check(s, np.zeros(3, np.float32))
+    m = fusec.gpu_jit(lambda a: a.max(axis=1))(z)  # reducing the non-empty axis
+    assert np.asarray(m).shape == (0,)
+    mm = fusec.gpu_jit(lambda a, b: a @ b)(z, rand(3, 4))
+    assert np.asarray(mm).shape == (0, 4)
+
+
+# --- AOT: lower, compile, warmup ------------------------------------------------------------------
+
+
+def test_compiled_runs_its_signature_and_rejects_others():
+    f = fusec.gpu_jit(lambda x, scale: x * scale)
+    x = rand(2, 3)
+    compiled = f.lower(x, np.float32(2.0)).compile()
+    assert isinstance(compiled, fusec.Compiled)
+    check(compiled(x, np.float32(2.0)), x * 2)
+    with pytest.raises(fusec.SignatureError, match="'x'") as info:
+        compiled(rand(2, 4), np.float32(2.0))
+    assert "(2, 3)" in str(info.value) or "[2,3]" in str(info.value)
+    with pytest.raises(fusec.SignatureError, match="'x'"):
+        compiled(np.ones((2, 3), np.int32), np.float32(2.0))
+    with pytest.raises(fusec.SignatureError):
+        compiled((x,), np.float32(2.0))
+
+
+def test_compiled_from_shapedtype():
+    f = fusec.gpu_jit(lambda a, b: a - b)
+    compiled = f.lower(S((4,)), S((4,))).compile()
+    a, b = rand(4), rand(4)
+    with Delta() as d:
+        check(compiled(a, b), a - b)
+    assert d.traces == 0 and d.pipelines_compiled == 0
+
+
+@requires_gpu
+def test_warmup_then_first_call_compiles_nothing():
+    f = fusec.gpu_jit(lambda x, b: fnp.sin(x) * 4.0 + b)
+    with Delta() as w:
+        compiled = f.warmup(S((29, 3)), S((3,)))
+    assert w.traces == 1 and w.pipelines_compiled == 1
+    assert isinstance(compiled, fusec.Compiled)
+    x, b = rand(29, 3), rand(3)
+    with Delta() as d:
+        out = f(x, b)
+    assert d.traces == 0 and d.lowerings == 0 and d.pipelines_compiled == 0 and d.hits == 1
+    check(out, np.sin(x) * 4 + b)
+
+
+def test_warmup_with_device_arrays_and_scalars():
+    f = fusec.gpu_jit(lambda x, w, s: (x @ w) * s)
+    w = fusec.device_put(rand(6, 2))
+    f.warmup(S((5, 6)), w, 1.0)
+    x = rand(5, 6)
+    with Delta() as d:
+        out = f(x, w, 3.0)
+    assert d.traces == 0 and d.pipelines_compiled == 0
+    check(out, (x @ np.asarray(w)) * 3, rtol=1e-4)
+
+
+def test_trace_and_lower_do_not_compile_or_run():
+    f = fusec.gpu_jit(lambda x: fnp.cos(x) + 7.0)
+    with Delta() as d:
+        traced = f.trace(S((11,)))
+        lowered = f.lower(S((11,)))
+    assert d.pipelines_compiled == 0 and d.hits == 0 and d.misses == 0
+    assert traced.ir is traced.program
+    assert lowered.kernels and lowered.ir is not None
+    cost = lowered.cost_analysis()
+    assert cost["kernels"] == 1 and cost["bytes accessed"] == 11 * 4 * 2 and cost["flops"] > 0
+
+
+def test_clear_cache_forgets_compiled_signatures():
+    f = fusec.gpu_jit(lambda x: x - 3.0)
+    x = rand(3)
+    f(x)
+    fusec.clear_cache()
+    with Delta() as d:
+        check(f(x), x - 3)
+    assert d.traces == 1 and d.misses == 1
