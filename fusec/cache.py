@@ -1,4 +1,5 @@
-"""Process-wide cache statistics (``fusec.cache_info()``) and the registry behind ``clear_cache()``."""
+"""Process-wide cache statistics (``fusec.cache_info()``) and the registry behind
+``clear_cache()``."""
 
 from __future__ import annotations
 

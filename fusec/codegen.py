@@ -55,8 +55,8 @@ def strides(shape: Shape) -> list[int]:
 
 @dataclass(frozen=True)
 class Idx:
-    """An index into an array of ``shape``: a flat (row-major) offset, per-axis coordinates, or both.
-    Each is a WGSL u32 expression."""
+    """An index into an array of ``shape``: a flat (row-major) offset, per-axis coordinates, or
+    both. Each is a WGSL u32 expression."""
 
     shape: Shape
     flat: Optional[str] = None
@@ -364,9 +364,10 @@ def _reduce(body: Program, names: dict[int, str], target: str = "gpu") -> tuple[
     if row_outs:
         ridx = row_index(row_em)
         flat = row_em.flat(ridx)
-        for o in row_outs:
-            v = row_em.value(o, ridx)
-            row_stores.append(f"        out{out_index[id(o)]}[{flat}] = {store_expr(v, o.dtype)};")
+        for ro in row_outs:
+            v = row_em.value(ro, ridx)
+            row_stores.append(
+                f"        out{out_index[id(ro)]}[{flat}] = {store_expr(v, ro.dtype)};")
     row_ids = {id(o) for o in row_outs}
     scalar_em = Emitter(body, names, indent="        ", registers=registers, counter=counter)
     scalar_em.memo.update(prelude.memo)

@@ -1,8 +1,9 @@
 """Supported dtypes, their numpy and WGSL spellings, and numpy-like type promotion.
 
 fusec computes in 32-bit types only (float32, int32, uint32, bool). Promotion follows numpy within
-that set, the way JAX does with 64-bit types disabled: int32 with uint32 gives int32, an integer with
-a float gives float32, and Python scalars are "weak": they take the dtype of the array they meet.
+that set, the way JAX does with 64-bit types disabled: int32 with uint32 gives int32, an integer
+with a float gives float32, and Python scalars are "weak": they take the dtype of the array they
+meet.
 """
 
 from __future__ import annotations
@@ -36,7 +37,9 @@ def canonicalize(dtype: Any, what: str = "dtype") -> str:
     try:
         name = np.dtype(dtype).name
     except TypeError as exc:
-        raise DTypeError(f"{what}: {dtype!r} is not a dtype; supported: {', '.join(SUPPORTED)}") from exc
+        raise DTypeError(
+            f"{what}: {dtype!r} is not a dtype; supported: {', '.join(SUPPORTED)}"
+        ) from exc
     if name not in SUPPORTED:
         raise DTypeError(
             f"{what} has dtype {name}, which fusec does not support; supported dtypes are "

@@ -1,4 +1,5 @@
-"""Errors fusec raises. All derive from :class:`FusecError`, so ``except fusec.FusecError`` catches them."""
+"""Errors fusec raises. All derive from :class:`FusecError`, so ``except fusec.FusecError``
+catches them."""
 
 from __future__ import annotations
 

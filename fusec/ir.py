@@ -21,7 +21,8 @@ from typing import Any, Union
 DTYPES = ("float32", "int32", "uint32", "bool")
 Shape = tuple[int, ...]
 
-# Bump when the meaning of printed IR changes, so that hashes of old programs never collide with new.
+# Bump when the meaning of printed IR changes, so that hashes of old programs never collide with
+# new ones.
 IR_VERSION = "1"
 
 
@@ -149,7 +150,8 @@ Atom = Union[Var, Lit]
 
 @dataclass(eq=False)
 class Eqn:
-    """``outs = op[params](inputs)``. Primitives define one output; fused kernels may define several."""
+    """``outs = op[params](inputs)``. Primitives define one output; fused kernels may define
+    several."""
 
     op: Op
     inputs: tuple[Atom, ...]

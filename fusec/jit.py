@@ -13,7 +13,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Optional, Union
+from typing import Any, Optional, Union, cast
 
 import numpy as np
 
@@ -131,13 +131,13 @@ class _Binder:
             raise TypeError(f"{self.name}: {exc}") from None
         # defaults the caller did not pass stay Python values, as in a plain call
         dyn = {}
-        static = []
+        static_items: list[tuple[str, Any]] = []
         for k, v in ba.arguments.items():
             if k in self.static_names:
-                static.append((k, v))
+                static_items.append((k, v))
             else:
                 dyn[k] = v
-        for k, v in static:
+        for k, v in static_items:
             try:
                 hash(v)
             except TypeError:
@@ -145,7 +145,7 @@ class _Binder:
                     f"static argument '{k}' of {self.name} must be hashable (its value is part of "
                     f"the cache key); got {type(v).__name__} {v!r}. Pass a tuple instead of a "
                     "list, or make it a dynamic argument.") from None
-        return dyn, tuple(static)
+        return dyn, tuple(static_items)
 
     def call(self, fun: Callable[..., Any], dyn: dict[str, Any],
              static: tuple[tuple[str, Any], ...]) -> Any:
@@ -311,7 +311,9 @@ class Compiled:
         leaves, td = _flatten_args(dyn)
         avals = tuple(_aval(p, x, self.traced.name) for p, x in leaves)
         if (td, avals, static) != self.key:
-            raise SignatureError(_explain_mismatch(self.traced.name, self.key,
+            # a Compiled with a binder always has a key (both come from the same Traced)
+            want = cast(Signature, self.key)
+            raise SignatureError(_explain_mismatch(self.traced.name, want,
                                                    (td, avals, static), [p for p, _ in leaves]))
         return self.run_leaves([x for _, x in leaves])
 
@@ -375,7 +377,8 @@ def compile_lowered(lowered: Lowered, binder: Optional[_Binder] = None,
 
 
 class JitFunction:
-    """A function compiled for the GPU on first call with each new signature. See :func:`gpu_jit`."""
+    """A function compiled for the GPU on first call with each new signature. See
+    :func:`gpu_jit`."""
 
     def __init__(self, fun: Callable[..., Any], static_argnums: Sequence[int] = (),
                  static_argnames: Sequence[str] = (), donate_argnums: Sequence[int] = (),

@@ -1,9 +1,9 @@
 """numpy-like functions, usable inside ``@gpu_jit`` (they trace) and outside it (they run eagerly on
 the device, one cached kernel per op signature, like ``jax.numpy``).
 
-Results follow numpy's broadcasting and result shapes; dtypes follow numpy restricted to 32-bit types
-(see :mod:`fusec.dtypes`): integer division and transcendental functions of integers give float32,
-sums of int32 stay int32.
+Results follow numpy's broadcasting and result shapes; dtypes follow numpy restricted to 32-bit
+types (see :mod:`fusec.dtypes`): integer division and transcendental functions of integers give
+float32, sums of int32 stay int32.
 """
 
 from __future__ import annotations
@@ -316,7 +316,8 @@ def not_equal(x1: Any, x2: Any) -> Tracer:
 
 @_traceable
 def where(condition: Any, x: Any, y: Any) -> Tracer:
-    """Elementwise choice: ``x`` where ``condition`` is true, else ``y`` (numpy's 3-argument form)."""
+    """Elementwise choice: ``x`` where ``condition`` is true, else ``y`` (numpy's 3-argument
+    form)."""
     c = _lift(condition)
     c_t: Union[Tracer, Lit] = _as(c, "bool") if isinstance(c, Tracer) else Lit(bool(c), "bool")
     a, b = _lift(x), _lift(y)
@@ -376,7 +377,9 @@ def _shape_arg(shape: Any, what: str) -> tuple[int, ...]:
     try:
         return tuple(int(d) for d in shape)
     except TypeError as exc:
-        raise TraceError(f"{what} must be a tuple of ints known at trace time; got {shape!r}") from exc
+        raise TraceError(
+            f"{what} must be a tuple of ints known at trace time; got {shape!r}"
+        ) from exc
 
 
 @_traceable
@@ -568,7 +571,8 @@ def matmul(x1: Any, x2: Any) -> Tracer:
     aa = broadcast_to(aa, batch + aa.shape[-2:])
     bb = broadcast_to(bb, batch + bb.shape[-2:])
     out = aa.builder.bind(Op.MATMUL, [aa, bb])
-    shape = batch + ((a.shape[-2],) if a.ndim >= 2 else ()) + ((b.shape[-1],) if b.ndim >= 2 else ())
+    shape = (batch + ((a.shape[-2],) if a.ndim >= 2 else ())
+             + ((b.shape[-1],) if b.ndim >= 2 else ()))
     return reshape(out, shape)
 
 

@@ -1,9 +1,9 @@
-"""Each primitive's facts in one table: result shape and dtype, numpy reference, WGSL expression, and
-the tolerance a float32 GPU result is held to against a float64 numpy reference.
+"""Each primitive's facts in one table: result shape and dtype, numpy reference, WGSL expression,
+and the tolerance a float32 GPU result is held to against a float64 numpy reference.
 
-Adding an elementwise op means adding one :class:`Elementwise` row here (plus its :class:`Op` name in
-:mod:`fusec.ir` and a user-facing function in :mod:`fusec.numpy`); codegen, the interpreter and the
-numeric tests all read this table.
+Adding an elementwise op means adding one :class:`Elementwise` row here (plus its :class:`Op` name
+in :mod:`fusec.ir` and a user-facing function in :mod:`fusec.numpy`); codegen, the interpreter and
+the numeric tests all read this table.
 """
 
 from __future__ import annotations
@@ -362,7 +362,8 @@ def infer_type(op: Op, in_types: Sequence[tuple[Shape, str]], params: dict[str, 
     if op is Op.TRANSPOSE:
         perm = tuple(params["perm"])
         if sorted(perm) != list(range(len(shapes[0]))):
-            raise ShapeError(f"transpose axes {perm} are not a permutation of {len(shapes[0])} axes")
+            raise ShapeError(
+                f"transpose axes {perm} are not a permutation of {len(shapes[0])} axes")
         return tuple(shapes[0][p] for p in perm), dts[0]
     if op is Op.BROADCAST:
         new = tuple(params["shape"])

@@ -99,7 +99,8 @@ class Runtime:
         raw = np.ascontiguousarray(data)
         if raw.nbytes == 0:
             raw = np.zeros(1, dtype=np.uint32)
-        return self.device.create_buffer_with_data(data=memoryview(raw).cast("B"), usage=usage)
+        data_view = memoryview(raw).cast("B")  # type: ignore[arg-type]  # ndarray is a buffer
+        return self.device.create_buffer_with_data(data=data_view, usage=usage)
 
     def _staging_buffer(self, nbytes: int) -> Any:
         size = 1 << max(8, (nbytes - 1).bit_length())  # reuse by power-of-two size class
@@ -236,8 +237,9 @@ def default_device() -> DeviceInfo:
 
 
 class Array:
-    """An immutable array that lives on the device. Outputs of jitted functions are Arrays; feed them
-    back in and nothing is copied. ``np.asarray(a)``, ``a.numpy()`` read it back (and wait)."""
+    """An immutable array that lives on the device. Outputs of jitted functions are Arrays; feed
+    them back in and nothing is copied. ``np.asarray(a)``, ``a.numpy()`` read it back (and
+    wait)."""
 
     __array_priority__ = 100  # ndarray + Array -> Array.__radd__ (runs on the device)
 
@@ -474,8 +476,9 @@ class GpuExecutable:
                                            code.name)
                 slots = tuple(e.params.get("slots", ("new",) * len(e.outs)))
                 aliased = {j for j, _ in e.params.get("inplace", ())}
-                self.steps.append(_Launch(pipe, layout, [slot_of(a) for j, a in enumerate(e.inputs)
-                                                         if isinstance(a, Var) and j not in aliased],
+                reads = [slot_of(a) for j, a in enumerate(e.inputs)
+                         if isinstance(a, Var) and j not in aliased]
+                self.steps.append(_Launch(pipe, layout, reads,
                                           [slot_of(o) for o in e.outs], slots, code.grid))
                 for o, sl in zip(e.outs, slots):
                     if sl.startswith("p"):
@@ -527,10 +530,11 @@ class GpuExecutable:
         cpass.end()
         rt.device.queue.submit([enc.finish()])
         outs: list[Any] = []
-        for s, a in zip(self.out_slots, self.prog.outputs):
+        for s, out_atom in zip(self.out_slots, self.prog.outputs):
             if s is None:
-                assert isinstance(a, Lit)
-                outs.append(Array((), a.dtype, host=np.asarray(a.value, dtype=a.dtype)))
+                assert isinstance(out_atom, Lit)
+                outs.append(Array((), out_atom.dtype,
+                                  host=np.asarray(out_atom.value, dtype=out_atom.dtype)))
             elif s < self.n_inputs and arrays[s] is not None:
                 outs.append(arrays[s])
             else:

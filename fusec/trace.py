@@ -74,7 +74,7 @@ class Builder:
         from .runtime import Array
 
         if isinstance(value, Array):
-            shape, dt = value.shape, value.dtype
+            shape, dt = value.shape, value.dtype.name
         else:
             arr = np.asarray(value)
             dt = dtypes.canonicalize(arr.dtype, f"an array captured by {self.name}")
@@ -86,10 +86,10 @@ class Builder:
         self._const_ids[key] = t
         return t
 
-    def bind(self, op: Op, inputs: Sequence[Union[Tracer, Lit]], params: dict[str, Any] | None = None,
-             weak: bool = False) -> Tracer:
+    def bind(self, op: Op, inputs: Sequence[Union[Tracer, Lit]],
+             params: dict[str, Any] | None = None, weak: bool = False) -> Tracer:
         params = dict(params or {})
-        atoms = []
+        atoms: list[Union[Var, Lit]] = []
         for x in inputs:
             if isinstance(x, Tracer):
                 if x.builder is not self:
@@ -259,4 +259,5 @@ def _fnp() -> Any:
 
 def check_dtype_for(op_name: str, dtype: str, allowed: Sequence[str]) -> None:
     if dtype not in allowed:
-        raise DTypeError(f"{op_name} does not accept dtype {dtype}; it accepts {', '.join(allowed)}")
+        raise DTypeError(
+            f"{op_name} does not accept dtype {dtype}; it accepts {', '.join(allowed)}")

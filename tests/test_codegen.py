@@ -278,7 +278,8 @@ def test_wgsl_is_identical_in_another_process():
     import hashlib
 
     low = fusec.gpu_jit(block).lower(*BLOCK_SPECS)
-    env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONHASHSEED="7",
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+                   [str(REPO)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])), PYTHONHASHSEED="7",
                XDG_RUNTIME_DIR=os.environ.get("XDG_RUNTIME_DIR", "/tmp"))
     out = subprocess.run([sys.executable, "-c", _CHILD], env=env, capture_output=True, text=True,
                          timeout=120, cwd=str(REPO))

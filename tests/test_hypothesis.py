@@ -10,9 +10,10 @@ Three families, all on the real adapter (lavapipe in CI):
 2. Random small programs (a DAG of unary/binary elementwise ops with broadcasting, where, scalar
    operands, constants, reductions, movement and matmuls), kept as *data* (a list of source lines)
    so hypothesis shrinks them and a failure prints a runnable function. For each: (a) the fused GPU
-   run and (b) the ``fuse=False`` GPU run equal the interpreter on the unoptimised traced IR, and
-   (c) the pass pipeline verifies after every pass (fused, unfused, and with a binding limit of 4)
-   and the lowered program, interpreted, still computes the same values.
+   run (sometimes under a storage-buffer limit of 4, sometimes with the codegen strategies meant
+   for the other kind of device) and (b) the ``fuse=False`` GPU run equal the interpreter on the
+   unoptimised traced IR, and (c) the pass pipeline verifies after every pass (fused, unfused, and
+   with a binding limit of 4) and the lowered program, interpreted, still computes the same values.
 3. Longer chains mixing reductions and matmuls (softmax/layer_norm/rms_norm rows feeding matmuls,
    column softmax, Gram matrices, residuals) against the interpreter, fused and unfused.
 
@@ -25,9 +26,9 @@ max/min, where, movement, scaling by powers of two) have E = 0 and must match bi
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
-import os
 from typing import Any, Optional
 
 import numpy as np
@@ -41,7 +42,7 @@ import fusec.numpy as fnp
 from fusec import nn
 from fusec.interpret import evaluate
 from fusec.jit import interpret_traced
-from fusec.passes import Options, run_pipeline
+from fusec.passes import run_pipeline
 
 EPS = float(np.finfo(np.float32).eps)  # 2**-23: one rounding, relative, with a factor 2 to spare
 TINY = float(np.finfo(np.float32).tiny)  # smallest normal float32; below it a GPU may flush to 0
@@ -211,9 +212,10 @@ class RandomProgram:
     is a runnable function (the one under test is built by exec-ing it)."""
 
     def __init__(self, shapes: list[tuple[int, ...]], style: str, seed: int, lines: list[str],
-                 outputs: list[_Val], max_bindings: Optional[int]) -> None:
+                 outputs: list[_Val], max_bindings: Optional[int], target: Optional[str]) -> None:
         self.shapes, self.style, self.seed = shapes, style, seed
-        self.lines, self.outputs, self.max_bindings = lines, outputs, max_bindings
+        self.lines, self.outputs = lines, outputs
+        self.max_bindings, self.target = max_bindings, target  # None: the device's own
 
     def source(self) -> str:
         args = ", ".join(f"x{i}" for i in range(len(self.shapes)))
@@ -235,6 +237,7 @@ class RandomProgram:
     def __repr__(self) -> str:
         shapes = ", ".join(f"x{i}: float32{list(s)}" for i, s in enumerate(self.shapes))
         lim = "" if self.max_bindings is None else f", max storage buffers {self.max_bindings}"
+        lim += "" if self.target is None else f", codegen target {self.target!r}"
         return (f"RandomProgram({shapes}; values {self.style}, seed {self.seed}{lim})\n"
                 + self.source())
 
@@ -480,7 +483,8 @@ def random_programs(draw: Any) -> RandomProgram:
     extra = draw(st.lists(st.integers(0, len(vals) - 1), max_size=2))
     outputs = [vals[-1]] + [vals[i] for i in extra]
     max_bindings = draw(st.sampled_from([None, 4]))
-    return RandomProgram(shapes, style, seed, lines, outputs, max_bindings)
+    target = draw(st.sampled_from([None, "gpu", "cpu"]))  # reduction strategies differ
+    return RandomProgram(shapes, style, seed, lines, outputs, max_bindings, target)
 
 
 def _check_close(got: Any, want: np.ndarray, atol: float, rtol: float, what: str) -> None:
@@ -503,15 +507,6 @@ def _check_close(got: Any, want: np.ndarray, atol: float, rtol: float, what: str
             + "\n".join(lines))
 
 
-def _set_bindings(limit: Optional[int]) -> Optional[str]:
-    old = os.environ.get("FUSEC_MAX_STORAGE_BUFFERS")
-    if limit is None:
-        os.environ.pop("FUSEC_MAX_STORAGE_BUFFERS", None)
-    else:
-        os.environ["FUSEC_MAX_STORAGE_BUFFERS"] = str(limit)
-    return old
-
-
 @settings(max_examples=150, **SETTINGS)
 @given(prog=random_programs())
 def test_random_program(prog: RandomProgram) -> None:
@@ -528,19 +523,23 @@ def test_random_program(prog: RandomProgram) -> None:
 
     # (c) the verifier passes after every pass, and the lowered program still computes the same
     leaves = [*args, *(np.asarray(c) for c in traced.const_values)]
-    for opts in (Options(fuse=True, max_bindings=_device_bindings()),
-                 Options(fuse=False, max_bindings=_device_bindings()),
-                 Options(fuse=True, max_bindings=4)):
+    for fuse, limit in ((True, _device_bindings()), (False, _device_bindings()), (True, 4)):
+        opts = dataclasses.replace(traced.options, fuse=fuse, max_bindings=limit)
         lowered = run_pipeline(traced.program, opts, check=True)
         for i, (g, w) in enumerate(zip(evaluate(lowered, leaves), want)):
             _check_close(g, w, 4 * errs[i], 1e-6, f"lowered IR ({opts}) interpreted, output {i}")
 
-    # (a) fused on the GPU, optionally under a low storage-buffer limit (fusion must split)
-    old = _set_bindings(prog.max_bindings)
-    try:
-        got = fusec.gpu_jit(fn)(*args)
-    finally:
-        _set_bindings(None if old is None else int(old))
+    # (a) fused on the GPU, optionally under a low storage-buffer limit (fusion must split) and
+    # with the codegen strategies of the other kind of device
+    opts = dataclasses.replace(traced.options, fuse=True)
+    if prog.max_bindings is not None:
+        opts = dataclasses.replace(opts, max_bindings=prog.max_bindings)
+    if prog.target is not None:
+        opts = dataclasses.replace(opts, target=prog.target)
+    if opts == traced.options:
+        got = fusec.gpu_jit(fn)(*args)  # the plain path: jit call, signature cache and all
+    else:
+        got = dataclasses.replace(traced, options=opts).lower().compile().run_leaves(args)
     assert isinstance(got, tuple) and len(got) == len(want)
     for i, (g, w) in enumerate(zip(got, want)):
         _check_close(g, w, 4 * errs[i], 1e-6, f"fused GPU output {i}")
@@ -568,7 +567,7 @@ LAYERS: dict[str, tuple[str, list[tuple[str, str]]]] = {
     "rms_norm": ("h = nn.rms_norm(h, g{k}, eps=1e-4)", [("g{k}", "n")]),
     "col_softmax": ("h = nn.softmax(h, axis=-2)", []),
     "residual_tanh": ("h = h + fnp.tanh(h @ w{k})", [("w{k}", "n,n")]),
-    "gram": ("h = fnp.tanh(fnp.transpose(h, {perm}) @ h)", []),
+    "gram": ("h = fnp.tanh((fnp.transpose(h, {perm}) @ h) * {inv_rows!r})", []),  # a mean
     "scale_by_col_max": ("h = fnp.tanh(h) * fnp.max(fnp.abs(h), axis=-2, keepdims=True)", []),
     "relu_mlp": ("h = nn.relu(h @ w{k} + b{k}) @ v{k}",
                  [("w{k}", "n,m"), ("b{k}", "m"), ("v{k}", "m,n")]),
@@ -595,6 +594,7 @@ class Chain:
         self.weights: list[tuple[str, tuple[int, ...], float]] = []  # name, shape, scale
         lines = []
         n = widths[0]
+        r = rows  # the current number of rows (gram makes it n)
         nb = len(batch)
         perm = tuple(range(nb)) + (nb + 1, nb)  # swap the last two axes
         for k, (layer, m) in enumerate(zip(layers, widths[1:])):
@@ -604,9 +604,11 @@ class Chain:
                 shape = tuple(dims[s] for s in spec.split(","))
                 scale = 1.0 / math.sqrt(shape[0]) if len(shape) == 2 else 1.0
                 self.weights.append((wname.format(k=k), shape, scale))
-            lines.append(line.format(k=k, perm=perm))
-            if any(spec.endswith(",m") for _, spec in ws) and layer != "relu_mlp":
-                n = m  # the layer's output width (gram's (..., n, n) keeps it)
+            lines.append(line.format(k=k, perm=perm, inv_rows=1.0 / r))
+            if layer == "gram":
+                r = n  # (..., n, n)
+            elif any(spec.endswith(",m") for _, spec in ws) and layer != "relu_mlp":
+                n = m  # the layer's output width
         self.lines = lines
         self.out_width = n
         # normalising a near-constant row can amplify rounding errors (by <= 1/sqrt(1e-4)); a row
@@ -668,9 +670,8 @@ def test_reduction_matmul_chains(chain: Chain) -> None:
     args = chain.inputs()
     traced = fusec.gpu_jit(fn).trace(*args)
     want = interpret_traced(traced, args)
-    lowered = run_pipeline(traced.program, Options(fuse=True, max_bindings=_device_bindings()),
-                           check=True)
-    assert lowered is not None
+    for fuse in (True, False):  # the verifier runs after every pass
+        run_pipeline(traced.program, dataclasses.replace(traced.options, fuse=fuse), check=True)
     for label, f in (("fused", fusec.gpu_jit(fn)), ("unfused", fusec.gpu_jit(fn, fuse=False))):
         got = f(*args)
         assert len(got) == len(want)

@@ -153,7 +153,8 @@ def test_hash_is_identical_in_separate_processes():
     here_lowered = fusec.gpu_jit(three_ops).lower(S((3, 5)), S((5,))).ir.hash()
     results = []
     for seed in ("1", "2"):  # different str-hash seeds: nothing may depend on set/dict order
-        env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONHASHSEED=seed,
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+                   [str(REPO)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])), PYTHONHASHSEED=seed,
                    XDG_RUNTIME_DIR=os.environ.get("XDG_RUNTIME_DIR", "/tmp"))
         out = subprocess.run([sys.executable, "-c", _CHILD], env=env, capture_output=True,
                              text=True, timeout=120, cwd=str(REPO))

@@ -1,5 +1,6 @@
 """Dead-code elimination: equations whose results nobody needs are dropped, so they cost no kernel
-and no buffer. Program inputs stay (the signature is fixed); the runtime skips uploading unused ones."""
+and no buffer. Program inputs stay (the signature is fixed); the runtime skips uploading unused
+ones."""
 
 from __future__ import annotations
 

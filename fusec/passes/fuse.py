@@ -13,8 +13,8 @@ absorb their elementwise prologues from the start. Then groups merge:
   array (rows up to ``ROW_MAX`` elements) or one value per row: the reduction's epilogue. This is
   how softmax, log_softmax, layer_norm and rms_norm become one kernel;
 * two reductions over the same rows, one reading the other (max then sum of exp(x - max)) or both
-  reading the same array: one kernel whose reductions run one after another; rows longer than ``ROW_MAX`` stop here, giving a
-  two-kernel plan (statistics, then the elementwise pass);
+  reading the same array: one kernel whose reductions run one after another; rows longer than
+  ``ROW_MAX`` stop here, giving a two-kernel plan (statistics, then the elementwise pass);
 * an elementwise group of the matmul's shape reading its result: the matmul's epilogue (bias,
   activation, residual).
 
@@ -203,7 +203,8 @@ class _Planner:
         return e.inputs[0].shape, tuple(e.params["axes"]), e.op is Op.PARTIAL
 
     def mergeable(self, a: _Group, b: _Group) -> str | None:
-        """The kind of the merged kernel if ``a`` and ``b`` may merge (before the legality checks)."""
+        """The kind of the merged kernel if ``a`` and ``b`` may merge (before the legality
+        checks)."""
         a_outs = {id(o) for o in a.outs()}
         b_outs = {id(o) for o in b.outs()}
 
@@ -248,9 +249,9 @@ class _Planner:
         while changed:
             changed = False
             by_var = {id(o): g for g in groups for o in g.outs()}
-            for a in aliases:  # an alias is written by whoever writes its source
-                if id(a.inputs[0]) in by_var:
-                    by_var[id(a.out)] = by_var[id(a.inputs[0])]
+            for alias in aliases:  # an alias is written by whoever writes its source
+                if id(alias.inputs[0]) in by_var:
+                    by_var[id(alias.out)] = by_var[id(alias.inputs[0])]
             for i, a in enumerate(groups):
                 for b in groups[i + 1:]:
                     kind = self.mergeable(a, b)

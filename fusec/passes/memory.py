@@ -56,8 +56,8 @@ def plan_memory(prog: Program, donated: tuple[int, ...] = ()) -> Program:
             if isinstance(a, Var):
                 last[owner(a)] = i
     escaping = {owner(a) for a in prog.outputs if isinstance(a, Var)}
-    for o in escaping:
-        last[o] = end
+    for oid in escaping:
+        last[oid] = end
 
     donors: dict[int, int] = {}  # owner id of a donated input -> input index
     for k in donated:
@@ -110,15 +110,15 @@ def plan_memory(prog: Program, donated: tuple[int, ...] = ()) -> Program:
             params["inplace"] = tuple((pos[id(prog.inputs[k])], j) for k, j in inplace)
         eqns.append(Eqn(e.op, e.inputs, e.outs, params))
         # buffers whose last reader was this kernel become free for later kernels
-        for a in {owner(a) for a in e.inputs if isinstance(a, Var)}:
-            if last.get(a) != i:
+        for rid in {owner(a) for a in e.inputs if isinstance(a, Var)}:
+            if last.get(rid) != i:
                 continue
-            slot = holder.get(a, "")
+            slot = holder.get(rid, "")
             if slot.startswith("p"):
                 free_pool.append(int(slot[1:]))
-            elif a in donors:
-                v = prog.inputs[donors[a]]
-                free_donors.append((v.nbytes, donors[a]))
+            elif rid in donors:
+                v = prog.inputs[donors[rid]]
+                free_donors.append((v.nbytes, donors[rid]))
     return Program(list(prog.inputs), eqns, list(prog.outputs))
 
 

@@ -2,8 +2,8 @@
 
 * An elementwise op whose operands are all literals is computed now and becomes a literal.
 * Identities: ``x * 1``, ``1 * x``, ``x + 0``, ``0 + x``, ``x - 0``, ``x / 1``, ``x ** 1`` become
-  ``x``; ``-(-x)`` becomes ``x``; a cast to the operand's own dtype disappears. A rewrite applies only
-  when the result has exactly the shape and dtype of ``x`` (no broadcasting is lost).
+  ``x``; ``-(-x)`` becomes ``x``; a cast to the operand's own dtype disappears. A rewrite applies
+  only when the result has exactly the shape and dtype of ``x`` (no broadcasting is lost).
 """
 
 from __future__ import annotations

@@ -22,17 +22,20 @@ def verify(prog: Program, where: str = "") -> None:
     for i, e in enumerate(prog.eqns):
         for a in e.inputs:
             if isinstance(a, Var) and id(a) not in defined:
-                raise VerifyError(f"eqn {i} ({e.op.value}) uses a variable before it is defined{ctx}")
+                raise VerifyError(
+                    f"eqn {i} ({e.op.value}) uses a variable before it is defined{ctx}")
         if e.op is Op.KERNEL:
             body: Program = e.params["body"]
             verify(body, where)
             ins = [a for a in e.inputs]
             if len(ins) != len(body.inputs) or any(
                     (a.shape, a.dtype) != (b.shape, b.dtype) for a, b in zip(ins, body.inputs)):
-                raise VerifyError(f"kernel {e.params.get('name')} inputs do not match its body{ctx}")
+                raise VerifyError(
+                    f"kernel {e.params.get('name')} inputs do not match its body{ctx}")
             if len(e.outs) != len(body.outputs) or any(
                     (a.shape, a.dtype) != (b.shape, b.dtype) for a, b in zip(e.outs, body.outputs)):
-                raise VerifyError(f"kernel {e.params.get('name')} outputs do not match its body{ctx}")
+                raise VerifyError(
+                    f"kernel {e.params.get('name')} outputs do not match its body{ctx}")
         else:
             if len(e.outs) != 1:
                 raise VerifyError(f"primitive {e.op.value} must define one value{ctx}")
