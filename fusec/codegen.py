@@ -26,6 +26,8 @@ from .ops import HELPERS, REDUCTIONS, cast_wgsl, ipow_wgsl, wgsl_literal
 
 WORKGROUP = 256  # threads per workgroup for elementwise and reduction kernels
 TILE = 16  # matmul tile edge
+ELEMS_PER_THREAD = 4  # elementwise kernels over large arrays
+ROW_CACHE = 32  # row kernels keep up to this many elements per thread in registers
 MAX_GROUPS = 65535  # workgroups per grid dimension (WebGPU limit)
 
 
@@ -85,6 +87,11 @@ class Emitter:
         self.buffers = buffers  # id(var) -> binding name, for values read from memory
         # id(var) -> (the coordinates it is held for, WGSL name): values already in registers
         self.registers = registers if registers is not None else {}
+        # row kernels on a GPU: buffers read along the row are kept in per-thread registers
+        # (``rc*[j]``) by the first pass that loads them, so later passes do not read memory again
+        self.row_cache: Optional[dict[int, tuple[str, str]]] = None
+        self.row_flat: Optional[str] = None
+        self.row_shape: Optional[Shape] = None
         self.lines: list[str] = []
         self.memo: dict[tuple[Any, ...], str] = {}
         self.counter = counter if counter is not None else [0]  # shared: unique names per kernel
@@ -166,6 +173,15 @@ class Emitter:
         buf = self.buffers[id(v)]
         at = "0u" if v.size == 1 else self.flat(idx)
         raw = f"{buf}[{at}]"
+        if (self.row_cache is not None and v.shape == self.row_shape and v.size > 1
+                and at == self.row_flat):
+            if id(v) in self.row_cache:
+                raw = f"{self.row_cache[id(v)][0]}[j]"
+            else:
+                name = f"rc{len(self.row_cache)}"
+                self.row_cache[id(v)] = (name, WGSL_STORAGE[v.dtype])
+                raw = self.let(raw)
+                self.lines.append(f"{self.indent}{name}[j] = {raw};")
         return f"({raw} != 0u)" if v.dtype == "bool" else raw
 
     def compute(self, e: Eqn, idx: Idx) -> str:
@@ -261,7 +277,7 @@ def generate(kernel: Eqn, target: str = "gpu") -> KernelCode:
     inplace = tuple(kernel.params.get("inplace", ()))
     binds, names = _bindings(body, inplace)
     if kind == "elementwise":
-        wgsl, groups = _elementwise(body, names)
+        wgsl, groups = _elementwise(body, names, target)
     elif kind == "reduce":
         wgsl, groups = _reduce(body, names, target)
     else:
@@ -273,18 +289,23 @@ def generate(kernel: Eqn, target: str = "gpu") -> KernelCode:
                       len(body.outputs), key=key)
 
 
-def _elementwise(body: Program, names: dict[int, str]) -> tuple[str, int]:
+def _elementwise(body: Program, names: dict[int, str], target: str = "gpu") -> tuple[str, int]:
     outs = [o for o in body.outputs if isinstance(o, Var)]
     shape = outs[0].shape
     n = math.prod(shape)
-    em = Emitter(body, names, indent="    ")
+    # large arrays on a GPU: several elements per thread (each a coalesced pass over the
+    # workgroup's block), so that more loads are in flight per thread. A software adapter already
+    # runs invocations as SIMD lanes: one element each.
+    big = n >= ELEMS_PER_THREAD * WORKGROUP * 64
+    per = ELEMS_PER_THREAD if big and target == "gpu" else 1
+    em = Emitter(body, names, indent="        ")
     idx = Idx(shape, flat="gid")
     stores = []
     for j, o in enumerate(outs):
-        stores.append(f"    out{j}[gid] = {store_expr(em.value(o, idx), o.dtype)};")
+        stores.append(f"        out{j}[gid] = {store_expr(em.value(o, idx), o.dtype)};")
     src = _env().get_template("elementwise.wgsl.j2").render(
-        wg=WORKGROUP, n=n, body="\n".join(em.lines), stores="\n".join(stores))
-    return src, -(-n // WORKGROUP)
+        wg=WORKGROUP, n=n, per=per, body="\n".join(em.lines), stores="\n".join(stores))
+    return src, -(-n // (WORKGROUP * per))
 
 
 def reduce_strategy(n_out: int, r: int, last_axis_reduced: bool, target: str = "gpu") -> str:
@@ -320,6 +341,31 @@ def _reduce(body: Program, names: dict[int, str], target: str = "gpu") -> tuple[
     leading = axes == tuple(range(len(axes)))
     strategy = reduce_strategy(n_out, r, bool(axes) and axes[-1] == len(shape) - 1, target)
 
+    # per-thread register cache of the row: a fixed number of elements per thread, unrolled
+    per_thread = -(-r // WORKGROUP)
+    cached = strategy == "workgroup" and target == "gpu" and trailing and per_thread <= ROW_CACHE
+    row_cache: dict[int, tuple[str, str]] = {}
+    indent = "            "
+    if cached:
+        guard = r % WORKGROUP != 0
+        loop_open = (f"    for (var j = 0u; j < {per_thread}u; j += 1u) {{\n"
+                     f"        let r = lid + j * {WORKGROUP}u;\n"
+                     + (f"        if (r < {r}u) {{\n" if guard else "        {\n"))
+        loop_close = "        }\n    }"
+    elif strategy == "workgroup":
+        loop_open = f"    for (var r = lid; r < {r}u; r += {WORKGROUP}u) {{\n        {{\n"
+        loop_close = "        }\n    }"
+    else:
+        loop_open = f"    for (var r = 0u; r < {r}u; r += 1u) {{\n        {{\n"
+        loop_close = "        }\n    }"
+
+    def stage_emitter() -> Emitter:
+        em = Emitter(body, names, indent=indent, registers=registers, counter=counter)
+        em.memo.update(prelude.memo)
+        if cached:
+            em.row_cache, em.row_shape = row_cache, shape
+        return em
+
     counter = [0]
     prelude = Emitter(body, names, indent="    ", counter=counter)
     outer = prelude.coords(Idx(out_shape, flat="o"))
@@ -341,9 +387,10 @@ def _reduce(body: Program, names: dict[int, str], target: str = "gpu") -> tuple[
     for k, e in enumerate(reds):
         info = REDUCTIONS[e.op]
         dt = e.out.dtype
-        em = Emitter(body, names, indent="        ", registers=registers, counter=counter)
-        em.memo.update(prelude.memo)
-        val = em.value(e.inputs[0], row_index(em))
+        em = stage_emitter()
+        idx = row_index(em)
+        em.row_flat = idx.flat
+        val = em.value(e.inputs[0], idx)
         acc = f"acc{k}"
         stages.append({
             "acc": acc, "ty": WGSL_TYPE[dt], "identity": wgsl_literal(info.identity(dt), dt),
@@ -358,16 +405,16 @@ def _reduce(body: Program, names: dict[int, str], target: str = "gpu") -> tuple[
     out_index = {id(o): j for j, o in enumerate(body.outputs)}
     row_outs = [o for o in body.outputs if isinstance(o, Var) and id(o) not in registers
                 and o.shape == shape and n_out * r > 0]
-    row_em = Emitter(body, names, indent="        ", registers=registers, counter=counter)
-    row_em.memo.update(prelude.memo)
+    row_em = stage_emitter()
     row_stores = []
     if row_outs:
         ridx = row_index(row_em)
         flat = row_em.flat(ridx)
+        row_em.row_flat = ridx.flat
         for ro in row_outs:
             v = row_em.value(ro, ridx)
             row_stores.append(
-                f"        out{out_index[id(ro)]}[{flat}] = {store_expr(v, ro.dtype)};")
+                f"{indent}out{out_index[id(ro)]}[{flat}] = {store_expr(v, ro.dtype)};")
     row_ids = {id(o) for o in row_outs}
     scalar_em = Emitter(body, names, indent="        ", registers=registers, counter=counter)
     scalar_em.memo.update(prelude.memo)
@@ -382,6 +429,8 @@ def _reduce(body: Program, names: dict[int, str], target: str = "gpu") -> tuple[
         scalar_stores.append(f"        out{out_index[id(o)]}[o] = {store_expr(v, o.dtype)};")
     src = _env().get_template("reduce.wgsl.j2").render(
         strategy=strategy, wg=WORKGROUP, n_out=n_out, r=r, stages=stages,
+        loop_open=loop_open, loop_close=loop_close, per_thread=per_thread,
+        caches=[{"name": n, "ty": t} for n, t in row_cache.values()],
         prelude="\n".join(prelude.lines), row_body="\n".join(row_em.lines),
         row_stores="\n".join(row_stores), scalar_body="\n".join(scalar_em.lines),
         scalar_stores="\n".join(scalar_stores))

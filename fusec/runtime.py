@@ -43,6 +43,24 @@ class DeviceInfo:
         return f"{self.adapter} ({self.adapter_type}, {self.backend})"
 
 
+class DeviceBuffer:
+    """A wgpu storage buffer shared by the arrays that view it; when the last reference goes, the
+    buffer returns to the runtime's pool instead of being freed (allocation is slow)."""
+
+    __slots__ = ("raw", "size", "rt")
+
+    def __init__(self, raw: Any, size: int, rt: Runtime) -> None:
+        self.raw = raw
+        self.size = size
+        self.rt = rt
+
+    def __del__(self) -> None:
+        try:
+            self.rt.release(self.raw, self.size)
+        except Exception:  # interpreter shutdown: nothing left to recycle into
+            pass
+
+
 class Runtime:
     """The wgpu device and everything cached on it. One per process (see :func:`get_runtime`)."""
 
@@ -62,8 +80,15 @@ class Runtime:
             features=tuple(sorted(self.device.features)),
         )
         self.pipelines: dict[str, tuple[Any, Any]] = {}
+        self._free: dict[int, list[Any]] = {}  # size class -> buffers nobody references
+        self._free_bytes = 0
+        self.pool_limit = int(os.environ.get("FUSEC_POOL_BYTES", 1 << 30))
         self._staging: dict[int, Any] = {}
         self._sync_src: Any = None
+        # GPU timing: when ``profile`` is set (and the adapter has timestamp queries), each call
+        # brackets its compute pass with timestamps; ``last_gpu_ns`` reads the last call's time
+        self.profile = False
+        self._query: Any = None
         self.submitted = 0  # submission counter; arrays remember theirs
         self.completed = 0  # every submission up to this one has finished
         cache.register(self)
@@ -88,19 +113,42 @@ class Runtime:
         return min(real, int(override)) if override else real
 
     # -- buffers --
-    def buffer(self, nbytes: int) -> Any:
-        usage = (self.wgpu.BufferUsage.STORAGE | self.wgpu.BufferUsage.COPY_SRC
-                 | self.wgpu.BufferUsage.COPY_DST)
-        return self.device.create_buffer(size=max(4, nbytes), usage=usage)
+    def _size_class(self, nbytes: int) -> int:
+        """Round up so buffers of similar sizes can be reused (at most 1/16 wasted)."""
+        n = max(4, nbytes)
+        step = max(256, 1 << max(0, n.bit_length() - 5))
+        size = -(-n // step) * step
+        return max(n, min(size, self.max_binding_size))
 
-    def upload(self, data: np.ndarray) -> Any:
+    def buffer(self, nbytes: int) -> DeviceBuffer:
+        """A storage buffer of at least ``nbytes``, recycled from the pool when one is free.
+        Creating one costs milliseconds for large sizes (allocation and zero-filling)."""
+        size = self._size_class(nbytes)
+        free = self._free.get(size)
+        if free:
+            self._free_bytes -= size
+            return DeviceBuffer(free.pop(), size, self)
         usage = (self.wgpu.BufferUsage.STORAGE | self.wgpu.BufferUsage.COPY_SRC
                  | self.wgpu.BufferUsage.COPY_DST)
+        return DeviceBuffer(self.device.create_buffer(size=size, usage=usage), size, self)
+
+    def release(self, raw: Any, size: int) -> None:
+        """Take back a buffer nobody references. Work already submitted that uses it runs before
+        any later submission that reuses it (the queue is ordered), so reuse is safe."""
+        if self._free_bytes + size > self.pool_limit:
+            raw.destroy()
+            return
+        self._free.setdefault(size, []).append(raw)
+        self._free_bytes += size
+
+    def upload(self, data: np.ndarray) -> DeviceBuffer:
         raw = np.ascontiguousarray(data)
         if raw.nbytes == 0:
             raw = np.zeros(1, dtype=np.uint32)
-        data_view = memoryview(raw).cast("B")  # type: ignore[arg-type]  # ndarray is a buffer
-        return self.device.create_buffer_with_data(data=data_view, usage=usage)
+        buf = self.buffer(raw.nbytes)
+        # takes effect at the next submit, before the commands it carries
+        self.device.queue.write_buffer(buf.raw, 0, memoryview(raw).cast("B"))  # type: ignore[arg-type]
+        return buf
 
     def _staging_buffer(self, nbytes: int) -> Any:
         size = 1 << max(8, (nbytes - 1).bit_length())  # reuse by power-of-two size class
@@ -113,6 +161,8 @@ class Runtime:
 
     def read(self, buffer: Any, nbytes: int) -> bytes:
         """Copy ``nbytes`` from a device buffer to the host (waits for all submitted work)."""
+        if isinstance(buffer, DeviceBuffer):
+            buffer = buffer.raw
         stage = self._staging_buffer(nbytes)
         enc = self.device.create_command_encoder()
         enc.copy_buffer_to_buffer(buffer, 0, stage, 0, max(4, nbytes))
@@ -126,6 +176,29 @@ class Runtime:
         self.completed = self.submitted
         cache.STATS.readbacks += 1
         return data[:nbytes]
+
+    def timestamp_writes(self) -> Optional[dict[str, Any]]:
+        if not self.profile or "timestamp-query" not in self.info.features:
+            return None
+        if self._query is None:
+            qs = self.device.create_query_set(type=self.wgpu.QueryType.timestamp, count=2)
+            buf = self.device.create_buffer(
+                size=16, usage=self.wgpu.BufferUsage.QUERY_RESOLVE | self.wgpu.BufferUsage.COPY_SRC)
+            self._query = (qs, buf)
+        return {"query_set": self._query[0], "beginning_of_pass_write_index": 0,
+                "end_of_pass_write_index": 1}
+
+    def resolve_timestamps(self, enc: Any) -> None:
+        if self.profile and self._query is not None:
+            enc.resolve_query_set(self._query[0], 0, 2, self._query[1], 0)
+
+    def last_gpu_ns(self) -> Optional[int]:
+        """GPU nanoseconds of the last call's compute pass (profile mode only; waits)."""
+        if self._query is None:
+            return None
+        t0, t1 = np.frombuffer(self.read(self._query[1], 16), dtype=np.uint64)
+        cache.STATS.readbacks -= 1
+        return int(t1) - int(t0)
 
     def sync(self) -> None:
         """Wait for every submitted command (a mapped read; on_submitted_work_done is unusable)."""
@@ -503,7 +576,8 @@ class GpuExecutable:
         rt.submitted += 1
         sub = rt.submitted
         enc = rt.device.create_command_encoder()
-        cpass = enc.begin_compute_pass()
+        ts = rt.timestamp_writes()
+        cpass = enc.begin_compute_pass(timestamp_writes=ts) if ts else enc.begin_compute_pass()
         for st in self.steps:
             if isinstance(st, _Alias):
                 bufs[st.dst] = bufs[st.src]
@@ -520,7 +594,7 @@ class GpuExecutable:
                     bufs[w] = bufs[int(sl[2:])]  # a donated input's buffer
             if st.grid[0] == 0:
                 continue
-            entries = [{"binding": i, "resource": {"buffer": bufs[s], "offset": 0,
+            entries = [{"binding": i, "resource": {"buffer": bufs[s].raw, "offset": 0,
                                                    "size": bufs[s].size}}
                        for i, s in enumerate(st.reads + st.writes)]
             bg = rt.device.create_bind_group(layout=st.layout, entries=entries)
@@ -528,6 +602,7 @@ class GpuExecutable:
             cpass.set_bind_group(0, bg)
             cpass.dispatch_workgroups(*st.grid)
         cpass.end()
+        rt.resolve_timestamps(enc)
         rt.device.queue.submit([enc.finish()])
         outs: list[Any] = []
         for s, out_atom in zip(self.out_slots, self.prog.outputs):

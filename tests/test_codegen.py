@@ -15,6 +15,7 @@ import pytest
 
 import fusec
 import fusec.numpy as fnp
+import fusec.passes
 from fusec import codegen
 from fusec.ir import Op
 from fusec.ops import wgsl_literal
@@ -169,9 +170,17 @@ def test_grid_for_more_groups_than_a_2d_grid_holds():
     assert all(d <= MAX_DIM for d in grid), f"grid_for({groups}) = {grid}"
 
 
+def _kernel_eqns(fn, *specs):
+    """Kernel equations from the pass pipeline: no device size checks, nothing allocated."""
+    traced = fusec.gpu_jit(fn).trace(*specs)
+    prog = fusec.passes.run_pipeline(traced.ir, fusec.passes.Options(), check=True)
+    return [e for e in prog.eqns if e.op is Op.KERNEL]
+
+
 def test_large_elementwise_kernel_grid():
     n = 2**24 + 3
-    k = only_kernel(lambda x: x * 2.0 + 1.0, S((n,)))
+    (eqn,) = _kernel_eqns(lambda x: x * 2.0 + 1.0, S((n,)))
+    k = codegen.generate(eqn, "cpu")  # one element per thread: more than 65535 workgroups
     gx, gy, gz = k.grid
     assert gx <= MAX_DIM and gy <= MAX_DIM and gz == 1
     assert gy > 1
@@ -179,6 +188,18 @@ def test_large_elementwise_kernel_grid():
     assert "@workgroup_size(256)" in k.wgsl
     assert "wid.y * nwg.x + wid.x" in k.wgsl  # the 2-D grid is folded back into one index
     assert f"if (gid >= {n}u)" in k.wgsl
+
+
+def test_gpu_elementwise_kernels_do_four_elements_per_thread_and_fold_the_grid():
+    n = 2**27 + 5  # 512 MiB: compile-only
+    (eqn,) = _kernel_eqns(lambda x: x * 2.0 + 1.0, S((n,)))
+    k = codegen.generate(eqn, "gpu")
+    gx, gy, gz = k.grid
+    assert gx <= MAX_DIM and gy <= MAX_DIM and gz == 1 and gy > 1
+    assert gx * gy * 256 * 4 >= n
+    assert "for (var k = 0u; k < 4u; k += 1u)" in k.wgsl
+    small = codegen.generate(_kernel_eqns(lambda x: x * 2.0, S((1000,)))[0], "gpu")
+    assert "for (var k" not in small.wgsl  # small arrays: one element per thread
 
 
 def test_large_reduction_and_matmul_grids():
