@@ -12,6 +12,8 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
+import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -27,7 +29,8 @@ from .ops import HELPERS, REDUCTIONS, cast_wgsl, ipow_wgsl, wgsl_literal
 WORKGROUP = 256  # threads per workgroup for elementwise and reduction kernels
 TILE = 16  # matmul tile edge
 ELEMS_PER_THREAD = 4  # elementwise kernels over large arrays
-ROW_CACHE = 32  # row kernels keep up to this many elements per thread in registers
+# row kernels on GPUs keep up to this many elements per thread in registers (FUSEC_ROW_CACHE)
+ROW_CACHE = int(os.environ.get("FUSEC_ROW_CACHE", 32))
 MAX_GROUPS = 65535  # workgroups per grid dimension (WebGPU limit)
 
 
@@ -89,7 +92,9 @@ class Emitter:
         self.registers = registers if registers is not None else {}
         # row kernels on a GPU: buffers read along the row are kept in per-thread registers
         # (``rc*[j]``) by the first pass that loads them, so later passes do not read memory again
-        self.row_cache: Optional[dict[int, tuple[str, str]]] = None
+        self.row_cache: Optional[dict[int, tuple[str, str, int]]] = None
+        self.row_slot = "j"  # which element of the thread's part of the row (a constant)
+        self.stage = 0
         self.row_flat: Optional[str] = None
         self.row_shape: Optional[Shape] = None
         self.lines: list[str] = []
@@ -175,13 +180,15 @@ class Emitter:
         raw = f"{buf}[{at}]"
         if (self.row_cache is not None and v.shape == self.row_shape and v.size > 1
                 and at == self.row_flat):
-            if id(v) in self.row_cache:
-                raw = f"{self.row_cache[id(v)][0]}[j]"
-            else:
+            if id(v) not in self.row_cache:
                 name = f"rc{len(self.row_cache)}"
-                self.row_cache[id(v)] = (name, WGSL_STORAGE[v.dtype])
+                self.row_cache[id(v)] = (name, WGSL_STORAGE[v.dtype], self.stage)
+            name, _, filled_in = self.row_cache[id(v)]
+            if filled_in == self.stage:  # the first pass that reads it loads it and keeps it
                 raw = self.let(raw)
-                self.lines.append(f"{self.indent}{name}[j] = {raw};")
+                self.lines.append(f"{self.indent}{name}[{self.row_slot}] = {raw};")
+            else:
+                raw = f"{name}[{self.row_slot}]"
         return f"({raw} != 0u)" if v.dtype == "bool" else raw
 
     def compute(self, e: Eqn, idx: Idx) -> str:
@@ -344,14 +351,10 @@ def _reduce(body: Program, names: dict[int, str], target: str = "gpu") -> tuple[
     # per-thread register cache of the row: a fixed number of elements per thread, unrolled
     per_thread = -(-r // WORKGROUP)
     cached = strategy == "workgroup" and target == "gpu" and trailing and per_thread <= ROW_CACHE
-    row_cache: dict[int, tuple[str, str]] = {}
+    row_cache: dict[int, tuple[str, str, int]] = {}
     indent = "            "
     if cached:
-        guard = r % WORKGROUP != 0
-        loop_open = (f"    for (var j = 0u; j < {per_thread}u; j += 1u) {{\n"
-                     f"        let r = lid + j * {WORKGROUP}u;\n"
-                     + (f"        if (r < {r}u) {{\n" if guard else "        {\n"))
-        loop_close = "        }\n    }"
+        loop_open, loop_close = "", ""  # unrolled: see unrolled() below
     elif strategy == "workgroup":
         loop_open = f"    for (var r = lid; r < {r}u; r += {WORKGROUP}u) {{\n        {{\n"
         loop_close = "        }\n    }"
@@ -366,35 +369,60 @@ def _reduce(body: Program, names: dict[int, str], target: str = "gpu") -> tuple[
             em.row_cache, em.row_shape = row_cache, shape
         return em
 
+    def unrolled(stage: int, emit: Callable[[Emitter, Idx], list[str]]) -> str:
+        """The pass over this thread's part of the row, one block per element (constant register
+        indices keep the cached row in registers)."""
+        blocks = []
+        for jj in range(per_thread):
+            em = stage_emitter()
+            em.stage, em.row_slot = stage, str(jj)
+            idx = row_index(em, f"{jj * WORKGROUP}u + lid")
+            em.row_flat = idx.flat
+            tail = emit(em, idx)
+            guard = (jj + 1) * WORKGROUP > r
+            blocks.append(("    if (lid + {0}u < {1}u) {{\n".format(jj * WORKGROUP, r) if guard
+                           else "    {\n") + "\n".join(em.lines + tail) + "\n    }")
+        return "\n".join(blocks)
+
     counter = [0]
     prelude = Emitter(body, names, indent="    ", counter=counter)
     outer = prelude.coords(Idx(out_shape, flat="o"))
     held = _nonunit(outer, out_shape)
     registers: dict[int, tuple[tuple[str, ...], str]] = {}
 
-    def row_index(em: Emitter) -> Idx:
-        rc = em.coords(Idx(tuple(shape[k] for k in axes), flat="r"))
+    def row_index(em: Emitter, rr: str = "r") -> Idx:
+        if rr != "r":
+            rr = em.let(rr, "r")
+        rc = em.coords(Idx(tuple(shape[k] for k in axes), flat=rr))
         coords = [""] * len(shape)
         for k, c in zip(kept, outer):
             coords[k] = c
         for k, c in zip(axes, rc):
             coords[k] = c
-        flat = (em.let(f"o * {r}u + r", "i") if n_out > 1 else "r") if trailing else (
-            em.let(f"r * {n_out}u + o", "i") if n_out > 1 else "r") if leading else None
+        flat = (em.let(f"o * {r}u + {rr}", "i") if n_out > 1 else rr) if trailing else (
+            em.let(f"{rr} * {n_out}u + o", "i") if n_out > 1 else rr) if leading else None
         return Idx(shape, flat=flat, coords=tuple(coords))
 
     stages = []
     for k, e in enumerate(reds):
         info = REDUCTIONS[e.op]
         dt = e.out.dtype
-        em = stage_emitter()
-        idx = row_index(em)
-        em.row_flat = idx.flat
-        val = em.value(e.inputs[0], idx)
         acc = f"acc{k}"
+        if cached:
+            def emit(em: Emitter, idx: Idx, e: Eqn = e, acc: str = acc,
+                     info: Any = info) -> list[str]:
+                val = em.value(e.inputs[0], idx)
+                return [f"{indent}{acc} = {info.combine(acc, val)};"]
+
+            code, val = unrolled(k, emit), ""
+        else:
+            em = stage_emitter()
+            idx = row_index(em)
+            val = em.value(e.inputs[0], idx)
+            code = "\n".join(em.lines)
         stages.append({
             "acc": acc, "ty": WGSL_TYPE[dt], "identity": wgsl_literal(info.identity(dt), dt),
-            "body": "\n".join(em.lines), "combine": info.combine(acc, val),
+            "body": code, "combine": info.combine(acc, val) if val else "", "cached": cached,
             "shared": f"sdata{k}",
             "combine_shared": info.combine(f"sdata{k}[lid]", f"sdata{k}[lid + s]"),
             "result": f"red{k}", "after": ""})
@@ -405,16 +433,20 @@ def _reduce(body: Program, names: dict[int, str], target: str = "gpu") -> tuple[
     out_index = {id(o): j for j, o in enumerate(body.outputs)}
     row_outs = [o for o in body.outputs if isinstance(o, Var) and id(o) not in registers
                 and o.shape == shape and n_out * r > 0]
+    def emit_row(em: Emitter, ridx: Idx) -> list[str]:
+        flat = em.flat(ridx)
+        return [f"{indent}out{out_index[id(ro)]}[{flat}] = "
+                f"{store_expr(em.value(ro, ridx), ro.dtype)};" for ro in row_outs]
+
     row_em = stage_emitter()
-    row_stores = []
-    if row_outs:
-        ridx = row_index(row_em)
-        flat = row_em.flat(ridx)
-        row_em.row_flat = ridx.flat
-        for ro in row_outs:
-            v = row_em.value(ro, ridx)
-            row_stores.append(
-                f"{indent}out{out_index[id(ro)]}[{flat}] = {store_expr(v, ro.dtype)};")
+    row_stores: list[str] = []
+    row_body = ""
+    if row_outs and cached:
+        row_body = unrolled(len(reds), emit_row)
+        row_stores = ["// stored above"]
+    elif row_outs:
+        row_stores = emit_row(row_em, row_index(row_em))
+        row_body = "\n".join(row_em.lines)
     row_ids = {id(o) for o in row_outs}
     scalar_em = Emitter(body, names, indent="        ", registers=registers, counter=counter)
     scalar_em.memo.update(prelude.memo)
@@ -430,8 +462,8 @@ def _reduce(body: Program, names: dict[int, str], target: str = "gpu") -> tuple[
     src = _env().get_template("reduce.wgsl.j2").render(
         strategy=strategy, wg=WORKGROUP, n_out=n_out, r=r, stages=stages,
         loop_open=loop_open, loop_close=loop_close, per_thread=per_thread,
-        caches=[{"name": n, "ty": t} for n, t in row_cache.values()],
-        prelude="\n".join(prelude.lines), row_body="\n".join(row_em.lines),
+        caches=[{"name": n, "ty": t} for n, t, _ in row_cache.values()],
+        prelude="\n".join(prelude.lines), row_body=row_body, cached=cached,
         row_stores="\n".join(row_stores), scalar_body="\n".join(scalar_em.lines),
         scalar_stores="\n".join(scalar_stores))
     groups = n_out if strategy == "workgroup" else -(-n_out // WORKGROUP)

@@ -5,6 +5,9 @@ FUSEC_DEBUG    1: kernel counts and compile events; 2: + timings; 3: + traced IR
 FUSEC_BACKEND  vulkan | metal | dx12 | gl | cpu (cpu: run the numpy interpreter)
 FUSEC_VERIFY   1: run the IR verifier after every pass (the test suite turns it on)
 FUSEC_LOG_COMPILES  1: log every trace and pipeline compile with its time
+FUSEC_TARGET   gpu | cpu: which kernel strategies codegen picks (default: cpu on a software
+               adapter such as lavapipe, gpu otherwise); the tests use it to run GPU kernels on
+               lavapipe
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ _ENV = {
     "backend": ("FUSEC_BACKEND", ""),
     "verify": ("FUSEC_VERIFY", 0),
     "log_compiles": ("FUSEC_LOG_COMPILES", 0),
+    "target": ("FUSEC_TARGET", ""),
 }
 
 

@@ -99,6 +99,9 @@ class Runtime:
     @property
     def target(self) -> str:
         """What codegen tunes for: "cpu" on a software adapter (lavapipe, llvmpipe), else "gpu"."""
+        forced = str(config.get("target") or "")
+        if forced in ("cpu", "gpu"):
+            return forced
         return "cpu" if self.info.adapter_type == "CPU" else "gpu"
 
     # -- limits --

@@ -170,16 +170,25 @@ class _Val:
       sum           E' = n E + eps (n B) depth(n)
       mean          E' = E + eps B depth(n) + eps B
       matmul        E' = K (Ea Bb + Eb Ba + Ea Eb) + eps (K Ba Bb) depth(K)
+      softmax       E' = 2E + 4 eps B + 4T + eps depth(n) + 3 eps   (|d softmax| <= 2 |dx|)
+      log_softmax   E' = 2E + 4 eps B + 2T (2 + ln n) + eps depth(n) + eps B'
+      x - mean(x)   E' = 2E + eps B depth(n) + eps B + eps B'
     depth(n) = min(n, 8 sqrt(n)): a sum of n terms in float32 is off by at most n u sum|x| (the
     deterministic bound) and, for rounding errors that behave randomly, by 8 sqrt(n) u sum|x| except
     with probability < 2 exp(-32) (Higham & Mary's probabilistic bound with lambda = 8); GPU and
     numpy each contribute one such error, hence eps = 2u. Summing n equal values (the least random
     case) was measured at 1.4x the one-sided probabilistic bound for n = 2053: within the factor 4.
-    ``where``'s condition compares only exact (E = 0) values, so both sides take the same branch.
+
+    ``is_int``: the value is a whole number with |v| <= B < 2**24, and so was every value it was
+    computed from by + - * sum matmul max min (every partial sum is too): float32 computes it
+    exactly in any order, so E = 0. Programs on "ints" inputs are therefore mostly checked bit for
+    bit. ``where``'s condition compares only exact (E = 0) values, so both sides take one branch.
     """
 
-    def __init__(self, name: str, shape: tuple[int, ...], bound: float, err: float) -> None:
+    def __init__(self, name: str, shape: tuple[int, ...], bound: float, err: float,
+                 is_int: bool) -> None:
         self.name, self.shape, self.bound, self.err = name, tuple(shape), float(bound), float(err)
+        self.is_int = is_int
 
     @property
     def size(self) -> int:
@@ -190,30 +199,39 @@ class _Val:
         return len(self.shape)
 
 
-# The GPU's error for tanh/exp/sin, from fusec.ops (rtol 2e-5, atol 1e-6 against float64 on values
-# of magnitude <= 1; numpy's float32 versions are within a few ulp).
+# The GPU's error for tanh/exp/sin/log, from fusec.ops (rtol 2e-5, atol 1e-6 against float64 on
+# values of magnitude <= 1; numpy's float32 versions are within a few ulp).
 TRANS = 2.1e-5
+EXACT_INT = 2.0**24  # float32 represents every whole number up to here
 
 
 def _depth(n: int) -> float:
     return min(float(n), 8.0 * math.sqrt(n))
 
 
-MAX_BOUND = 1e4  # ops whose result could exceed this are not generated (float32 stays accurate)
-MAX_SIZE = 8192  # elements per value
+MAX_BOUND = 1e4  # float values that could exceed this are not generated (accuracy stays useful)
+MAX_SIZE = 140_000  # elements per value
+MAX_MATMUL = 4_000_000  # multiply-adds per matmul (lavapipe is a CPU)
 # Input dimensions: mostly small; 16/17/64 around the 16x16 matmul tile, 257 and 2053 above the
-# 256-thread workgroup (primes), 2053 also enough outputs for the thread-per-output reduction.
-DIMS = (1, 2, 3, 4, 5, 6, 7, 2, 3, 5, 16, 17, 64, 257, 2053)
-INPUT_STYLES = {"uniform(-2,2)": 2.0, "ints(-3..3)": 3.0}
+# 256-thread workgroup (primes), 2053 also enough outputs for thread-per-output reductions, 65537
+# (prime) longer than a fused row (fuse.ROW_MAX) and than split_reductions' threshold (2**16).
+DIMS = (1, 2, 3, 4, 5, 6, 7, 2, 3, 5, 16, 17, 64, 257, 2053, 65537)
+MAX_INPUT = 140_000
+# program dtype -> input value styles -> magnitude bound
+INPUT_STYLES = {
+    "float32": {"ints(-3..3)": 3.0, "uniform(-2,2)": 2.0},
+    "int32": {"ints(-3..3)": 3.0, "int32(any)": 2.0**31},  # int32 wraps like numpy: exact
+}
 
 
 class RandomProgram:
     """A random program as data: input shapes, a list of source lines, the outputs. ``source()``
     is a runnable function (the one under test is built by exec-ing it)."""
 
-    def __init__(self, shapes: list[tuple[int, ...]], style: str, seed: int, lines: list[str],
-                 outputs: list[_Val], max_bindings: Optional[int], target: Optional[str]) -> None:
-        self.shapes, self.style, self.seed = shapes, style, seed
+    def __init__(self, dtype: str, shapes: list[tuple[int, ...]], style: str, seed: int,
+                 lines: list[str], outputs: list[_Val], max_bindings: Optional[int],
+                 target: Optional[str]) -> None:
+        self.dtype, self.shapes, self.style, self.seed = dtype, shapes, style, seed
         self.lines, self.outputs = lines, outputs
         self.max_bindings, self.target = max_bindings, target  # None: the device's own
 
@@ -232,10 +250,11 @@ class RandomProgram:
         rng = np.random.default_rng(self.seed)
         if self.style == "uniform(-2,2)":
             return [rng.uniform(-2, 2, s).astype(np.float32) for s in self.shapes]
-        return [rng.integers(-3, 4, s).astype(np.float32) for s in self.shapes]
+        lo, hi = (-3, 4) if self.style == "ints(-3..3)" else (-(2**31), 2**31)
+        return [rng.integers(lo, hi, s).astype(self.dtype) for s in self.shapes]
 
     def __repr__(self) -> str:
-        shapes = ", ".join(f"x{i}: float32{list(s)}" for i, s in enumerate(self.shapes))
+        shapes = ", ".join(f"x{i}: {self.dtype}{list(s)}" for i, s in enumerate(self.shapes))
         lim = "" if self.max_bindings is None else f", max storage buffers {self.max_bindings}"
         lim += "" if self.target is None else f", codegen target {self.target!r}"
         return (f"RandomProgram({shapes}; values {self.style}, seed {self.seed}{lim})\n"
@@ -250,11 +269,16 @@ def _bshape(*shapes: tuple[int, ...]) -> Optional[tuple[int, ...]]:
 
 
 @functools.lru_cache(maxsize=None)
+def _divisors(n: int) -> tuple[int, ...]:
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return tuple(sorted(set(small + [n // d for d in small])))
+
+
+@functools.lru_cache(maxsize=None)
 def _factorizations(n: int, k: int) -> tuple[tuple[int, ...], ...]:
     if k == 1:
         return ((n,),)
-    return tuple((d,) + rest for d in range(1, n + 1) if n % d == 0
-                 for rest in _factorizations(n // d, k - 1))
+    return tuple((d,) + rest for d in _divisors(n) for rest in _factorizations(n // d, k - 1))
 
 
 @functools.lru_cache(maxsize=None)
@@ -279,152 +303,215 @@ def _matmul_shape(a: tuple[int, ...], b: tuple[int, ...]) -> Optional[tuple[int,
     return batch + ((a[-2],) if len(a) >= 2 else ()) + ((b[-1],) if len(b) >= 2 else ())
 
 
-def _recent(draw: Any, vals: list[_Val]) -> _Val:
-    """A value, biased towards (and shrinking towards) the most recent one."""
-    return vals[len(vals) - 1 - draw(st.integers(0, len(vals) - 1))]
+class _Gen:
+    """The state of one program being generated."""
+
+    def __init__(self, draw: Any, dtype: str, vals: list[_Val]) -> None:
+        self.draw, self.dtype, self.vals = draw, dtype, vals
+        self.is_float = dtype == "float32"
+
+    def recent(self, among: Optional[list[_Val]] = None) -> _Val:
+        """A value, biased towards (and shrinking towards) the most recent one."""
+        vals = self.vals if among is None else among
+        return vals[len(vals) - 1 - self.draw(st.integers(0, len(vals) - 1))]
+
+    def compatible(self, shape: tuple[int, ...], exact: bool = False) -> list[_Val]:
+        return [v for v in self.vals
+                if _bshape(v.shape, shape) is not None and (not exact or v.err == 0)]
+
+    def axes(self, a: _Val) -> tuple[tuple[int, ...], str]:
+        """Reduction axes (sorted) and how the source spells them."""
+        if self.draw(st.integers(0, 4)) == 0:
+            return tuple(range(a.ndim)), "None"
+        axes = tuple(sorted(self.draw(st.sets(st.integers(0, a.ndim - 1), min_size=1))))
+        spelled = tuple(k - a.ndim for k in axes) if self.draw(st.booleans()) else axes
+        return axes, repr(spelled[0]) if len(spelled) == 1 else repr(spelled)
 
 
-def _compatible(vals: list[_Val], shape: tuple[int, ...], exact: bool = False) -> list[_Val]:
-    return [v for v in vals if _bshape(v.shape, shape) is not None and (not exact or v.err == 0)]
+# (expression, shape, B, E, is_int), or None when the step does not apply
+Made = Optional[tuple[str, tuple[int, ...], float, float, bool]]
 
 
-Made = Optional[tuple[str, tuple[int, ...], float, float]]  # (expression, shape, B, E)
-
-
-def _step_unary(draw: Any, vals: list[_Val]) -> Made:
-    a = _recent(draw, vals)
-    op = draw(st.sampled_from(["neg", "abs", "tanh", "exp_tanh", "sqrt_abs1", "sin"]))
+def _step_unary(g: _Gen) -> Made:
+    a = g.recent()
+    ops = ["neg", "abs", "tanh", "exp_tanh", "sqrt_abs1", "sin"] if g.is_float else ["neg", "abs"]
+    op = g.draw(st.sampled_from(ops))
     B, E = a.bound, a.err
     if op == "neg":
-        return f"-{a.name}", a.shape, B, E
+        return f"-{a.name}", a.shape, B, E, a.is_int
     if op == "abs":
-        return f"fnp.abs({a.name})", a.shape, B, E
+        return f"fnp.abs({a.name})", a.shape, B, E, a.is_int
     if op == "tanh":
-        return f"fnp.tanh({a.name})", a.shape, min(B, 1.0), E + TRANS + 4 * EPS * B
+        return f"fnp.tanh({a.name})", a.shape, min(B, 1.0), E + TRANS + 4 * EPS * B, False
     if op == "exp_tanh":
         return (f"fnp.exp(fnp.tanh({a.name}))", a.shape, math.e,
-                math.e * (E + 2 * TRANS + 4 * EPS * B))
+                math.e * (E + 2 * TRANS + 4 * EPS * B), False)
     if op == "sqrt_abs1":
         b = math.sqrt(B + 1)
         return (f"fnp.sqrt(fnp.abs({a.name}) + 1.0)", a.shape, b,
-                (E + EPS * (B + 1)) / 2 + 2 * EPS * b)
+                (E + EPS * (B + 1)) / 2 + 2 * EPS * b, False)
     if B > 30:  # sin of large arguments: argument reduction is where GPUs differ; keep it modest
         return None
-    return f"fnp.sin({a.name})", a.shape, min(B, 1.0), E + TRANS + 4 * EPS * B
+    return f"fnp.sin({a.name})", a.shape, min(B, 1.0), E + TRANS + 4 * EPS * B, False
 
 
-def _step_binary(draw: Any, vals: list[_Val]) -> Made:
-    a = _recent(draw, vals)
-    b = draw(st.sampled_from(_compatible(vals, a.shape)))
+def _step_binary(g: _Gen) -> Made:
+    a = g.recent()
+    b = g.draw(st.sampled_from(g.compatible(a.shape)))
     shape = _bshape(a.shape, b.shape)
     assert shape is not None
-    op = draw(st.sampled_from(["add", "mul", "sub", "maximum", "minimum"]))
+    op = g.draw(st.sampled_from(["add", "mul", "sub", "maximum", "minimum"]))
     Ba, Bb, Ea, Eb = a.bound, b.bound, a.err, b.err
+    both = a.is_int and b.is_int
     if op in ("add", "sub"):
         sym = "+" if op == "add" else "-"
-        return f"{a.name} {sym} {b.name}", shape, Ba + Bb, Ea + Eb + EPS * (Ba + Bb)
+        return f"{a.name} {sym} {b.name}", shape, Ba + Bb, Ea + Eb + EPS * (Ba + Bb), both
     if op == "mul":
         return (f"{a.name} * {b.name}", shape, Ba * Bb,
-                Ea * Bb + Eb * Ba + Ea * Eb + EPS * Ba * Bb)
-    return f"fnp.{op}({a.name}, {b.name})", shape, max(Ba, Bb), max(Ea, Eb)
+                Ea * Bb + Eb * Ba + Ea * Eb + EPS * Ba * Bb, both)
+    return f"fnp.{op}({a.name}, {b.name})", shape, max(Ba, Bb), max(Ea, Eb), both
 
 
-def _step_where(draw: Any, vals: list[_Val]) -> Made:
-    c1 = draw(st.sampled_from([v for v in vals if v.err == 0]))
-    c2 = draw(st.sampled_from(_compatible(vals, c1.shape, exact=True)))
+def _step_where(g: _Gen) -> Made:
+    c1 = g.draw(st.sampled_from([v for v in g.vals if v.err == 0]))
+    c2 = g.draw(st.sampled_from(g.compatible(c1.shape, exact=True)))
     shape = _bshape(c1.shape, c2.shape)
     assert shape is not None
-    a = draw(st.sampled_from(_compatible(vals, shape)))
+    a = g.draw(st.sampled_from(g.compatible(shape)))
     shape = _bshape(shape, a.shape)
     assert shape is not None
-    b = draw(st.sampled_from(_compatible(vals, shape)))
+    b = g.draw(st.sampled_from(g.compatible(shape)))
     shape = _bshape(shape, b.shape)
     assert shape is not None
     return (f"fnp.where({c1.name} > {c2.name}, {a.name}, {b.name})", shape,
-            max(a.bound, b.bound), max(a.err, b.err))
+            max(a.bound, b.bound), max(a.err, b.err), a.is_int and b.is_int)
 
 
-def _step_scalar(draw: Any, vals: list[_Val]) -> Made:
-    a = _recent(draw, vals)
-    c = draw(st.sampled_from([1.0, 0.0, 0.5, -2.0, 0.1, 3.0]))
-    if draw(st.booleans()):
+def _step_count(g: _Gen) -> Made:
+    """``sum(c1 > c2)`` over some axes: a bool reduced as int32 (then mixed into the program)."""
+    exact = [v for v in g.vals if v.err == 0 and v.ndim > 0]
+    if not exact:
+        return None
+    c1 = g.draw(st.sampled_from(exact))
+    c2 = g.draw(st.sampled_from(g.compatible(c1.shape, exact=True)))
+    shape = _bshape(c1.shape, c2.shape)
+    assert shape is not None
+    cmp = _Val("", shape, 1.0, 0.0, True)
+    axes, axis_src = g.axes(cmp)
+    n = math.prod(shape[k] for k in axes)
+    out = tuple(d for k, d in enumerate(shape) if k not in axes)
+    return f"fnp.sum({c1.name} > {c2.name}, axis={axis_src})", out, float(n), 0.0, True
+
+
+def _step_scalar(g: _Gen) -> Made:
+    a = g.recent()
+    if not g.is_float:  # Python ints: weakly typed, the result stays int32
+        c = g.draw(st.sampled_from([1, 0, -2, 3, 7]))
+        sym = "+" if g.draw(st.booleans()) else "*"
+        return f"{a.name} {sym} {c!r}", a.shape, 0.0, 0.0, True
+    c = g.draw(st.sampled_from([1.0, 0.0, 0.5, -2.0, 0.1, 3.0]))
+    whole = float(c).is_integer()
+    if g.draw(st.booleans()):
         exact = c == 0.0
         return (f"{a.name} + {c!r}", a.shape, a.bound + abs(c),
-                a.err + (0.0 if exact else EPS * (a.bound + abs(c))))
+                a.err + (0.0 if exact else EPS * (a.bound + abs(c))), a.is_int and whole)
     exact = c == 0.0 or math.log2(abs(c)).is_integer()
     return (f"{a.name} * {c!r}", a.shape, a.bound * abs(c),
-            abs(c) * a.err + (0.0 if exact else EPS * a.bound * abs(c)))
+            abs(c) * a.err + (0.0 if exact else EPS * a.bound * abs(c)), a.is_int and whole)
 
 
-def _step_full(draw: Any, vals: list[_Val]) -> Made:
-    shape = draw(st.sampled_from([v.shape for v in vals]))
-    c = draw(st.sampled_from([0.5, -1.25, 0.0, 2.0]))
-    return f"fnp.full({shape!r}, {c!r})", shape, abs(c), 0.0
+def _step_full(g: _Gen) -> Made:
+    shape = g.draw(st.sampled_from([v.shape for v in g.vals]))
+    if not g.is_float:
+        c = g.draw(st.sampled_from([0, 2, -5]))
+        return f"fnp.full({shape!r}, {c!r})", shape, 5.0, 0.0, True
+    c = g.draw(st.sampled_from([0.5, -1.25, 0.0, 2.0]))
+    return f"fnp.full({shape!r}, {c!r})", shape, abs(c), 0.0, float(c).is_integer()
 
 
-def _step_reduce(draw: Any, vals: list[_Val]) -> Made:
-    a = _recent(draw, vals)
+def _step_reduce(g: _Gen) -> Made:
+    a = g.recent()
     if a.ndim == 0:
         return None
-    op = draw(st.sampled_from(["sum", "max", "mean", "min"]))
-    if draw(st.integers(0, 4)) == 0:
-        axes: tuple[int, ...] = tuple(range(a.ndim))
-        axis_src = "None"
-    else:
-        axes = tuple(sorted(draw(st.sets(st.integers(0, a.ndim - 1), min_size=1))))
-        neg = draw(st.booleans())
-        spelled = tuple(k - a.ndim for k in axes) if neg else axes
-        axis_src = repr(spelled[0]) if len(spelled) == 1 else repr(spelled)
-    keep = draw(st.booleans())
+    op = g.draw(st.sampled_from(["sum", "max", "mean", "min"] if g.is_float
+                                else ["sum", "max", "min"]))
+    axes, axis_src = g.axes(a)
+    keep = g.draw(st.booleans())
     n = math.prod(a.shape[k] for k in axes)
     shape = tuple(1 if k in axes else d for k, d in enumerate(a.shape)) if keep else tuple(
         d for k, d in enumerate(a.shape) if k not in axes)
     B, E = a.bound, a.err
+    is_int = a.is_int
     if op == "sum":
         B2, E2 = n * B, n * E + EPS * n * B * _depth(n)
     elif op == "mean":
-        B2, E2 = B, E + EPS * B * _depth(n) + EPS * B
+        # a whole-number sum is exact: only the division rounds
+        B2, E2 = B, (EPS * B if a.is_int else E + EPS * B * _depth(n) + EPS * B)
+        is_int = False
     else:
         B2, E2 = B, E
-    return f"fnp.{op}({a.name}, axis={axis_src}, keepdims={keep})", shape, B2, E2
+    return f"fnp.{op}({a.name}, axis={axis_src}, keepdims={keep})", shape, B2, E2, is_int
 
 
-def _step_movement(draw: Any, vals: list[_Val]) -> Made:
-    a = _recent(draw, vals)
-    kind = draw(st.sampled_from(["transpose", "reshape", "expand_dims", "broadcast_to"]))
+def _step_rows(g: _Gen) -> Made:
+    """A reduction broadcast back over what it reduced: softmax, log_softmax, x - mean(x)."""
+    if not g.is_float:
+        return None
+    a = g.recent()
+    if a.ndim == 0:
+        return None
+    axis = g.draw(st.integers(-a.ndim, a.ndim - 1))
+    n = a.shape[axis]
+    B, E = a.bound, a.err
+    kind = g.draw(st.sampled_from(["softmax", "log_softmax", "center"]))
+    if kind == "softmax":
+        return (f"nn.softmax({a.name}, axis={axis})", a.shape, 1.0,
+                2 * E + 4 * EPS * B + 4 * TRANS + EPS * _depth(n) + 3 * EPS, False)
+    if kind == "log_softmax":
+        B2 = 2 * B + math.log(n)
+        return (f"nn.log_softmax({a.name}, axis={axis})", a.shape, B2,
+                2 * E + 4 * EPS * B + 2 * TRANS * (2 + math.log(n)) + EPS * _depth(n)
+                + EPS * B2, False)
+    return (f"{a.name} - fnp.mean({a.name}, axis={axis}, keepdims=True)", a.shape, 2 * B,
+            2 * E + EPS * B * _depth(n) + 3 * EPS * B, False)
+
+
+def _step_movement(g: _Gen) -> Made:
+    a = g.recent()
+    kind = g.draw(st.sampled_from(["transpose", "reshape", "expand_dims", "broadcast_to"]))
+    keep = (a.bound, a.err, a.is_int)
     if kind == "transpose":
         if a.ndim < 2:
             return None
-        perm = tuple(draw(st.permutations(range(a.ndim))))
-        return (f"fnp.transpose({a.name}, {perm!r})", tuple(a.shape[p] for p in perm), a.bound,
-                a.err)
+        perm = tuple(g.draw(st.permutations(range(a.ndim))))
+        return (f"fnp.transpose({a.name}, {perm!r})", tuple(a.shape[p] for p in perm), *keep)
     if kind == "reshape":
-        shape = draw(st.sampled_from(_reshape_targets(a.size)))
-        return f"fnp.reshape({a.name}, {shape!r})", shape, a.bound, a.err
+        shape = g.draw(st.sampled_from(_reshape_targets(a.size)))
+        return (f"fnp.reshape({a.name}, {shape!r})", shape, *keep)
     if kind == "expand_dims":
         if a.ndim >= 4:
             return None
-        axis = draw(st.integers(-(a.ndim + 1), a.ndim))
+        axis = g.draw(st.integers(-(a.ndim + 1), a.ndim))
         shape_l = list(a.shape)
         shape_l.insert(axis % (a.ndim + 1), 1)
-        return f"fnp.expand_dims({a.name}, {axis})", tuple(shape_l), a.bound, a.err
+        return (f"fnp.expand_dims({a.name}, {axis})", tuple(shape_l), *keep)
     if a.ndim >= 4:
         return None
-    lead = draw(st.integers(1, 3))
-    shape = (lead,) + tuple(d if d != 1 else draw(st.integers(1, 3)) for d in a.shape)
-    return f"fnp.broadcast_to({a.name}, {shape!r})", shape, a.bound, a.err
+    lead = g.draw(st.integers(1, 3))
+    shape = (lead,) + tuple(d if d != 1 else g.draw(st.integers(1, 3)) for d in a.shape)
+    return (f"fnp.broadcast_to({a.name}, {shape!r})", shape, *keep)
 
 
-def _step_matmul(draw: Any, vals: list[_Val]) -> Made:
-    cands = [v for v in vals if v.ndim >= 1]
+def _step_matmul(g: _Gen) -> Made:
+    cands = [v for v in g.vals if v.ndim >= 1]
     if not cands:
         return None
-    a = _recent(draw, cands)
+    a = g.recent(cands)
     K = a.shape[-1]
     options: list[tuple[_Val, Optional[tuple[int, int]]]] = [
-        (v, None) for v in vals if _matmul_shape(a.shape, v.shape) is not None]
-    options += [(v, (K, v.size // K)) for v in vals if v.size % K == 0]  # reshape to fit
-    b, reshape_to = draw(st.sampled_from(options))
+        (v, None) for v in g.vals if _matmul_shape(a.shape, v.shape) is not None]
+    options += [(v, (K, v.size // K)) for v in g.vals if v.size % K == 0]  # reshape to fit
+    b, reshape_to = g.draw(st.sampled_from(options))
     if reshape_to is None:
         shape = _matmul_shape(a.shape, b.shape)
         rhs = b.name
@@ -432,25 +519,29 @@ def _step_matmul(draw: Any, vals: list[_Val]) -> Made:
         shape = _matmul_shape(a.shape, reshape_to)
         rhs = f"fnp.reshape({b.name}, {reshape_to!r})"
     assert shape is not None
+    if math.prod(shape) > 8192 or math.prod(shape) * K > MAX_MATMUL:
+        return None
     Ba, Bb, Ea, Eb = a.bound, b.bound, a.err, b.err
     return (f"{a.name} @ {rhs}", shape, K * Ba * Bb,
-            K * (Ea * Bb + Eb * Ba + Ea * Eb) + EPS * K * Ba * Bb * _depth(K))
+            K * (Ea * Bb + Eb * Ba + Ea * Eb) + EPS * K * Ba * Bb * _depth(K),
+            a.is_int and b.is_int)
 
 
 STEPS = {  # simplest first: hypothesis shrinks towards the start of sampled_from lists
     "unary": _step_unary, "binary": _step_binary, "scalar": _step_scalar,
     "reduce": _step_reduce, "movement": _step_movement, "matmul": _step_matmul,
-    "where": _step_where, "full": _step_full,
+    "where": _step_where, "full": _step_full, "rows": _step_rows, "count": _step_count,
 }
 STEP_MIX = ["unary", "binary", "scalar", "reduce", "movement", "matmul", "where", "full",
-            "binary", "reduce", "movement", "matmul", "reduce", "movement", "unary"]
+            "binary", "reduce", "movement", "matmul", "rows", "movement", "unary", "rows",
+            "count"]
 
 
 @st.composite
 def _input_shapes(draw: Any) -> list[tuple[int, ...]]:
     nd = draw(st.sampled_from([1, 2, 3, 2, 3, 1, 0]))  # rank; mostly 1-3, shrinking towards 1-D
     dims = [draw(st.sampled_from(DIMS)) for _ in range(nd)]
-    while math.prod(dims) > 4200:  # keep inputs small: shrink the largest dimension
+    while math.prod(dims) > MAX_INPUT:  # keep inputs small: shrink the largest dimension
         dims[dims.index(max(dims))] = 3
     shapes = []
     for _ in range(draw(st.integers(1, 3))):
@@ -460,31 +551,44 @@ def _input_shapes(draw: Any) -> list[tuple[int, ...]]:
 
 
 @st.composite
-def random_programs(draw: Any) -> RandomProgram:
+def random_programs(draw: Any, dtype: Optional[str] = None) -> RandomProgram:
+    dtype = dtype or draw(st.sampled_from(["float32", "int32"]))
     shapes = draw(_input_shapes())
-    style = draw(st.sampled_from(sorted(INPUT_STYLES)))
+    style = draw(st.sampled_from(list(INPUT_STYLES[dtype])))
     seed = draw(st.integers(0, 2**16))
-    vals = [_Val(f"x{i}", s, INPUT_STYLES[style], 0.0) for i, s in enumerate(shapes)]
+    bound = INPUT_STYLES[dtype][style]
+    is_int = style.startswith("ints")
+    vals = [_Val(f"x{i}", s, bound, 0.0, is_int) for i, s in enumerate(shapes)]
+    g = _Gen(draw, dtype, vals)
     lines = []
     for _ in range(draw(st.integers(1, 8))):
         for _attempt in range(3):
-            made = STEPS[draw(st.sampled_from(STEP_MIX))](draw, vals)
-            if made is not None and made[2] <= MAX_BOUND and math.prod(
-                    made[1]) <= MAX_SIZE and len(made[1]) <= 4:
+            made = STEPS[draw(st.sampled_from(STEP_MIX))](g)
+            if made is None or math.prod(made[1]) > MAX_SIZE or len(made[1]) > 4:
+                continue
+            expr, shape, bound, err, is_int = made
+            if not g.is_float:  # int32 arithmetic wraps exactly like numpy's
+                break
+            if is_int and bound < EXACT_INT:
+                made = (expr, shape, bound, 0.0, True)
+                break
+            if bound <= MAX_BOUND:
+                made = (expr, shape, bound, err, False)
                 break
         else:
-            a = vals[-1]  # infeasible or too large: tanh of the latest value instead
-            made = (f"fnp.tanh({a.name})", a.shape, min(a.bound, 1.0),
-                    a.err + TRANS + 4 * EPS * a.bound)
-        expr, shape, bound, err = made
+            a = vals[-1]  # nothing applied: tanh (or, for int32, negation) of the latest value
+            made = ((f"fnp.tanh({a.name})", a.shape, min(a.bound, 1.0),
+                     a.err + TRANS + 4 * EPS * a.bound, False) if g.is_float
+                    else (f"-{a.name}", a.shape, a.bound, 0.0, True))
+        expr, shape, bound, err, is_int = made
         name = f"v{len(vals)}"
         lines.append(f"{name} = {expr}")
-        vals.append(_Val(name, shape, bound, err))
+        vals.append(_Val(name, shape, bound, err, is_int))
     extra = draw(st.lists(st.integers(0, len(vals) - 1), max_size=2))
     outputs = [vals[-1]] + [vals[i] for i in extra]
     max_bindings = draw(st.sampled_from([None, 4]))
     target = draw(st.sampled_from([None, "gpu", "cpu"]))  # reduction strategies differ
-    return RandomProgram(shapes, style, seed, lines, outputs, max_bindings, target)
+    return RandomProgram(dtype, shapes, style, seed, lines, outputs, max_bindings, target)
 
 
 def _check_close(got: Any, want: np.ndarray, atol: float, rtol: float, what: str) -> None:
@@ -514,6 +618,7 @@ def test_random_program(prog: RandomProgram) -> None:
     fn = prog.build()
     args = prog.inputs()
     errs = [o.err for o in prog.outputs]
+    rtols = [0.0 if e == 0 else 1e-6 for e in errs]  # exact values must match bit for bit
 
     traced = fusec.gpu_jit(fn).trace(*args)
     want = interpret_traced(traced, args)
@@ -527,7 +632,8 @@ def test_random_program(prog: RandomProgram) -> None:
         opts = dataclasses.replace(traced.options, fuse=fuse, max_bindings=limit)
         lowered = run_pipeline(traced.program, opts, check=True)
         for i, (g, w) in enumerate(zip(evaluate(lowered, leaves), want)):
-            _check_close(g, w, 4 * errs[i], 1e-6, f"lowered IR ({opts}) interpreted, output {i}")
+            _check_close(g, w, 4 * errs[i], rtols[i], f"lowered IR ({opts}), interpreted, "
+                         f"output {i}")
 
     # (a) fused on the GPU, optionally under a low storage-buffer limit (fusion must split) and
     # with the codegen strategies of the other kind of device
@@ -542,12 +648,12 @@ def test_random_program(prog: RandomProgram) -> None:
         got = dataclasses.replace(traced, options=opts).lower().compile().run_leaves(args)
     assert isinstance(got, tuple) and len(got) == len(want)
     for i, (g, w) in enumerate(zip(got, want)):
-        _check_close(g, w, 4 * errs[i], 1e-6, f"fused GPU output {i}")
+        _check_close(g, w, 4 * errs[i], rtols[i], f"fused GPU output {i}")
 
     # (b) one kernel per op
     got = fusec.gpu_jit(fn, fuse=False)(*args)
     for i, (g, w) in enumerate(zip(got, want)):
-        _check_close(g, w, 4 * errs[i], 1e-6, f"unfused GPU output {i}")
+        _check_close(g, w, 4 * errs[i], rtols[i], f"unfused GPU output {i}")
 
 
 # =================================================================================================

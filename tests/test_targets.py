@@ -1,0 +1,58 @@
+"""Kernels generated for the other target run correctly here too: on lavapipe the default target
+is "cpu" (a thread per row), so this runs the GPU strategies (a workgroup per row, rows cached in
+registers, several elements per thread) on random data against numpy."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+import fusec
+import fusec.numpy as fnp
+from fusec import nn
+
+
+@pytest.fixture(params=["gpu", "cpu"])
+def target(request: pytest.FixtureRequest) -> Iterator[str]:
+    fusec.config.set("target", request.param)
+    try:
+        yield request.param
+    finally:
+        fusec.config.set("target", None)
+
+
+def _softmax(x: np.ndarray, axis: int) -> np.ndarray:
+    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+# row lengths: shorter than a workgroup, not a multiple of 256, exactly 32 per thread, beyond the
+# register cache (long rows), and a partial last block
+@pytest.mark.parametrize("shape", [(3, 5), (37, 300), (16, 8192), (5, 8193), (2, 1000)])
+def test_row_kernels(target: str, shape: tuple[int, int], rng: np.random.Generator) -> None:
+    x = rng.standard_normal(shape).astype(np.float32)
+    g = rng.standard_normal(shape[-1]).astype(np.float32)
+    x64 = x.astype(np.float64)
+    sm = fusec.gpu_jit(lambda a: nn.softmax(a))
+    np.testing.assert_allclose(np.asarray(sm(x)), _softmax(x64, -1), rtol=1e-5, atol=1e-7)
+    ln = fusec.gpu_jit(lambda a, w: nn.layer_norm(a, w, w))
+    mu = x64.mean(-1, keepdims=True)
+    ref = (x64 - mu) / np.sqrt(x64.var(-1, keepdims=True) + 1e-5) * g + g
+    np.testing.assert_allclose(np.asarray(ln(x, g)), ref, rtol=1e-4, atol=1e-4)
+    stats = fusec.gpu_jit(lambda a: (a.sum(axis=-1), a.max(axis=-1), a - a.mean(axis=-1,
+                                                                                keepdims=True)))
+    s, m, c = stats(x)
+    np.testing.assert_allclose(np.asarray(s), x64.sum(-1), rtol=1e-5, atol=1e-3)
+    np.testing.assert_array_equal(np.asarray(m), x.max(-1))
+    np.testing.assert_allclose(np.asarray(c), x64 - mu, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("n", [1, 1000, 262144 + 7])
+def test_elementwise_kernels(target: str, n: int, rng: np.random.Generator) -> None:
+    x = rng.standard_normal(n).astype(np.float32)
+    y = rng.standard_normal(n).astype(np.float32)
+    f = fusec.gpu_jit(lambda a, b: fnp.tanh(a * b + 0.5) - b)
+    ref = np.tanh(x.astype(np.float64) * y + 0.5) - y
+    np.testing.assert_allclose(np.asarray(f(x, y)), ref, rtol=2e-5, atol=1e-6)
