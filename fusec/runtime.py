@@ -493,7 +493,7 @@ def device_put(x: Any, dtype: Any = None) -> Array:
         return x if dtype is None else x.astype(dtype)
     arr = np.asarray(x)
     dt = dtypes.canonicalize(dtype if dtype is not None else arr.dtype, "device_put argument")
-    host = np.ascontiguousarray(arr, dtype=dt)
+    host = np.asarray(arr, dtype=dt, order="C")  # (ascontiguousarray would make 0-d 1-d)
     rt = get_runtime()
     if rt is None:
         return Array(host.shape, dt, host=host)

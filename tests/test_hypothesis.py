@@ -209,6 +209,7 @@ def _depth(n: int) -> float:
     return min(float(n), 8.0 * math.sqrt(n))
 
 
+MAX_STEPS = 8
 MAX_BOUND = 1e4  # float values that could exceed this are not generated (accuracy stays useful)
 MAX_SIZE = 140_000  # elements per value
 MAX_MATMUL = 4_000_000  # multiply-adds per matmul (lavapipe is a CPU)
@@ -230,10 +231,11 @@ class RandomProgram:
 
     def __init__(self, dtype: str, shapes: list[tuple[int, ...]], style: str, seed: int,
                  lines: list[str], outputs: list[_Val], max_bindings: Optional[int],
-                 target: Optional[str]) -> None:
+                 target: Optional[str], donate: bool) -> None:
         self.dtype, self.shapes, self.style, self.seed = dtype, shapes, style, seed
         self.lines, self.outputs = lines, outputs
         self.max_bindings, self.target = max_bindings, target  # None: the device's own
+        self.donate = donate  # donate x0 (donate_argnums=(0,))
 
     def source(self) -> str:
         args = ", ".join(f"x{i}" for i in range(len(self.shapes)))
@@ -246,8 +248,8 @@ class RandomProgram:
         exec(compile(self.source(), "<random program>", "exec"), ns)
         return ns["program"]
 
-    def inputs(self) -> list[np.ndarray]:
-        rng = np.random.default_rng(self.seed)
+    def inputs(self, second: bool = False) -> list[np.ndarray]:
+        rng = np.random.default_rng(self.seed + (1 << 20 if second else 0))
         if self.style == "uniform(-2,2)":
             return [rng.uniform(-2, 2, s).astype(np.float32) for s in self.shapes]
         lo, hi = (-3, 4) if self.style == "ints(-3..3)" else (-(2**31), 2**31)
@@ -257,6 +259,7 @@ class RandomProgram:
         shapes = ", ".join(f"x{i}: {self.dtype}{list(s)}" for i, s in enumerate(self.shapes))
         lim = "" if self.max_bindings is None else f", max storage buffers {self.max_bindings}"
         lim += "" if self.target is None else f", codegen target {self.target!r}"
+        lim += ", x0 donated" if self.donate else ""
         return (f"RandomProgram({shapes}; values {self.style}, seed {self.seed}{lim})\n"
                 + self.source())
 
@@ -551,8 +554,32 @@ def _input_shapes(draw: Any) -> list[tuple[int, ...]]:
 
 
 @st.composite
+def _step(draw: Any, g: _Gen) -> tuple[str, tuple[int, ...], float, float, bool]:
+    """One step, as one hypothesis span (so that shrinking can delete it whole)."""
+    for _attempt in range(3):
+        made = STEPS[draw(st.sampled_from(STEP_MIX))](g)
+        if made is None or math.prod(made[1]) > MAX_SIZE or len(made[1]) > 4:
+            continue
+        expr, shape, bound, err, is_int = made
+        if not g.is_float:  # int32 arithmetic wraps exactly like numpy's
+            return made
+        if is_int and bound < EXACT_INT:
+            return expr, shape, bound, 0.0, True
+        if bound <= MAX_BOUND:
+            return expr, shape, bound, err, False
+    a = g.vals[-1]  # nothing applied: tanh (or, for int32, negation) of the latest value
+    if g.is_float:
+        return (f"fnp.tanh({a.name})", a.shape, min(a.bound, 1.0),
+                a.err + TRANS + 4 * EPS * a.bound, False)
+    return f"-{a.name}", a.shape, a.bound, 0.0, True
+
+
+@st.composite
 def random_programs(draw: Any, dtype: Optional[str] = None) -> RandomProgram:
     dtype = dtype or draw(st.sampled_from(["float32", "int32"]))
+    max_bindings = draw(st.sampled_from([None, 4]))
+    target = draw(st.sampled_from([None, "gpu", "cpu"]))  # reduction strategies differ
+    donate = draw(st.booleans())
     shapes = draw(_input_shapes())
     style = draw(st.sampled_from(list(INPUT_STYLES[dtype])))
     seed = draw(st.integers(0, 2**16))
@@ -561,34 +588,17 @@ def random_programs(draw: Any, dtype: Optional[str] = None) -> RandomProgram:
     vals = [_Val(f"x{i}", s, bound, 0.0, is_int) for i, s in enumerate(shapes)]
     g = _Gen(draw, dtype, vals)
     lines = []
-    for _ in range(draw(st.integers(1, 8))):
-        for _attempt in range(3):
-            made = STEPS[draw(st.sampled_from(STEP_MIX))](g)
-            if made is None or math.prod(made[1]) > MAX_SIZE or len(made[1]) > 4:
-                continue
-            expr, shape, bound, err, is_int = made
-            if not g.is_float:  # int32 arithmetic wraps exactly like numpy's
-                break
-            if is_int and bound < EXACT_INT:
-                made = (expr, shape, bound, 0.0, True)
-                break
-            if bound <= MAX_BOUND:
-                made = (expr, shape, bound, err, False)
-                break
-        else:
-            a = vals[-1]  # nothing applied: tanh (or, for int32, negation) of the latest value
-            made = ((f"fnp.tanh({a.name})", a.shape, min(a.bound, 1.0),
-                     a.err + TRANS + 4 * EPS * a.bound, False) if g.is_float
-                    else (f"-{a.name}", a.shape, a.bound, 0.0, True))
-        expr, shape, bound, err, is_int = made
+    for i in range(MAX_STEPS):
+        # another step? 3 in 4 (about 4 steps); a "no" and deleted steps are what shrinking tries
+        if i and not draw(st.integers(0, 3)):
+            break
+        expr, shape, bound, err, is_int = draw(_step(g))
         name = f"v{len(vals)}"
         lines.append(f"{name} = {expr}")
         vals.append(_Val(name, shape, bound, err, is_int))
     extra = draw(st.lists(st.integers(0, len(vals) - 1), max_size=2))
     outputs = [vals[-1]] + [vals[i] for i in extra]
-    max_bindings = draw(st.sampled_from([None, 4]))
-    target = draw(st.sampled_from([None, "gpu", "cpu"]))  # reduction strategies differ
-    return RandomProgram(dtype, shapes, style, seed, lines, outputs, max_bindings, target)
+    return RandomProgram(dtype, shapes, style, seed, lines, outputs, max_bindings, target, donate)
 
 
 def _check_close(got: Any, want: np.ndarray, atol: float, rtol: float, what: str) -> None:
@@ -636,19 +646,33 @@ def test_random_program(prog: RandomProgram) -> None:
                          f"output {i}")
 
     # (a) fused on the GPU, optionally under a low storage-buffer limit (fusion must split) and
-    # with the codegen strategies of the other kind of device
-    opts = dataclasses.replace(traced.options, fuse=True)
-    if prog.max_bindings is not None:
-        opts = dataclasses.replace(opts, max_bindings=prog.max_bindings)
-    if prog.target is not None:
-        opts = dataclasses.replace(opts, target=prog.target)
-    if opts == traced.options:
-        got = fusec.gpu_jit(fn)(*args)  # the plain path: jit call, signature cache and all
+    # with the codegen strategies of the other kind of device. Called twice: first with numpy
+    # arrays, then with device arrays holding other values (x0 donated, when drawn so); the first
+    # call's outputs are read only after the second call has run, so reused buffers would show.
+    donated = (0,) if prog.donate else ()
+    if prog.max_bindings is None and prog.target is None:  # the plain path: the jit call
+        run = fusec.gpu_jit(fn, donate_argnums=donated)
     else:
-        got = dataclasses.replace(traced, options=opts).lower().compile().run_leaves(args)
+        opts = dataclasses.replace(traced.options, fuse=True, donated=donated)
+        if prog.max_bindings is not None:
+            opts = dataclasses.replace(opts, max_bindings=prog.max_bindings)
+        if prog.target is not None:
+            opts = dataclasses.replace(opts, target=prog.target)
+        compiled = dataclasses.replace(traced, options=opts).lower().compile()
+        run = lambda *xs: compiled.run_leaves(xs)  # noqa: E731
+    got = run(*args)
+    args2 = prog.inputs(second=True)
+    want2 = interpret_traced(traced, args2)
+    dev2 = [fusec.device_put(x) for x in args2]
+    got2 = run(*dev2)
     assert isinstance(got, tuple) and len(got) == len(want)
     for i, (g, w) in enumerate(zip(got, want)):
         _check_close(g, w, 4 * errs[i], rtols[i], f"fused GPU output {i}")
+    for i, (g, w) in enumerate(zip(got2, want2)):
+        _check_close(g, w, 4 * errs[i], rtols[i], f"fused GPU output {i}, second call")
+    if donated and not any(o is dev2[0] for o in got2):  # (an input returned as is stays alive)
+        with pytest.raises(fusec.FusecError, match="donated"):
+            np.asarray(dev2[0])
 
     # (b) one kernel per op
     got = fusec.gpu_jit(fn, fuse=False)(*args)
@@ -734,8 +758,8 @@ class Chain:
         exec(compile(self.source(), "<random chain>", "exec"), ns)
         return ns["chain"]
 
-    def inputs(self) -> list[np.ndarray]:
-        rng = np.random.default_rng(self.seed)
+    def inputs(self, second: bool = False) -> list[np.ndarray]:
+        rng = np.random.default_rng(self.seed + (1 << 20 if second else 0))
         x = rng.uniform(-2, 2, self.batch + (self.rows, self.widths[0])).astype(np.float32)
         return [x] + [(rng.uniform(-1, 1, s) * sc).astype(np.float32)
                       for _, s, sc in self.weights]

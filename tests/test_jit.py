@@ -527,3 +527,12 @@ def test_clear_cache_forgets_compiled_signatures():
     with Delta() as d:
         check(f(x), x - 3)
     assert d.traces == 1 and d.misses == 1
+
+
+def test_device_put_keeps_zero_dim_shape():
+    a = fusec.device_put(np.float32(2.5))
+    assert a.shape == ()
+    f = fusec.gpu_jit(lambda x: -x)
+    out = f(a)
+    assert out.shape == () and np.asarray(out).shape == ()
+    assert float(np.asarray(out)) == -2.5
