@@ -10,7 +10,9 @@
 
 from __future__ import annotations
 
-from . import config, nn, numpy
+__version__ = "0.1.0"
+
+from . import config, nn, numpy  # noqa: E402
 from .cache import CacheInfo, cache_info, clear_cache
 from .errors import (
     DeviceLimitError,
@@ -22,15 +24,13 @@ from .errors import (
     TraceError,
     TracerBoolConversionError,
 )
-from .jit import Compiled, JitFunction, Lowered, Traced, gpu_jit
+from .jit import Compiled, JitFunction, Lowered, Traced, gpu_jit, warmup_from
 from .runtime import Array, DeviceInfo, default_device, device_put
 from .trace import ShapeDtype
-
-__version__ = "0.1.0"
 
 __all__ = [
     "Array", "CacheInfo", "Compiled", "DTypeError", "DeviceInfo", "DeviceLimitError", "FusecError",
     "JitFunction", "Lowered", "ShapeDtype", "ShapeError", "SignatureError", "StaticArgumentError",
     "TraceError", "Traced", "TracerBoolConversionError", "cache_info", "clear_cache", "config",
-    "default_device", "device_put", "gpu_jit", "nn", "numpy",
+    "default_device", "device_put", "gpu_jit", "nn", "numpy", "warmup_from",
 ]

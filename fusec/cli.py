@@ -177,6 +177,42 @@ def _cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_warmup(args: argparse.Namespace) -> int:
+    import fusec
+
+    if not os.path.isfile(args.manifest):
+        raise UsageError(f"no warm-up manifest at {args.manifest}; record one by running your "
+                         "program with FUSEC_RECORD_SIGNATURES=PATH")
+    try:
+        res = fusec.warmup_from(args.manifest, threads=args.threads, progress=not args.quiet)
+    except (ImportError, AttributeError) as exc:
+        raise UsageError(f"a function in {args.manifest} cannot be found: {exc}") from None
+    print(f"warmed up {res['signatures']} signature(s): {res['pipelines']} pipeline(s) compiled "
+          f"with {res['threads']} thread(s) in {res['compile_seconds']:.2f} s "
+          f"({res['total_seconds']:.2f} s in all)")
+    from fusec import diskcache
+
+    where = diskcache.cache_dir()
+    print(f"lowered programs are in the persistent cache: {where}" if where else
+          "the persistent cache is off (FUSEC_CACHE_DIR=off): nothing outlives this process")
+    return 0
+
+
+def _cmd_cache(args: argparse.Namespace) -> int:
+    from fusec import diskcache
+
+    if args.action == "clear":
+        n = diskcache.clear()
+        print(f"removed {n} entr{'y' if n == 1 else 'ies'} from "
+              f"{diskcache.cache_dir() or 'the (disabled) cache'}")
+        return 0
+    info = diskcache.info()
+    print(f"directory: {info['directory']}")
+    print(f"entries:   {info['entries']}")
+    print(f"size:      {info['bytes']} bytes (limit {info['max_bytes']}, FUSEC_CACHE_MAX_BYTES)")
+    return 0
+
+
 # --- entry point ----------------------------------------------------------------------------------
 
 
@@ -203,6 +239,22 @@ def _parser() -> argparse.ArgumentParser:
     what.add_argument("--ir", action="store_true", help="only the lowered IR")
     what.add_argument("--wgsl", action="store_true", help="only the WGSL")
     show.set_defaults(run=_cmd_show)
+
+    warm = sub.add_parser(
+        "warmup", help="compile every signature recorded in a warm-up manifest",
+        description="Trace, lower and compile the signatures in MANIFEST (record one by running "
+        "a program with FUSEC_RECORD_SIGNATURES=MANIFEST). Lowered programs go to the persistent "
+        "cache (FUSEC_CACHE_DIR), so later processes skip that work.")
+    warm.add_argument("manifest", metavar="MANIFEST")
+    warm.add_argument("--threads", type=int, default=None,
+                      help="threads compiling pipelines (default: up to 8)")
+    warm.add_argument("--quiet", action="store_true", help="no progress bar")
+    warm.set_defaults(run=_cmd_warmup)
+
+    cache = sub.add_parser("cache", help="the persistent cache: info or clear",
+                           description="Show or empty the persistent cache of lowered programs.")
+    cache.add_argument("action", choices=["info", "clear"])
+    cache.set_defaults(run=_cmd_cache)
     return p
 
 

@@ -5,6 +5,9 @@ FUSEC_DEBUG    1: kernel counts and compile events; 2: + timings; 3: + traced IR
 FUSEC_BACKEND  vulkan | metal | dx12 | gl | cpu (cpu: run the numpy interpreter)
 FUSEC_VERIFY   1: run the IR verifier after every pass (the test suite turns it on)
 FUSEC_LOG_COMPILES  1: log every trace and pipeline compile with its time
+FUSEC_EXPLAIN_CACHE_MISSES  1: say why a call missed the cache (which argument changed how)
+FUSEC_RECORD_SIGNATURES     path: append every newly compiled signature to this warm-up manifest
+FUSEC_RETRACE_WARN          warn once when one function has been traced this many times (10)
 FUSEC_TARGET   gpu | cpu: which kernel strategies codegen picks (default: cpu on a software
                adapter such as lavapipe, gpu otherwise); the tests use it to run GPU kernels on
                lavapipe
@@ -24,7 +27,11 @@ _ENV = {
     "verify": ("FUSEC_VERIFY", 0),
     "log_compiles": ("FUSEC_LOG_COMPILES", 0),
     "target": ("FUSEC_TARGET", ""),
+    "explain_cache_misses": ("FUSEC_EXPLAIN_CACHE_MISSES", 0),
+    "record_signatures": ("FUSEC_RECORD_SIGNATURES", None),
+    "retrace_warn": ("FUSEC_RETRACE_WARN", 10),
 }
+_CASE_INSENSITIVE = {"backend", "target"}
 
 
 def get(name: str) -> Any:
@@ -39,7 +46,7 @@ def get(name: str) -> Any:
             return int(raw)
         except ValueError:
             return 1 if raw.lower() in ("true", "yes", "on") else 0
-    return raw.strip().lower()
+    return raw.strip().lower() if name in _CASE_INSENSITIVE else raw
 
 
 def set(name: str, value: Any) -> None:  # noqa: A001 - mirrors get()
@@ -64,6 +71,10 @@ def debug(level: int, msg: str) -> None:
     """Print ``msg`` to stderr when FUSEC_DEBUG >= level."""
     if debug_level() >= level:
         print(f"fusec: {msg}", file=sys.stderr, flush=True)
+
+
+def log(msg: str) -> None:
+    print(f"fusec: {msg}", file=sys.stderr, flush=True)
 
 
 def log_compile(msg: str) -> None:

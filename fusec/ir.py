@@ -285,3 +285,68 @@ def consumers(prog: Program) -> dict[int, list[Eqn]]:
 
 def var_inputs(atoms: Iterable[Atom]) -> list[Var]:
     return [a for a in atoms if isinstance(a, Var)]
+
+
+# --- serialisation (the persistent cache stores lowered programs) ---------------------------------
+
+
+def to_json(prog: Program) -> dict[str, Any]:
+    """A JSON-able description of ``prog`` (kernel bodies included); :func:`from_json` inverts it."""
+    ids: dict[int, int] = {}
+
+    def var(v: Var) -> int:
+        if id(v) not in ids:
+            ids[id(v)] = len(ids)
+        return ids[id(v)]
+
+    def atom(a: Atom) -> Any:
+        if isinstance(a, Lit):
+            return {"lit": a.value if a.dtype != "float32" else repr(float(a.value)),
+                    "dtype": a.dtype}
+        return var(a)
+
+    def param(v: Any) -> Any:
+        if isinstance(v, Program):
+            return {"program": to_json(v)}
+        if isinstance(v, tuple):
+            return {"tuple": [param(x) for x in v]}
+        return v
+
+    inputs = [[var(v), list(v.shape), v.dtype] for v in prog.inputs]
+    eqns = []
+    for e in prog.eqns:
+        ins = [atom(a) for a in e.inputs]
+        outs = [[var(o), list(o.shape), o.dtype] for o in e.outs]
+        eqns.append({"op": e.op.value, "in": ins, "out": outs,
+                     "params": {k: param(v) for k, v in sorted(e.params.items())}})
+    return {"inputs": inputs, "eqns": eqns, "outputs": [atom(a) for a in prog.outputs]}
+
+
+def from_json(data: dict[str, Any]) -> Program:
+    vars_: dict[int, Var] = {}
+
+    def define(spec: list[Any]) -> Var:
+        v = Var(tuple(spec[1]), spec[2])
+        vars_[spec[0]] = v
+        return v
+
+    def atom(a: Any) -> Atom:
+        if isinstance(a, dict):
+            value = float(a["lit"]) if a["dtype"] == "float32" else a["lit"]
+            return Lit(value, a["dtype"])
+        return vars_[a]
+
+    def param(v: Any) -> Any:
+        if isinstance(v, dict) and "program" in v:
+            return from_json(v["program"])
+        if isinstance(v, dict) and "tuple" in v:
+            return tuple(param(x) for x in v["tuple"])
+        return v
+
+    inputs = [define(s) for s in data["inputs"]]
+    eqns = []
+    for e in data["eqns"]:
+        ins = tuple(atom(a) for a in e["in"])
+        outs = tuple(define(s) for s in e["out"])
+        eqns.append(Eqn(Op(e["op"]), ins, outs, {k: param(v) for k, v in e["params"].items()}))
+    return Program(inputs, eqns, [atom(a) for a in data["outputs"]])

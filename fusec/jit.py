@@ -7,17 +7,22 @@ static arguments. A repeated signature neither traces nor compiles.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import hashlib
 import inspect
 import math
+import os
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Optional, Union, cast
 
 import numpy as np
 
-from . import cache, codegen, config, dtypes
+from . import __version__, cache, codegen, config, diskcache, dtypes
 from .errors import (
     DeviceLimitError,
     DTypeError,
@@ -27,7 +32,7 @@ from .errors import (
     TraceError,
 )
 from .interpret import evaluate
-from .ir import REDUCE, Lit, Op, Program, Var
+from .ir import REDUCE, Lit, Op, Program, Var, from_json, to_json
 from .passes import MemoryAnalysis, Options, analyse, run_pipeline, used_inputs
 from .runtime import Array, CpuExecutable, GpuExecutable, get_runtime
 from .trace import Aval, Builder, ShapeDtype, Tracer, current_builder, tracing
@@ -324,18 +329,54 @@ class Compiled:
 
 def lower(traced: Traced) -> Lowered:
     t0 = time.perf_counter()
-    prog = run_pipeline(traced.program, traced.options)
-    kernels = [codegen.generate(e, traced.options.target) for e in prog.eqns if e.op is Op.KERNEL]
     rt = get_runtime()
+    key = _disk_key(traced)
+    entry = diskcache.load(key) if key else None
+    if entry is not None:
+        prog = from_json(entry["ir"])
+        kernels = [codegen.KernelCode(**{**k, "grid": tuple(k["grid"])}) for k in entry["kernels"]]
+        cache.STATS.disk_hits += 1
+        config.log_compile(f"loaded {traced.name} from the persistent cache in "
+                           f"{1e3 * (time.perf_counter() - t0):.1f} ms")
+    else:
+        prog = run_pipeline(traced.program, traced.options)
+        kernels = [codegen.generate(e, traced.options.target) for e in prog.eqns
+                   if e.op is Op.KERNEL]
+        cache.STATS.lowerings += 1
+        if key:
+            diskcache.store(key, {"ir": to_json(prog),
+                                  "kernels": [dataclasses.asdict(k) for k in kernels]})
     if rt is not None:
         _check_sizes(traced, prog, rt.max_binding_size, rt.info.adapter)
-    cache.STATS.lowerings += 1
     config.debug(1, f"{traced.name}: {len(kernels)} kernel(s) "
                     f"[{', '.join(k.name for k in kernels)}]")
     config.debug(2, f"{traced.name}: lowered in {1e3 * (time.perf_counter() - t0):.1f} ms")
     for k in kernels:
         config.debug(4, f"WGSL of {k.name}:\n{k.wgsl}")
     return Lowered(traced, prog, kernels)
+
+
+@functools.lru_cache(maxsize=1)
+def _source_hash() -> str:
+    """Hash of fusec's own code and templates: a changed compiler never reuses old entries."""
+    h = hashlib.sha256()
+    for root in (Path(__file__).parent, codegen._template_dir()):
+        for p in sorted(root.rglob("*")):
+            if p.suffix in (".py", ".j2") and "__pycache__" not in p.parts:
+                h.update(p.name.encode())
+                h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+def _disk_key(traced: Traced) -> Optional[str]:
+    """Everything that changes the lowered program: the IR, fusec, the device, the options."""
+    if diskcache.cache_dir() is None:
+        return None
+    rt = get_runtime()
+    device = ("cpu", "", 0) if rt is None else (rt.info.backend, rt.info.adapter,
+                                                rt.max_binding_size)
+    return diskcache.key_of(traced.program.hash(), __version__, _source_hash(), device,
+                            dataclasses.asdict(traced.options))
 
 
 def _check_sizes(traced: Traced, prog: Program, limit: int, adapter: str) -> None:
@@ -398,6 +439,10 @@ class JitFunction:
         self._donated_names = self._binder.names_of(self.donate_argnums, donate_argnames)
         self.fuse = fuse
         self._cache: dict[Signature, Compiled] = {}
+        self._traces = 0
+        self._warned_retrace = False
+        code = getattr(fun, "__code__", None)
+        self._code_id = (code.co_filename, code.co_firstlineno, self.name) if code else None
         functools.update_wrapper(self, fun)  # type: ignore[arg-type]
         cache.register(self)
 
@@ -449,6 +494,9 @@ class JitFunction:
                                      "tuples/lists/dicts of them")
         prog = b.program(atoms)
         cache.STATS.traces += 1
+        self._traces += 1
+        if self._code_id is not None:
+            _COMPILED_CODE.add(self._code_id)
         config.log_compile(f"traced {self.name} for {', '.join(map(str, avals)) or 'no arrays'} "
                            f"in {1e3 * (time.perf_counter() - t0):.1f} ms")
         config.debug(3, f"traced IR of {self.name}:\n{prog}")
@@ -458,6 +506,23 @@ class JitFunction:
     def lower(self, *args: Any, **kwargs: Any) -> Lowered:
         """Trace and run the pass pipeline and codegen; no pipeline is compiled."""
         return lower(self.trace(*args, **kwargs))
+
+    def _on_miss(self, key: Signature, paths: list[str], args: tuple[Any, ...],
+                 kwargs: dict[str, Any]) -> None:
+        if config.get("explain_cache_misses"):
+            config.log(explain_miss(self, key, paths))
+        limit = int(config.get("retrace_warn"))
+        if limit and self._traces + 1 >= limit and not self._warned_retrace:
+            self._warned_retrace = True
+            warnings.warn(
+                f"fusec: {self.name} has been traced {self._traces + 1} times (one per new "
+                "signature). Set FUSEC_EXPLAIN_CACHE_MISSES=1 to see what changes between calls; "
+                "make varying values static or keep shapes fixed.", RuntimeWarning, stacklevel=3)
+        if config.get("record_signatures"):
+            from .warmup import record
+
+            dyn, static = self._binder.split(args, kwargs)
+            record(self, dyn, static)
 
     def warmup(self, *args: Any, **kwargs: Any) -> Compiled:
         """Compile every pipeline of this signature (arrays or ShapeDtype) without running it."""
@@ -479,6 +544,7 @@ class JitFunction:
                 if isinstance(x, ShapeDtype):
                     raise TraceError(f"{self.name}: argument '{p}' is a ShapeDtype; it has no "
                                      "values to compute with (use it with trace/lower/warmup)")
+            self._on_miss(key, [p for p, _ in leaves], args, kwargs)
             compiled = lower(self._trace(key, leaves, td, static)).compile()
             self._cache[key] = compiled
         else:
@@ -487,6 +553,68 @@ class JitFunction:
 
     def __repr__(self) -> str:
         return f"<gpu_jit {self.name}>"
+
+
+# (file, line, name) of every function traced so far: tells "a new function object with old code"
+_COMPILED_CODE: set[tuple[str, int, str]] = set()
+
+
+def explain_miss(jf: JitFunction, key: Signature, paths: list[str]) -> str:
+    """Why ``key`` missed: the closest compiled signature and what differs from it."""
+    where = f"{jf.name}"
+    if jf._code_id is not None:
+        where += f" ({os.path.basename(jf._code_id[0])}:{jf._code_id[1]})"
+    if not jf._cache:
+        if jf._code_id in _COMPILED_CODE:
+            return (f"cache miss for {where}: this function object is new, but the same code was "
+                    "compiled before through another function object (a lambda or closure "
+                    "re-created in a loop, or gpu_jit applied inside a loop?): create the jitted "
+                    "function once and reuse it")
+        return f"cache miss for {where}: first call, tracing it"
+
+    def differences(old: Signature) -> list[str]:
+        if old[0] != key[0]:
+            return [f"the arguments' pytree structure changed from {_describe_args(old[0])} to "
+                    f"{_describe_args(key[0])}"]
+        out = []
+        for p, a, b in zip(paths, old[1], key[1]):
+            if a.shape != b.shape:
+                out.append(f"argument '{p}' changed shape from {a.shape} to {b.shape}")
+            if a.dtype != b.dtype or a.weak != b.weak:
+                kind = {True: "a Python scalar", False: "an array"}
+                if a.weak != b.weak:
+                    out.append(f"argument '{p}' changed from {kind[a.weak]} to {kind[b.weak]}")
+                else:
+                    out.append(f"argument '{p}' changed dtype from {a.dtype} to {b.dtype}")
+        old_static, new_static = dict(old[2]), dict(key[2])
+
+        def shown(d: dict[str, Any], name: str) -> str:
+            return repr(d[name]) if name in d else "its default (not passed)"
+
+        for name in sorted(set(old_static) | set(new_static)):
+            if name not in old_static or name not in new_static or (
+                    old_static[name] != new_static[name]):
+                out.append(f"static argument '{name}' changed value from "
+                           f"{shown(old_static, name)} to {shown(new_static, name)}")
+        return out
+
+    closest = min((differences(k) for k in jf._cache), key=len)
+    n = len(jf._cache)
+    return (f"cache miss for {where}: " + "; ".join(closest or ["no difference found"])
+            + f" (compared with the closest of {n} compiled signature{'s' if n > 1 else ''})")
+
+
+def _describe_args(td: TreeDef) -> str:
+    from .tree import describe
+
+    return "(" + ", ".join(f"{name}={describe(sub)}" for name, sub in td[1]) + ")"
+
+
+def warmup_from(path: str, threads: Optional[int] = None, progress: bool = True) -> dict[str, Any]:
+    """Compile every signature recorded in a warm-up manifest (see :mod:`fusec.warmup`)."""
+    from .warmup import warmup_from as run
+
+    return run(path, threads=threads, progress=progress)
 
 
 def gpu_jit(fun: Optional[Callable[..., Any]] = None, *, static_argnums: Sequence[int] = (),

@@ -8,6 +8,7 @@ With no usable adapter (or FUSEC_BACKEND=cpu) the numpy interpreter runs the sam
 from __future__ import annotations
 
 import os
+import threading
 import time
 import warnings
 from collections.abc import Sequence
@@ -80,6 +81,7 @@ class Runtime:
             features=tuple(sorted(self.device.features)),
         )
         self.pipelines: dict[str, tuple[Any, Any]] = {}
+        self._lock = threading.Lock()
         self._free: dict[int, list[Any]] = {}  # size class -> buffers nobody references
         self._free_bytes = 0
         self.pool_limit = int(os.environ.get("FUSEC_POOL_BYTES", 1 << 30))
@@ -216,7 +218,8 @@ class Runtime:
     def pipeline(self, key: str, wgsl: str, n_in: int, n_out: int, name: str) -> tuple[Any, Any]:
         hit = self.pipelines.get(key)
         if hit is not None:
-            cache.STATS.pipeline_hits += 1
+            with self._lock:
+                cache.STATS.pipeline_hits += 1
             return hit
         wgpu = self.wgpu
         t0 = time.perf_counter()
@@ -234,9 +237,12 @@ class Runtime:
             raise FusecError(f"internal error: the WGSL generated for kernel {name} did not "
                              f"compile ({exc}); run with FUSEC_DEBUG=4 to see it, and please "
                              "report it") from exc
-        cache.STATS.pipelines_compiled += 1
+        with self._lock:  # warm-up compiles pipelines from several threads
+            if key in self.pipelines:
+                return self.pipelines[key]  # type: ignore[no-any-return]
+            cache.STATS.pipelines_compiled += 1
+            self.pipelines[key] = (pipe, bgl)
         config.log_compile(f"compiled pipeline {name} in {1e3 * (time.perf_counter() - t0):.1f} ms")
-        self.pipelines[key] = (pipe, bgl)
         return pipe, bgl
 
 

@@ -1,0 +1,216 @@
+"""Ahead-of-time warm-up: record the signatures a program compiles, compile them all later.
+
+Set ``FUSEC_RECORD_SIGNATURES=manifest.jsonl`` (or ``fusec.config.set("record_signatures", path)``)
+and every newly compiled signature of an importable function is appended to the manifest as one JSON
+line: the function (``module:qualname``, or ``/path/file.py:qualname`` for a script), and its
+arguments with arrays replaced by their shape and dtype. ``fusec.warmup_from(path)`` (or
+``fusec warmup MANIFEST``) traces and lowers every entry, then compiles all their pipelines, in
+threads, with a progress bar. In the same process the functions are then ready: their first calls
+compile nothing. In another process, what lasts is the persistent cache of lowered programs.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import os
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Optional
+
+import numpy as np
+
+from . import config
+from .errors import FusecError
+from .trace import ShapeDtype
+
+# --- recording ------------------------------------------------------------------------------------
+
+
+def function_ref(fun: Any) -> Optional[str]:
+    """``module:qualname`` (or ``/abs/path.py:qualname`` for a script) if importable, else None."""
+    qualname = getattr(fun, "__qualname__", "")
+    module = getattr(fun, "__module__", None)
+    if not qualname or "<" in qualname or module is None:  # lambdas and local functions
+        return None
+    if module == "__main__":
+        path = getattr(sys.modules.get("__main__"), "__file__", None)
+        return f"{os.path.abspath(path)}:{qualname}" if path else None
+    return f"{module}:{qualname}"
+
+
+def _encode(x: Any, static: bool) -> Any:
+    from .runtime import Array
+
+    if isinstance(x, tuple) and not hasattr(x, "_fields"):
+        return {"tuple": [_encode(v, static) for v in x]}
+    if isinstance(x, list):
+        return [_encode(v, static) for v in x]
+    if isinstance(x, dict):
+        if not all(isinstance(k, str) for k in x):
+            raise TypeError("only string dict keys can be recorded")
+        return {"dict": {k: _encode(v, static) for k, v in x.items()}}
+    if x is None or (static and isinstance(x, (bool, int, float, str))):
+        return x
+    if not static:
+        if isinstance(x, (bool, int, float)) and not isinstance(x, np.generic):
+            return {"scalar": type(x).__name__}
+        if isinstance(x, (np.ndarray, np.generic, Array, ShapeDtype)):
+            return {"spec": [list(np.shape(x) if not isinstance(x, ShapeDtype) else x.shape),
+                             str(np.dtype(x.dtype)) if not isinstance(x, ShapeDtype)
+                             else x.dtype]}
+    raise TypeError(f"cannot record a {type(x).__name__}")
+
+
+def _decode(x: Any) -> Any:
+    if isinstance(x, list):
+        return [_decode(v) for v in x]
+    if isinstance(x, dict):
+        if "tuple" in x:
+            return tuple(_decode(v) for v in x["tuple"])
+        if "dict" in x:
+            return {k: _decode(v) for k, v in x["dict"].items()}
+        if "scalar" in x:
+            return {"float": 0.0, "int": 0, "bool": False}[x["scalar"]]
+        if "spec" in x:
+            return ShapeDtype(tuple(x["spec"][0]), x["spec"][1])
+    return x
+
+
+def record(jf: Any, dyn: dict[str, Any], static: tuple[tuple[str, Any], ...]) -> None:
+    """Append this signature of ``jf`` to the manifest named by FUSEC_RECORD_SIGNATURES."""
+    path = config.get("record_signatures")
+    if not path:
+        return
+    ref = function_ref(jf.fun)
+    if ref is None:
+        config.debug(1, f"not recording {jf.name}: it cannot be imported by name (a lambda or "
+                        "a local function)")
+        return
+    try:
+        arguments = {k: _encode(v, False) for k, v in dyn.items()}
+        arguments.update({k: _encode(v, True) for k, v in static})
+    except TypeError as exc:
+        config.debug(1, f"not recording {jf.name}: {exc}")
+        return
+    line = json.dumps({"function": ref, "arguments": arguments,
+                       "options": {"fuse": jf.fuse,
+                                   "static_argnames": sorted(jf._binder.static_names),
+                                   "donate_argnames": sorted(jf._donated_names)}},
+                      sort_keys=True)
+    # one write of one line with O_APPEND: concurrent recorders never interleave within a line
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (line + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+# --- replaying ------------------------------------------------------------------------------------
+
+
+def _resolve(ref: str) -> Any:
+    target, _, qualname = ref.rpartition(":")
+    if target.endswith(".py"):
+        main = sys.modules.get("__main__")
+        if getattr(main, "__file__", None) and os.path.abspath(main.__file__) == target:  # type: ignore[union-attr]
+            module: Any = main
+        else:
+            name = f"_fusec_warmup_{abs(hash(target))}"
+            module = sys.modules.get(name)
+            if module is None:
+                spec = importlib.util.spec_from_file_location(name, target)
+                if spec is None or spec.loader is None:
+                    raise FusecError(f"cannot import {target}")
+                module = importlib.util.module_from_spec(spec)
+                sys.modules[name] = module
+                spec.loader.exec_module(module)
+    else:
+        module = importlib.import_module(target)
+    obj = module
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+class _Progress:
+    def __init__(self, total: int, label: str, enabled: bool) -> None:
+        self.total, self.label, self.enabled, self.done = total, label, enabled, 0
+
+    def step(self, what: str = "") -> None:
+        self.done += 1
+        if not self.enabled:
+            return
+        width = 30
+        filled = width * self.done // max(self.total, 1)
+        sys.stderr.write(f"\r{self.label} [{'#' * filled}{'.' * (width - filled)}] "
+                         f"{self.done}/{self.total} {what[:40]:40s}")
+        if self.done >= self.total:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
+
+
+def warmup_from(path: str, threads: Optional[int] = None, progress: bool = True) -> dict[str, Any]:
+    """Compile every signature recorded in the manifest at ``path`` without running anything.
+
+    Returns counts and timings: signatures, pipelines compiled, seconds. ``threads`` compiles
+    pipelines in parallel (default: up to 8 threads); 1 compiles them one by one.
+    """
+    from .jit import JitFunction, gpu_jit
+    from .runtime import get_runtime
+
+    t0 = time.perf_counter()
+    lines = []
+    with open(path) as fh:
+        for n, raw in enumerate(fh, 1):
+            if raw.strip() and raw not in lines:
+                lines.append(raw)
+    records = []
+    for raw in lines:
+        try:
+            records.append(json.loads(raw))
+        except json.JSONDecodeError:
+            config.log(f"warmup: skipping a malformed line of {path}")
+    bar = _Progress(len(records), "fusec warmup: tracing ", progress)
+    pending = []  # (jitted function, signature key, lowered program)
+    for rec in records:
+        obj = _resolve(rec["function"])
+        opts = rec.get("options", {})
+        jf = obj if isinstance(obj, JitFunction) else gpu_jit(
+            obj, static_argnames=tuple(opts.get("static_argnames", ())),
+            donate_argnames=tuple(opts.get("donate_argnames", ())),
+            fuse=opts.get("fuse", True))
+        kwargs = {k: _decode(v) for k, v in rec["arguments"].items()}
+        key, leaves, td, static = jf._signature((), kwargs)
+        if key not in jf._cache:
+            pending.append((jf, key, jf._trace(key, leaves, td, static).lower()))
+        bar.step(jf.name)
+    rt = get_runtime()
+    kernels = {}
+    if rt is not None:
+        for _, _, lowered in pending:
+            for k in lowered.kernels:
+                if k.key not in rt.pipelines:
+                    kernels[k.key] = k
+    bar = _Progress(len(kernels), "fusec warmup: compiling", progress)
+    t1 = time.perf_counter()
+    workers = threads or min(8, os.cpu_count() or 1)
+
+    def build(k: Any) -> None:
+        assert rt is not None
+        rt.pipeline(k.key, k.wgsl, k.n_inputs, k.n_outputs, k.name)
+        bar.step(k.name)
+
+    if workers > 1 and len(kernels) > 1:
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            list(pool.map(build, kernels.values()))
+    else:
+        for k in kernels.values():
+            build(k)
+    t2 = time.perf_counter()
+    for jf, key, lowered in pending:
+        jf._cache[key] = lowered.compile()  # every pipeline is cached now: nothing compiles
+    return {"signatures": len(pending), "pipelines": len(kernels), "threads": workers,
+            "compile_seconds": t2 - t1, "total_seconds": time.perf_counter() - t0}
