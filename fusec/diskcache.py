@@ -2,12 +2,13 @@
 new process skips the pass pipeline and code generation for programs it has seen.
 
 Entries live in ``FUSEC_CACHE_DIR`` (default: ``$XDG_CACHE_HOME/fusec`` or ``~/.cache/fusec``;
-``off`` disables it). Each entry is one file named by its key, the hash of everything that changes
-the result: the traced program, the fusec version, the adapter and backend, the device limits codegen
-used, and the pass options. A file starts with a checksum line; an entry that is truncated or
-corrupt fails the check and is ignored and removed, never loaded. Writes go to a temporary file
-renamed into place, so concurrent processes only ever see whole entries. The directory is kept
-under ``FUSEC_CACHE_MAX_BYTES`` (default 256 MiB) by evicting the least recently used entries.
+``off`` disables it). Each entry is one file named by its key: the hash of everything that
+changes the result (the traced program, fusec's version and code, the adapter and backend, the
+device limits codegen used, the pass options). A file starts with a checksum line: an entry that
+is truncated or corrupt fails the check and is ignored and removed, never loaded. Writes go to a
+temporary file renamed into place, so concurrent processes only ever see whole entries. The
+directory is kept under ``FUSEC_CACHE_MAX_BYTES`` (default 256 MiB) by evicting the least
+recently used entries.
 """
 
 from __future__ import annotations

@@ -291,7 +291,7 @@ def var_inputs(atoms: Iterable[Atom]) -> list[Var]:
 
 
 def to_json(prog: Program) -> dict[str, Any]:
-    """A JSON-able description of ``prog`` (kernel bodies included); :func:`from_json` inverts it."""
+    """A JSON-able description of ``prog`` (kernel bodies too); :func:`from_json` inverts it."""
     ids: dict[int, int] = {}
 
     def var(v: Var) -> int:

@@ -115,7 +115,8 @@ def _resolve(ref: str) -> Any:
     target, _, qualname = ref.rpartition(":")
     if target.endswith(".py"):
         main = sys.modules.get("__main__")
-        if getattr(main, "__file__", None) and os.path.abspath(main.__file__) == target:  # type: ignore[union-attr]
+        main_file = getattr(main, "__file__", None)
+        if main_file and os.path.abspath(str(main_file)) == target:
             module: Any = main
         else:
             name = f"_fusec_warmup_{abs(hash(target))}"
