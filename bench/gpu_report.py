@@ -2,8 +2,9 @@
 
     python bench/gpu_report.py [--small] [--out results.json]
 
-Wall-clock medians of repeated calls after warm-up; each call is one submit followed by a wait on
-the output (``block_until_ready``), so small kernels include the host overhead of a call.
+fusec's figures are GPU times of each call's compute pass from timestamp queries (wall clock where
+the adapter has none), medians of repeated calls after warm-up; torch's come from CUDA events. The
+wall-clock column includes the host overhead of a call and its wait (``block_until_ready``).
 """
 
 from __future__ import annotations

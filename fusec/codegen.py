@@ -29,6 +29,8 @@ from .ops import HELPERS, REDUCTIONS, cast_wgsl, ipow_wgsl, wgsl_literal
 WORKGROUP = 256  # threads per workgroup for elementwise and reduction kernels
 TILE = 16  # matmul tile edge
 ELEMS_PER_THREAD = 4  # elementwise kernels over large arrays
+VEC_MIN = 1 << 16  # elementwise kernels at least this large use vec4 loads and stores on GPUs
+VEC_PER_THREAD = int(os.environ.get("FUSEC_VEC_PER_THREAD", 1))  # vec4s per thread
 # row kernels on GPUs keep up to this many elements per thread in registers (FUSEC_ROW_CACHE)
 ROW_CACHE = int(os.environ.get("FUSEC_ROW_CACHE", 32))
 MAX_GROUPS = 65535  # workgroups per grid dimension (WebGPU limit)
@@ -97,6 +99,10 @@ class Emitter:
         self.stage = 0
         self.row_flat: Optional[str] = None
         self.row_shape: Optional[Shape] = None
+        # vectorised elementwise kernels: buffers bound as vec4 arrays, and which flat index is
+        # which lane of the thread's vec4 (so a load is one 16-byte access per buffer)
+        self.vec_buffers: set[str] = set()
+        self.lane_of: dict[str, tuple[str, int]] = {}
         self.lines: list[str] = []
         self.memo: dict[tuple[Any, ...], str] = {}
         self.counter = counter if counter is not None else [0]  # shared: unique names per kernel
@@ -178,6 +184,12 @@ class Emitter:
         buf = self.buffers[id(v)]
         at = "0u" if v.size == 1 else self.flat(idx)
         raw = f"{buf}[{at}]"
+        if buf in self.vec_buffers:
+            if at in self.lane_of:
+                t, lane = self.lane_of[at]
+                raw = f"{self.let(f'{buf}[{t}]', 'q')}.{'xyzw'[lane]}"
+            else:
+                raw = f"{buf}[({at}) / 4u][({at}) % 4u]"
         if (self.row_cache is not None and v.shape == self.row_shape and v.size > 1
                 and at == self.row_flat):
             if id(v) not in self.row_cache:
@@ -252,22 +264,28 @@ def grid_for(groups: int) -> tuple[int, int, int]:
     return (x, -(-groups // x), 1)
 
 
-def _bindings(body: Program, inplace: tuple[tuple[int, int], ...] = ()
-              ) -> tuple[list[dict[str, str]], dict[int, str]]:
+def _bindings(body: Program, inplace: tuple[tuple[int, int], ...] = (),
+              vec: Optional[set[str]] = None) -> tuple[list[dict[str, str]], dict[int, str]]:
     """Bindings in order: inputs (read), then outputs (read_write). An input that is written in
-    place (a donated buffer) has no binding of its own: it is read through its output's."""
+    place (a donated buffer) has no binding of its own: it is read through its output's. Names in
+    ``vec`` are bound as arrays of vec4."""
     binds: list[dict[str, str]] = []
     names: dict[int, str] = {}
     aliased = dict(inplace)
+    vec = vec or set()
+
+    def ty(name: str, dtype: str) -> str:
+        return f"vec4<{WGSL_STORAGE[dtype]}>" if name in vec else WGSL_STORAGE[dtype]
+
     for i, v in enumerate(body.inputs):
         if i in aliased:
             names[id(v)] = f"out{aliased[i]}"
             continue
         names[id(v)] = f"in{i}"
-        binds.append({"name": f"in{i}", "access": "read", "type": WGSL_STORAGE[v.dtype]})
+        binds.append({"name": f"in{i}", "access": "read", "type": ty(f"in{i}", v.dtype)})
     for j, o in enumerate(body.outputs):
         assert isinstance(o, Var)
-        binds.append({"name": f"out{j}", "access": "read_write", "type": WGSL_STORAGE[o.dtype]})
+        binds.append({"name": f"out{j}", "access": "read_write", "type": ty(f"out{j}", o.dtype)})
     return binds, names
 
 
@@ -282,9 +300,11 @@ def generate(kernel: Eqn, target: str = "gpu") -> KernelCode:
     kind = kernel.params["kind"]
     name = kernel.params["name"]
     inplace = tuple(kernel.params.get("inplace", ()))
-    binds, names = _bindings(body, inplace)
+    vec = _vector_buffers(body, inplace) if kind == "elementwise" and target == "gpu" else set()
+    binds, names = _bindings(body, inplace, vec)
     if kind == "elementwise":
-        wgsl, groups = _elementwise(body, names, target)
+        wgsl, groups = (_elementwise_vec4(body, names, vec) if vec
+                        else _elementwise(body, names, target))
     elif kind == "reduce":
         wgsl, groups = _reduce(body, names, target)
     else:
@@ -313,6 +333,44 @@ def _elementwise(body: Program, names: dict[int, str], target: str = "gpu") -> t
     src = _env().get_template("elementwise.wgsl.j2").render(
         wg=WORKGROUP, n=n, per=per, body="\n".join(em.lines), stores="\n".join(stores))
     return src, -(-n // (WORKGROUP * per))
+
+
+def _vector_buffers(body: Program, inplace: tuple[tuple[int, int], ...]) -> set[str]:
+    """Buffers an elementwise kernel reads and writes as vec4 arrays: those with as many elements
+    as the output, when that is a multiple of 4 and large enough to matter."""
+    outs = [o for o in body.outputs if isinstance(o, Var)]
+    n = math.prod(outs[0].shape)
+    if n % 4 or n < VEC_MIN:
+        return set()
+    aliased = dict(inplace)
+    vec = {f"out{j}" for j in range(len(outs))}
+    vec |= {f"in{i}" for i, v in enumerate(body.inputs) if v.size == n and i not in aliased}
+    return vec
+
+
+def _elementwise_vec4(body: Program, names: dict[int, str], vec: set[str]) -> tuple[str, int]:
+    """Each thread computes 4 consecutive elements: one 16-byte load per vectorised input, the
+    lanes computed with the scalar expressions, one 16-byte store per output."""
+    outs = [o for o in body.outputs if isinstance(o, Var)]
+    shape = outs[0].shape
+    n = math.prod(shape)
+    em = Emitter(body, names, indent="        ")
+    em.vec_buffers = vec
+    lanes = []
+    for lane in range(4):
+        flat = em.let(f"4u * t + {lane}u", "e")
+        em.lane_of[flat] = ("t", lane)
+        lanes.append([em.value(o, Idx(shape, flat=flat)) for o in outs])
+    stores = []
+    for j, o in enumerate(outs):
+        vt = f"vec4<{WGSL_STORAGE[o.dtype]}>"
+        parts = ", ".join(store_expr(lanes[lane][j], o.dtype) for lane in range(4))
+        stores.append(f"        out{j}[t] = {vt}({parts});")
+    groups = -(-(n // 4) // (WORKGROUP * VEC_PER_THREAD))
+    src = _env().get_template("elementwise_vec4.wgsl.j2").render(
+        wg=WORKGROUP, n4=n // 4, per=VEC_PER_THREAD, body="\n".join(em.lines),
+        stores="\n".join(stores))
+    return src, groups
 
 
 def reduce_strategy(n_out: int, r: int, last_axis_reduced: bool, target: str = "gpu") -> str:

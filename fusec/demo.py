@@ -35,7 +35,7 @@ def row_softmax(x: Any) -> Any:
 
 @fusec.gpu_jit
 def dense_gelu(x: Any, w: Any, b: Any) -> Any:
-    """A tiled matmul, then the bias and gelu fused into one elementwise kernel."""
+    """A tiled matmul with the bias and gelu fused into its epilogue: one kernel."""
     return nn.gelu(x @ w + b)
 
 

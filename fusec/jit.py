@@ -439,6 +439,9 @@ class JitFunction:
         self._donated_names = self._binder.names_of(self.donate_argnums, donate_argnames)
         self.fuse = fuse
         self._cache: dict[Signature, Compiled] = {}
+        # calls whose arguments are all device Arrays, positional, with no static arguments: the
+        # signature is just their shapes and dtypes (the common cached call; skips binding)
+        self._fast: dict[tuple[Any, ...], Compiled] = {}
         self._traces = 0
         self._warned_retrace = False
         code = getattr(fun, "__code__", None)
@@ -448,6 +451,7 @@ class JitFunction:
 
     def clear(self) -> None:
         self._cache.clear()
+        self._fast.clear()
 
     def _options(self, paths: Sequence[str] = ()) -> Options:
         rt = get_runtime()
@@ -534,6 +538,13 @@ class JitFunction:
         return compiled
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        fast = None
+        if not kwargs and not self._binder.static_names:
+            fast = tuple((a._shape, a._dtype) if type(a) is Array else None for a in args)
+            hit = self._fast.get(fast)
+            if hit is not None and None not in fast:
+                cache.STATS.hits += 1
+                return hit.run_leaves(args)
         if current_builder() is not None:
             return self.fun(*args, **kwargs)  # nested jit: inline into the outer trace
         key, leaves, td, static = self._signature(args, kwargs)
@@ -549,6 +560,8 @@ class JitFunction:
             self._cache[key] = compiled
         else:
             cache.STATS.hits += 1
+        if fast is not None and None not in fast and len(leaves) == len(args):
+            self._fast[fast] = compiled
         return compiled.run_leaves([x for _, x in leaves])
 
     def __repr__(self) -> str:
@@ -625,9 +638,10 @@ def gpu_jit(fun: Optional[Callable[..., Any]] = None, *, static_argnums: Sequenc
     Use bare (``@gpu_jit``) or with options (``@gpu_jit(static_argnames=("axis",))``).
     ``static_argnums``/``static_argnames`` mark arguments whose *values* are baked in (they must be
     hashable); ``fuse=False`` runs one kernel per op (a baseline for benchmarks);
-    ``donate_argnums`` is accepted for API compatibility (buffer donation comes with memory
-    planning). Calls take numpy arrays, :class:`fusec.Array`, Python scalars or pytrees of them and
-    return :class:`fusec.Array` outputs that stay on the device.
+    ``donate_argnums``/``donate_argnames`` let outputs reuse those arguments' device buffers (a
+    donated :class:`fusec.Array` raises an error if used afterwards). Calls take numpy arrays,
+    :class:`fusec.Array`, Python scalars or pytrees of them and return :class:`fusec.Array`
+    outputs that stay on the device.
     """
     if fun is None:
         return lambda f: JitFunction(f, static_argnums, static_argnames, donate_argnums, fuse,

@@ -21,6 +21,7 @@ from . import cache, config, dtypes
 from .errors import DeviceLimitError, FusecError
 from .ir import Lit, Op, Program, Var
 
+BIND_GROUP_CACHE = 8  # bind groups kept per kernel launch of an executable
 _BACKENDS = {"vulkan": "Vulkan", "metal": "Metal", "dx12": "D3D12", "gl": "OpenGL"}
 _TYPE_RANK = {"DiscreteGPU": 0, "IntegratedGPU": 1, "VirtualGPU": 2, "CPU": 3}
 _BACKEND_RANK = {"Vulkan": 0, "Metal": 0, "D3D12": 1, "OpenGL": 2}
@@ -84,6 +85,7 @@ class Runtime:
         self._lock = threading.Lock()
         self._free: dict[int, list[Any]] = {}  # size class -> buffers nobody references
         self._free_bytes = 0
+        self.destroyed = 0
         self.pool_limit = int(os.environ.get("FUSEC_POOL_BYTES", 1 << 30))
         self._staging: dict[int, Any] = {}
         self._sync_src: Any = None
@@ -142,6 +144,7 @@ class Runtime:
         any later submission that reuses it (the queue is ordered), so reuse is safe."""
         if self._free_bytes + size > self.pool_limit:
             raw.destroy()
+            self.destroyed += 1  # cached bind groups may name it: executables drop theirs
             return
         self._free.setdefault(size, []).append(raw)
         self._free_bytes += size
@@ -521,6 +524,8 @@ class _Launch:
     writes: list[int]
     slots: tuple[str, ...]  # where each write lives: "new", "pN" (pooled), "inK" (donated input)
     grid: tuple[int, int, int]
+    # bind groups by the buffers they bind: with pooled buffers a steady loop reuses a few
+    bind_groups: dict[tuple[Any, ...], Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -573,6 +578,13 @@ class GpuExecutable:
         self.out_slots: list[Optional[int]] = [slot_of(a) if isinstance(a, Var) else None
                                                for a in prog.outputs]
         self.n_slots = len(self.var_of)
+        self.destroyed = rt.destroyed
+
+    def _drop_bind_groups(self) -> None:
+        for st in self.steps:
+            if isinstance(st, _Launch):
+                st.bind_groups.clear()
+        self.destroyed = self.rt.destroyed
 
     def run(self, inputs: Sequence[Optional[Array]]) -> list[Any]:
         rt = self.rt
@@ -603,10 +615,18 @@ class GpuExecutable:
                     bufs[w] = bufs[int(sl[2:])]  # a donated input's buffer
             if st.grid[0] == 0:
                 continue
-            entries = [{"binding": i, "resource": {"buffer": bufs[s].raw, "offset": 0,
-                                                   "size": bufs[s].size}}
-                       for i, s in enumerate(st.reads + st.writes)]
-            bg = rt.device.create_bind_group(layout=st.layout, entries=entries)
+            if self.destroyed != rt.destroyed:
+                self._drop_bind_groups()
+            bound = tuple(bufs[s].raw for s in st.reads + st.writes)
+            bg = st.bind_groups.get(bound)
+            if bg is None:
+                entries = [{"binding": i, "resource": {"buffer": raw, "offset": 0,
+                                                       "size": raw.size}}
+                           for i, raw in enumerate(bound)]
+                bg = rt.device.create_bind_group(layout=st.layout, entries=entries)
+                if len(st.bind_groups) >= BIND_GROUP_CACHE:
+                    st.bind_groups.pop(next(iter(st.bind_groups)))
+                st.bind_groups[bound] = bg
             cpass.set_pipeline(st.pipeline)
             cpass.set_bind_group(0, bg)
             cpass.dispatch_workgroups(*st.grid)

@@ -14,6 +14,9 @@ import os
 
 os.environ["FUSEC_VERIFY"] = "1"
 os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")  # quiets Mesa/lavapipe on headless Linux
+# The persistent cache would make compile counts depend on earlier runs: off unless a test turns
+# it on (with its own directory).
+os.environ["FUSEC_CACHE_DIR"] = "off"
 
 import secrets  # noqa: E402
 

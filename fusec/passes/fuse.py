@@ -89,6 +89,11 @@ class _Planner:
         while stack:
             v = stack.pop()
             if id(v) in self.mat:
+                # a reshape alias is read through its source (free index arithmetic), so no
+                # kernel depends on an alias: aliases exist only to hand buffers to the caller
+                p = self.producer.get(id(v))
+                if p is not None and self.is_alias(p) and id(p) not in found:
+                    found[id(p)] = p
                 continue
             p = self.producer[id(v)]
             if id(p) not in found:
@@ -96,12 +101,17 @@ class _Planner:
                 stack.extend(a for a in p.inputs if isinstance(a, Var))
         return found
 
+    def is_alias(self, e: Eqn) -> bool:
+        return (e.op is Op.RESHAPE and isinstance(e.inputs[0], Var) and id(e.inputs[0]) in self.mat
+                and id(e.out) in self.mat)
+
     def leaves(self, eqns: dict[int, Eqn], own: set[int]) -> list[Var]:
         seen: dict[int, Var] = {}
+        inside = {id(o) for e in eqns.values() for o in e.outs}
         for e in sorted(eqns.values(), key=lambda e: self.order[id(e)]):
             for a in e.inputs:
                 if isinstance(a, Var) and id(a) in self.mat and id(a) not in own and (
-                        id(a) not in seen):
+                        id(a) not in seen) and id(a) not in inside:
                     seen[id(a)] = a
         return sorted(seen.values(), key=lambda v: (
             self.input_pos.get(id(v), len(self.input_pos)),
@@ -135,7 +145,7 @@ class _Planner:
         for e in self.prog.eqns:
             if id(e.out) not in self.mat:
                 continue
-            if e.op is Op.RESHAPE and isinstance(e.inputs[0], Var) and id(e.inputs[0]) in self.mat:
+            if self.is_alias(e):
                 aliases.append(e)
                 continue
             kind = ("reduce" if e.op in REDUCING else "matmul" if e.op is Op.MATMUL
