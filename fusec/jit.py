@@ -278,6 +278,12 @@ class Compiled:
         self.executable = executable
         self.used = used_inputs(lowered.ir)
         self._consts: Optional[list[Array]] = None
+        self._lean = not self.traced.options.donated and not self.traced.const_values
+        td = self.traced.out_tree
+        # output structure fast paths: None = a single array, True = a flat tuple of arrays
+        self._out_flat: Optional[bool] = (
+            None if td == ("leaf",) else
+            True if td[0] == "tuple" and all(c == ("leaf",) for c in td[2]) else False)
 
     def _const_arrays(self) -> list[Array]:
         if self._consts is None:
@@ -286,6 +292,13 @@ class Compiled:
         return self._consts
 
     def run_leaves(self, leaves: Sequence[Any]) -> Any:
+        if self._lean:  # no donation, no captured constants: the common cached call
+            inputs = [x if type(x) is Array else (_to_array(x, aval) if used else None)
+                      for x, aval, used in zip(leaves, self.traced.in_avals, self.used)]
+            outs = self.executable.run(inputs)
+            if self._out_flat is None:
+                return outs[0]
+            return tuple(outs) if self._out_flat else unflatten(self.traced.out_tree, outs)
         t = self.traced
         donated = set(t.options.donated)
         inputs: list[Optional[Array]] = []

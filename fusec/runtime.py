@@ -130,7 +130,9 @@ class Runtime:
     def buffer(self, nbytes: int) -> DeviceBuffer:
         """A storage buffer of at least ``nbytes``, recycled from the pool when one is free.
         Creating one costs milliseconds for large sizes (allocation and zero-filling)."""
-        size = self._size_class(nbytes)
+        return self.buffer_of_class(self._size_class(nbytes))
+
+    def buffer_of_class(self, size: int) -> DeviceBuffer:
         free = self._free.get(size)
         if free:
             self._free_bytes -= size
@@ -516,7 +518,7 @@ def device_put(x: Any, dtype: Any = None) -> Array:
 # --- executables ----------------------------------------------------------------------------------
 
 
-@dataclass
+@dataclass(eq=False)
 class _Launch:
     pipeline: Any
     layout: Any
@@ -526,6 +528,8 @@ class _Launch:
     grid: tuple[int, int, int]
     # bind groups by the buffers they bind: with pooled buffers a steady loop reuses a few
     bind_groups: dict[tuple[Any, ...], Any] = field(default_factory=dict)
+    bound_slots: list[int] = field(default_factory=list)  # reads then writes (set by _plan)
+    alloc: list[tuple[int, int, Any]] = field(default_factory=list)  # (slot, kind, arg)
 
 
 @dataclass
@@ -579,6 +583,7 @@ class GpuExecutable:
                                                for a in prog.outputs]
         self.n_slots = len(self.var_of)
         self.destroyed = rt.destroyed
+        self._plan()
 
     def _drop_bind_groups(self) -> None:
         for st in self.steps:
@@ -586,38 +591,61 @@ class GpuExecutable:
                 st.bind_groups.clear()
         self.destroyed = self.rt.destroyed
 
+    def _plan(self) -> None:
+        """Per-call work decided once: where each write goes, what each output is."""
+        rt = self.rt
+        for st in self.steps:
+            if isinstance(st, _Alias):
+                continue
+            st.bound_slots = st.reads + st.writes
+            st.alloc = []
+            for w, sl in zip(st.writes, st.slots):
+                if sl == "new":
+                    st.alloc.append((w, 0, rt._size_class(self.var_of[w].nbytes)))
+                elif sl.startswith("p"):
+                    st.alloc.append((w, 1, int(sl[1:])))
+                else:
+                    st.alloc.append((w, 2, int(sl[2:])))  # a donated input's buffer
+        self.out_plan: list[tuple[int, Any]] = []
+        for s, out_atom in zip(self.out_slots, self.prog.outputs):
+            if s is None:
+                assert isinstance(out_atom, Lit)
+                self.out_plan.append((0, out_atom))
+            elif s < self.n_inputs:
+                self.out_plan.append((1, s))  # an input returned as is
+            else:
+                self.out_plan.append((2, (s, self.var_of[s].shape, self.var_of[s].dtype)))
+
     def run(self, inputs: Sequence[Optional[Array]]) -> list[Any]:
         rt = self.rt
         bufs: list[Any] = [None] * self.n_slots
-        arrays: list[Optional[Array]] = [None] * self.n_slots
         for i, a in enumerate(inputs):
             if a is not None:
                 bufs[i] = a.device_buffer(rt)
-                arrays[i] = a
+        if self.destroyed != rt.destroyed:
+            self._drop_bind_groups()
         rt.submitted += 1
         sub = rt.submitted
         enc = rt.device.create_command_encoder()
-        ts = rt.timestamp_writes()
+        ts = rt.timestamp_writes() if rt.profile else None
         cpass = enc.begin_compute_pass(timestamp_writes=ts) if ts else enc.begin_compute_pass()
         for st in self.steps:
             if isinstance(st, _Alias):
                 bufs[st.dst] = bufs[st.src]
                 continue
-            for w, sl in zip(st.writes, st.slots):
-                if sl == "new":
-                    bufs[w] = rt.buffer(self.var_of[w].nbytes)
-                elif sl.startswith("p"):
-                    b = int(sl[1:])
-                    if b not in self.pool:
-                        self.pool[b] = rt.buffer(self.pool_sizes[b])
-                    bufs[w] = self.pool[b]
+            for w, kind, arg in st.alloc:
+                if kind == 0:
+                    bufs[w] = rt.buffer_of_class(arg)
+                elif kind == 1:
+                    pooled = self.pool.get(arg)
+                    if pooled is None:
+                        pooled = self.pool[arg] = rt.buffer(self.pool_sizes[arg])
+                    bufs[w] = pooled
                 else:
-                    bufs[w] = bufs[int(sl[2:])]  # a donated input's buffer
+                    bufs[w] = bufs[arg]
             if st.grid[0] == 0:
                 continue
-            if self.destroyed != rt.destroyed:
-                self._drop_bind_groups()
-            bound = tuple(bufs[s].raw for s in st.reads + st.writes)
+            bound = tuple([bufs[s].raw for s in st.bound_slots])
             bg = st.bind_groups.get(bound)
             if bg is None:
                 entries = [{"binding": i, "resource": {"buffer": raw, "offset": 0,
@@ -631,19 +659,18 @@ class GpuExecutable:
             cpass.set_bind_group(0, bg)
             cpass.dispatch_workgroups(*st.grid)
         cpass.end()
-        rt.resolve_timestamps(enc)
+        if rt.profile:
+            rt.resolve_timestamps(enc)
         rt.device.queue.submit([enc.finish()])
         outs: list[Any] = []
-        for s, out_atom in zip(self.out_slots, self.prog.outputs):
-            if s is None:
-                assert isinstance(out_atom, Lit)
-                outs.append(Array((), out_atom.dtype,
-                                  host=np.asarray(out_atom.value, dtype=out_atom.dtype)))
-            elif s < self.n_inputs and arrays[s] is not None:
-                outs.append(arrays[s])
+        for kind, arg in self.out_plan:
+            if kind == 2:
+                s, shape, dtype = arg
+                outs.append(Array(shape, dtype, buffer=bufs[s], submission=sub))
+            elif kind == 1:
+                outs.append(inputs[arg])
             else:
-                v = self.var_of[s]
-                outs.append(Array(v.shape, v.dtype, buffer=bufs[s], submission=sub))
+                outs.append(Array((), arg.dtype, host=np.asarray(arg.value, dtype=arg.dtype)))
         return outs
 
 

@@ -409,20 +409,20 @@ def test_pooled_buffers_persist_across_calls_and_results_stay_correct(
     rt = get_runtime()
     assert rt is not None
     allocations: list[int] = []
-    real = rt.buffer
+    real = rt.buffer_of_class  # every device buffer comes from here (pool or new)
 
-    def counting(nbytes: int) -> Any:
-        allocations.append(nbytes)
-        return real(nbytes)
+    def counting(size: int) -> Any:
+        allocations.append(size)
+        return real(size)
 
-    monkeypatch.setattr(rt, "buffer", counting)
+    monkeypatch.setattr(rt, "buffer_of_class", counting)
     first = f(xs[0], *ws)
     pool = dict(compiled.executable.pool)
     assert len(pool) <= 2
     assert len(allocations) == len(pool) + 1  # the pooled intermediates, then the output
     allocations.clear()
     second = f(xs[1], *ws)
-    assert allocations == [ONE]  # only the output: the pooled buffers are reused
+    assert allocations == [rt._size_class(ONE)]  # only the output: pooled buffers are reused
     assert {k: id(v) for k, v in compiled.executable.pool.items()} == {
         k: id(v) for k, v in pool.items()}
     wd = [np.asarray(w, dtype=np.float64) for w in ws]

@@ -30,17 +30,20 @@ def _roots(prog: Program) -> dict[int, int]:
 
 
 def _inplace_ok(e: Eqn, donor: Var, out: Var) -> bool:
-    """Is ``donor`` read only at each thread's own index in elementwise kernel ``e``?"""
+    """Is ``donor`` read only at each thread's own index in elementwise kernel ``e``? Every value
+    derived from it must keep the output's flat index: a transpose or broadcast anywhere between
+    the donor and an output would read other threads' elements, which are being overwritten."""
     if e.params.get("kind") != "elementwise" or donor.shape != out.shape:
         return False
     body: Program = e.params["body"]
     j = next(i for i, a in enumerate(e.inputs) if a is donor)
-    bv = body.inputs[j]
+    derived = {id(body.inputs[j])}
     for be in body.eqns:
-        if any(a is bv for a in be.inputs):
-            if be.op in (Op.RESHAPE, Op.TRANSPOSE, Op.BROADCAST) or be.out.shape != out.shape:
+        if any(isinstance(a, Var) and id(a) in derived for a in be.inputs):
+            if be.op in (Op.TRANSPOSE, Op.BROADCAST) or be.out.size != out.size:
                 return False
-    return all(o is not bv for o in body.outputs)
+            derived.add(id(be.out))  # elementwise ops and reshapes keep the flat index
+    return id(body.inputs[j]) not in {id(o) for o in body.outputs if isinstance(o, Var)}
 
 
 def plan_memory(prog: Program, donated: tuple[int, ...] = ()) -> Program:
