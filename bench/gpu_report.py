@@ -2,6 +2,9 @@
 
     python bench/gpu_report.py [--small] [--out results.json]
 
+(The full suite and its Markdown report: ``fusec bench``; this script keeps a few extra figures:
+the matmul's error, the host overhead of a cached call.)
+
 fusec's figures are GPU times of each call's compute pass from timestamp queries (wall clock where
 the adapter has none), medians of repeated calls after warm-up; torch's come from CUDA events. The
 wall-clock column includes the host overhead of a call and its wait (``block_until_ready``).
@@ -12,9 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -26,56 +27,8 @@ os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
 import fusec  # noqa: E402
 import fusec.numpy as fnp  # noqa: E402
 from fusec import nn  # noqa: E402
+from fusec.bench import gpu_time, median_time, torch_time  # noqa: E402
 from fusec.runtime import get_runtime  # noqa: E402
-
-
-def median_time(fn: Callable[[], Any], repeats: int = 10, warmup: int = 2) -> float:
-    for _ in range(warmup):
-        fn()
-    ts = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return statistics.median(ts)
-
-
-def torch_time(fn: Callable[[], Any], repeats: int = 20) -> float | None:
-    try:
-        import torch
-    except ImportError:
-        return None
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(repeats):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        ts.append(a.elapsed_time(b) / 1e3)
-    return statistics.median(ts)
-
-
-def gpu_time(f: Any, args: tuple[Any, ...], repeats: int = 10) -> float:
-    """Median GPU time of a call's compute pass, from timestamp queries (wall clock without)."""
-    rt = get_runtime()
-    if rt is None or "timestamp-query" not in rt.info.features:
-        return median_time(lambda: f(*args).block_until_ready(), repeats)
-    f(*args).block_until_ready()
-    rt.profile = True
-    try:
-        ts = []
-        for _ in range(repeats):
-            f(*args)
-            ns = rt.last_gpu_ns()
-            assert ns is not None
-            ts.append(ns / 1e9)
-    finally:
-        rt.profile = False
-    return statistics.median(ts)
 
 
 def chain(n: int) -> Callable[..., Any]:

@@ -1,4 +1,5 @@
-"""The benchmark workloads: each is a function, its inputs, and the bytes a perfect plan moves."""
+"""The benchmark workloads for pytest-benchmark (``bench/test_fusion.py``): the suite of
+:mod:`fusec.bench` (the same set ``fusec bench`` reports on), with inputs already on the device."""
 
 from __future__ import annotations
 
@@ -9,8 +10,7 @@ from typing import Any
 import numpy as np
 
 import fusec
-import fusec.numpy as fnp
-from fusec import nn
+from fusec import bench
 
 
 @dataclass
@@ -20,41 +20,16 @@ class Workload:
     make_inputs: Callable[[np.random.Generator, bool], tuple[Any, ...]]
 
 
-def _chain(n_ops: int) -> Callable[..., Any]:
-    def f(x: Any, y: Any) -> Any:
-        v = x
-        for i in range(n_ops):
-            v = [lambda a: a * y, lambda a: a + 0.5, lambda a: fnp.maximum(a, -1.0),
-                 lambda a: a - y, lambda a: fnp.tanh(a)][i % 5](v)
-        return v
+def _inputs_of(name: str) -> Callable[[np.random.Generator, bool], tuple[Any, ...]]:
+    def make(rng: np.random.Generator, small: bool) -> tuple[Any, ...]:
+        (w,) = bench.select(bench.workloads(quick=small), [name])
+        return tuple(fusec.device_put(a) for a in w.make_inputs(rng))
 
-    f.__name__ = f"chain{n_ops}"
-    return f
+    return make
 
 
-def _rows(rng: np.random.Generator, small: bool) -> tuple[Any, ...]:
-    shape = (1024, 1024) if small else (8192, 8192)
-    return (fusec.device_put(rng.standard_normal(shape).astype(np.float32)),)
-
-
-def _ln_inputs(rng: np.random.Generator, small: bool) -> tuple[Any, ...]:
-    (x,) = _rows(rng, small)
-    n = x.shape[-1]
-    return (x, fusec.device_put(rng.standard_normal(n).astype(np.float32)),
-            fusec.device_put(rng.standard_normal(n).astype(np.float32)))
-
-
-def _chain_inputs(rng: np.random.Generator, small: bool) -> tuple[Any, ...]:
-    n = 1 << (20 if small else 26)
-    return (fusec.device_put(rng.standard_normal(n).astype(np.float32)),
-            fusec.device_put(rng.standard_normal(n).astype(np.float32)))
-
-
-WORKLOADS = [
-    Workload("chain10", _chain(10), _chain_inputs),
-    Workload("softmax", lambda x: nn.softmax(x, axis=-1), _rows),
-    Workload("layer_norm", lambda x, g, b: nn.layer_norm(x, g, b), _ln_inputs),
-]
+WORKLOADS = [Workload(w.name, w.bind(bench.FusecOps), _inputs_of(w.name))
+             for w in bench.workloads(quick=True)]
 
 
 def is_software_adapter() -> bool:

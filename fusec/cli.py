@@ -2,6 +2,7 @@
 
     fusec info                                        adapters, the chosen device, its limits
     fusec show MODULE:FUNCTION --arg 64x512:float32 [--arg ...] [--ir | --wgsl]
+    fusec bench [--quick] [--out DIR] [--only NAME,...]   fused vs unfused vs numpy/PyTorch report
 
 ``show`` imports MODULE (a dotted module name or a path to a .py file), takes FUNCTION from it (a
 ``@fusec.gpu_jit`` function, or a plain one, which is wrapped with ``fusec.gpu_jit``), lowers it for
@@ -213,6 +214,23 @@ def _cmd_cache(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from fusec import bench
+
+    if args.list:
+        for w in bench.workloads(args.quick):
+            print(f"{w.name:24s} {w.group:12s} {w.bound:8s} {w.size}")
+        return 0
+    only = [s.strip() for s in args.only.split(",") if s.strip()] if args.only else None
+    try:
+        bench.select(bench.workloads(args.quick), only)
+    except ValueError as exc:
+        raise UsageError(f"--only: {exc}") from None
+    return bench.main(bench.Options(quick=args.quick, out=Path(args.out), only=only,
+                                    torch=not args.no_torch,
+                                    torch_compile=not args.no_torch_compile))
+
+
 # --- entry point ----------------------------------------------------------------------------------
 
 
@@ -255,6 +273,24 @@ def _parser() -> argparse.ArgumentParser:
                            description="Show or empty the persistent cache of lowered programs.")
     cache.add_argument("action", choices=["info", "clear"])
     cache.set_defaults(run=_cmd_cache)
+
+    bench = sub.add_parser(
+        "bench", help="benchmark fused vs unfused vs numpy (and PyTorch on CUDA); write a report",
+        description="Time every workload fused, with fuse=False, with numpy on the CPU and, when "
+        "PyTorch with CUDA is importable, with PyTorch eager and torch.compile; measure the copy "
+        "bandwidth and the cuBLAS float32 rate in the same run. Writes DIR/report.md, "
+        "DIR/results.json and PNG charts (with matplotlib); prints a summary table.")
+    bench.add_argument("--quick", action="store_true",
+                       help="small sizes (minutes on a software adapter such as lavapipe)")
+    bench.add_argument("--out", default="bench-out", metavar="DIR",
+                       help="where the report goes (default: ./bench-out)")
+    bench.add_argument("--only", default="", metavar="NAME,...",
+                       help="only these workloads (comma-separated; --list shows the names)")
+    bench.add_argument("--list", action="store_true", help="list the workloads and exit")
+    bench.add_argument("--no-torch", action="store_true", help="skip the PyTorch references")
+    bench.add_argument("--no-torch-compile", action="store_true",
+                       help="skip torch.compile (its compilation takes a while per workload)")
+    bench.set_defaults(run=_cmd_bench)
     return p
 
 

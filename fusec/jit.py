@@ -293,9 +293,9 @@ class Compiled:
 
     def run_leaves(self, leaves: Sequence[Any]) -> Any:
         if self._lean:  # no donation, no captured constants: the common cached call
-            inputs = [x if type(x) is Array else (_to_array(x, aval) if used else None)
-                      for x, aval, used in zip(leaves, self.traced.in_avals, self.used)]
-            outs = self.executable.run(inputs)
+            args = [x if type(x) is Array else (_to_array(x, aval) if used else None)
+                    for x, aval, used in zip(leaves, self.traced.in_avals, self.used)]
+            outs = self.executable.run(args)
             if self._out_flat is None:
                 return outs[0]
             return tuple(outs) if self._out_flat else unflatten(self.traced.out_tree, outs)
