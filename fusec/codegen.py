@@ -33,6 +33,9 @@ VEC_MIN = 1 << 16  # elementwise kernels at least this large use vec4 loads and 
 VEC_PER_THREAD = int(os.environ.get("FUSEC_VEC_PER_THREAD", 1))  # vec4s per thread
 # row kernels on GPUs keep up to this many elements per thread in registers (FUSEC_ROW_CACHE)
 ROW_CACHE = int(os.environ.get("FUSEC_ROW_CACHE", 32))
+# register-blocked matmul on GPUs: BM, BN, BK, TM, TN (FUSEC_MATMUL_BLOCK="64,64,16,4,4")
+MATMUL_BLOCK = tuple(
+    int(v) for v in os.environ.get("FUSEC_MATMUL_BLOCK", "64,64,16,4,4").split(","))
 MAX_GROUPS = 65535  # workgroups per grid dimension (WebGPU limit)
 
 
@@ -308,7 +311,7 @@ def generate(kernel: Eqn, target: str = "gpu") -> KernelCode:
     elif kind == "reduce":
         wgsl, groups = _reduce(body, names, target)
     else:
-        wgsl, groups = _matmul(body, names)
+        wgsl, groups = _matmul(body, names, target)
     header = _env().get_template("bindings.wgsl.j2").render(bindings=binds)
     full = header + _helpers(wgsl) + wgsl
     key = hashlib.sha256(full.encode()).hexdigest()  # the WGSL is a pure function of the kernel IR
@@ -584,8 +587,71 @@ def _partial(body: Program, names: dict[int, str], e: Eqn) -> tuple[str, int]:
     return code, n_out * chunks
 
 
-def _matmul(body: Program, names: dict[int, str]) -> tuple[str, int]:
+def _matmul_config(m: int, n: int, target: str) -> Optional[tuple[int, int, int, int, int]]:
+    """(BM, BN, BK, TM, TN) of the register-blocked template, or None for the 16x16 baseline."""
+    if target != "gpu" or m < 32 or n < 32:
+        return None
+    bm, bn, bk, tm, tn = MATMUL_BLOCK
+    return bm, bn, bk, tm, tn
+
+
+def _matmul_rb(body: Program, names: dict[int, str], mm: Eqn,
+               cfg: tuple[int, int, int, int, int]) -> tuple[str, int]:
+    bm, bn, bk, tm, tn = cfg
+    a, b = mm.inputs
+    assert isinstance(a, Var) and isinstance(b, Var)
+    *batch, m, k = a.shape
+    n = b.shape[-1]
+    nb = math.prod(batch)
+    tn_tiles, tm_tiles = -(-n // bn), -(-m // bm)
+    counter = [0]
+    load_a, val_a, load_b, val_b = [], [], [], []
+    for _ in range(bm * bk // 256):
+        em = Emitter(body, names, indent="                ", counter=counter)
+        bc = tuple(em.coords(Idx(tuple(batch), flat="bt"))) if batch else ()
+        val_a.append(em.value(a, Idx(a.shape, coords=bc + ("row", "ka"))))
+        load_a.append("\n".join(em.lines))
+    for _ in range(bk * bn // 256):
+        em = Emitter(body, names, indent="                ", counter=counter)
+        bc = tuple(em.coords(Idx(tuple(batch), flat="bt"))) if batch else ()
+        val_b.append(em.value(b, Idx(b.shape, coords=bc + ("kb", "col"))))
+        load_b.append("\n".join(em.lines))
+    # the epilogue, once per element of the thread's block, where its accumulator lives
+    blocks = []
+    for i in range(tm):
+        for j in range(tn):
+            ee = Emitter(body, names, indent="        ", counter=counter)
+            r = ee.let(f"row0 + ty * {tm}u + {i}u", "r")
+            c = ee.let(f"col0 + tx * {tn}u + {j}u", "c")
+            bc = tuple(ee.coords(Idx(tuple(batch), flat="bt"))) if batch else ()
+            here = Idx(mm.out.shape, flat=ee.let(f"(bt * {m}u + {r}) * {n}u + {c}", "i"),
+                       coords=bc + (r, c))
+            ee.registers[id(mm.out)] = (_nonunit(bc + (r, c), mm.out.shape),
+                                        f"acc{i}_{j // 4}[{j % 4}]")
+            stores = []
+            for jo, o in enumerate(body.outputs):
+                assert isinstance(o, Var)
+                if o.shape != mm.out.shape:
+                    raise Unaligned("a matmul epilogue output must have the product's shape")
+                v = ee.value(o, here)
+                stores.append(f"        out{jo}[{here.flat}] = {store_expr(v, o.dtype)};")
+            body_lines = "\n".join(ee.lines)
+            blocks.append(f"    {{\n{body_lines}\n        if ({r} < {m}u && {c} < {n}u) {{\n"
+                          + "\n".join("    " + st for st in stores) + "\n        }\n    }")
+    dt = mm.out.dtype
+    src = _env().get_template("matmul_rb.wgsl.j2").render(
+        bm=bm, bn=bn, bk=bk, tm=tm, tn=tn, m=m, n=n, k=k, tm_tiles=tm_tiles, tn_tiles=tn_tiles,
+        total=tm_tiles * tn_tiles * nb, ty=WGSL_TYPE[dt], zero=wgsl_literal(0, dt),
+        a_loads=bm * bk // 256, b_loads=bk * bn // 256, load_a=load_a, val_a=val_a,
+        load_b=load_b, val_b=val_b, epilogue="\n".join(blocks))
+    return src, tm_tiles * tn_tiles * nb
+
+
+def _matmul(body: Program, names: dict[int, str], target: str = "gpu") -> tuple[str, int]:
     mm = next(e for e in body.eqns if e.op is Op.MATMUL)
+    cfg = _matmul_config(mm.inputs[0].shape[-2], mm.inputs[1].shape[-1], target)
+    if cfg is not None:
+        return _matmul_rb(body, names, mm, cfg)
     a, b = mm.inputs
     assert isinstance(a, Var) and isinstance(b, Var)
     *batch, m, k = a.shape

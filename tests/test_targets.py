@@ -75,3 +75,15 @@ def test_vec4_elementwise_kernels(target: str, rng: np.random.Generator) -> None
     xd = fusec.device_put(a)
     out = g(xd, a)
     np.testing.assert_allclose(np.asarray(out), a64 * 2 + a64, rtol=1e-6)
+
+
+@pytest.mark.parametrize("mkn", [(1, 5, 3), (64, 64, 64), (100, 37, 130), (33, 200, 65)])
+def test_matmul_kernels(target: str, mkn: tuple[int, int, int], rng: np.random.Generator) -> None:
+    # the GPU target uses the register-blocked template from 32x32 outputs on; odd sizes pad
+    m, k, n = mkn
+    a = rng.standard_normal((2, m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    c = rng.standard_normal(n).astype(np.float32)
+    f = fusec.gpu_jit(lambda x, y, z: nn.relu(x @ y + z) + x.sum(axis=-1, keepdims=True))
+    want = np.maximum(a.astype(np.float64) @ b + c, 0) + a.astype(np.float64).sum(-1, keepdims=True)
+    np.testing.assert_allclose(np.asarray(f(a, b, c)), want, rtol=1e-4, atol=1e-4 * np.sqrt(k))
