@@ -265,7 +265,8 @@ def _parser() -> argparse.ArgumentParser:
         "cache (FUSEC_CACHE_DIR), so later processes skip that work.")
     warm.add_argument("manifest", metavar="MANIFEST")
     warm.add_argument("--threads", type=int, default=None,
-                      help="threads compiling pipelines (default: up to 8)")
+                      help="threads compiling pipelines (default 1; wgpu-native gains nothing "
+                           "from more, measured)")
     warm.add_argument("--quiet", action="store_true", help="no progress bar")
     warm.set_defaults(run=_cmd_warmup)
 

@@ -62,6 +62,8 @@ def load(key: str) -> Optional[dict[str, Any]]:
         data: dict[str, Any] = json.loads(body)
         os.utime(path)  # most recently used
         return data
+    except PermissionError:
+        return None  # someone else's entry: not ours to judge or remove
     except (OSError, ValueError, UnicodeDecodeError):
         try:
             path.unlink()
@@ -83,6 +85,9 @@ def store(key: str, data: dict[str, Any]) -> None:
         try:
             with os.fdopen(fd, "wb") as fh:
                 fh.write(head + body)
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a shared cache must be readable
             os.replace(tmp, path)
         except BaseException:
             os.unlink(tmp)
@@ -124,10 +129,14 @@ def evict(limit: Optional[int] = None) -> int:
 
 
 def info() -> dict[str, Any]:
-    files = entries()
+    sizes = []
+    for p in entries():
+        try:
+            sizes.append(p.stat().st_size)
+        except OSError:  # evicted by another process meanwhile
+            continue
     return {"directory": str(cache_dir()) if cache_dir() else "off",
-            "entries": len(files), "bytes": sum(p.stat().st_size for p in files),
-            "max_bytes": max_bytes()}
+            "entries": len(sizes), "bytes": sum(sizes), "max_bytes": max_bytes()}
 
 
 def clear() -> int:

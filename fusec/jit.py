@@ -406,8 +406,8 @@ def _check_sizes(traced: Traced, prog: Program, limit: int, adapter: str) -> Non
 
 def _explain_mismatch(name: str, want: Signature, got: Signature, paths: list[str]) -> str:
     if want[0] != got[0]:
-        return (f"{name} was compiled for arguments structured as {want[0]}, but was called "
-                f"with {got[0]}")
+        return (f"{name} was compiled for arguments structured as {_describe_args(want[0])}, "
+                f"but was called with {_describe_args(got[0])}")
     for p, a, b in zip(paths, want[1], got[1]):
         if a != b:
             return (f"{name} was compiled for argument '{p}' as {a}, but was called with {b}; "
@@ -457,8 +457,8 @@ class JitFunction:
         self._fast: dict[tuple[Any, ...], Compiled] = {}
         self._traces = 0
         self._warned_retrace = False
-        code = getattr(fun, "__code__", None)
-        self._code_id = (code.co_filename, code.co_firstlineno, self.name) if code else None
+        # the code object: a lambda re-created in a loop shares it, two lambdas on a line do not
+        self._code_id = getattr(fun, "__code__", None)
         functools.update_wrapper(self, fun)  # type: ignore[arg-type]
         cache.register(self)
 
@@ -511,7 +511,6 @@ class JitFunction:
                                      "tuples/lists/dicts of them")
         prog = b.program(atoms)
         cache.STATS.traces += 1
-        self._traces += 1
         if self._code_id is not None:
             _COMPILED_CODE.add(self._code_id)
         config.log_compile(f"traced {self.name} for {', '.join(map(str, avals)) or 'no arrays'} "
@@ -569,6 +568,7 @@ class JitFunction:
                     raise TraceError(f"{self.name}: argument '{p}' is a ShapeDtype; it has no "
                                      "values to compute with (use it with trace/lower/warmup)")
             self._on_miss(key, [p for p, _ in leaves], args, kwargs)
+            self._traces += 1  # retraces of calls (not of trace/lower/warmup) count for the warning
             compiled = lower(self._trace(key, leaves, td, static)).compile()
             self._cache[key] = compiled
         else:
@@ -581,15 +581,15 @@ class JitFunction:
         return f"<gpu_jit {self.name}>"
 
 
-# (file, line, name) of every function traced so far: tells "a new function object with old code"
-_COMPILED_CODE: set[tuple[str, int, str]] = set()
+# the code object of every function traced so far: tells "a new function object with old code"
+_COMPILED_CODE: set[Any] = set()
 
 
 def explain_miss(jf: JitFunction, key: Signature, paths: list[str]) -> str:
     """Why ``key`` missed: the closest compiled signature and what differs from it."""
     where = f"{jf.name}"
     if jf._code_id is not None:
-        where += f" ({os.path.basename(jf._code_id[0])}:{jf._code_id[1]})"
+        where += f" ({os.path.basename(jf._code_id.co_filename)}:{jf._code_id.co_firstlineno})"
     if not jf._cache:
         if jf._code_id in _COMPILED_CODE:
             return (f"cache miss for {where}: this function object is new, but the same code was "

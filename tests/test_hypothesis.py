@@ -1,27 +1,34 @@
 """Property tests: hypothesis generates broadcasting shapes and random programs; the GPU must agree.
 
-Three families, all on the real adapter (lavapipe in CI):
+All run on the real adapter (lavapipe in CI). Programs are kept as *data* (source lines) so that
+hypothesis shrinks them and a failure prints a runnable function.
 
-1. Binary elementwise ops (add, subtract, multiply, maximum, minimum, where, comparisons) over
-   ``mutually_broadcastable_shapes``, float32 and int32, against numpy itself: the result shape and
-   dtype are numpy's, integers are bit-exact (wrapping like numpy) and float32 is exact too, since
-   WGSL's ``+ - *`` are correctly rounded and max/min/select/compare do no arithmetic. The only
-   slack is ``atol = finfo(float32).tiny``: WGSL lets a GPU flush subnormal results to zero.
-2. Random small programs (a DAG of unary/binary elementwise ops with broadcasting, where, scalar
-   operands, constants, reductions, movement and matmuls), kept as *data* (a list of source lines)
-   so hypothesis shrinks them and a failure prints a runnable function. For each: (a) the fused GPU
-   run (sometimes under a storage-buffer limit of 4, sometimes with the codegen strategies meant
-   for the other kind of device) and (b) the ``fuse=False`` GPU run equal the interpreter on the
-   unoptimised traced IR, and (c) the pass pipeline verifies after every pass (fused, unfused, and
-   with a binding limit of 4) and the lowered program, interpreted, still computes the same values.
+1. Broadcasting: binary elementwise ops (add, subtract, multiply, maximum, minimum, where,
+   comparisons) over ``mutually_broadcastable_shapes``, float32 and int32, array or Python-scalar
+   operands, against numpy itself: the result shape and dtype are numpy's, integers are bit-exact
+   (wrapping like numpy) and float32 is exact too, since WGSL's ``+ - *`` are correctly rounded and
+   max/min/select/compare do no arithmetic. The only slack is ``atol = finfo(float32).tiny``: WGSL
+   lets a GPU flush subnormal results to zero.
+2. Random programs, float32 or int32: a DAG of unary/binary elementwise ops with broadcasting,
+   where, scalar operands, constants, reductions (any axes, keepdims), softmax/log_softmax/centering
+   along any axis, row statistics reused by a second reduction, bool counts, movement (transpose,
+   reshape, expand_dims, broadcast_to) and matmuls (1-D, batched, or reshaped to fit). For each:
+   (a) the fused GPU run (sometimes under a storage-buffer limit of 4, sometimes with the codegen
+   strategies of the other kind of device) and (b) the ``fuse=False`` run equal the interpreter on
+   the unoptimised traced IR, and (c) the pass pipeline verifies after every pass (fused, unfused,
+   binding limit 4) and the lowered program, interpreted, still computes the same values.
+   ``test_random_program_called_twice`` calls a program twice (numpy, then device arrays, x0
+   sometimes donated) and reads the first results last; ``test_donated_input_in_place`` aims at
+   in-place reuse of a donated buffer.
 3. Longer chains mixing reductions and matmuls (softmax/layer_norm/rms_norm rows feeding matmuls,
    column softmax, Gram matrices, residuals) against the interpreter, fused and unfused.
 
 Tolerances for random programs come from a forward error bound carried along the program (see
-``_Val`` below): every value has a magnitude bound B and an absolute error bound E that the
-difference between two correct float32 evaluations (GPU, numpy) cannot exceed. A result passes when
-``|got - want| <= 4 E + 1e-6 |want|``. Values computed without rounding (inputs, neg, abs,
-max/min, where, movement, scaling by powers of two) have E = 0 and must match bit for bit.
+``_Val``): every value has a magnitude bound B and an absolute error bound E that the difference
+between two correct float32 evaluations (GPU, numpy) cannot exceed; a result passes when
+``|got - want| <= 4 E + 1e-6 |want|``. Values computed without rounding (int32; whole numbers
+below 2**24; neg, abs, max/min, where, movement, scaling by powers of two) have E = 0 and must
+match bit for bit.
 """
 
 from __future__ import annotations
@@ -105,9 +112,9 @@ def test_broadcast_binary(op: str, dtype: str, data: st.DataObject) -> None:
     shapes = data.draw(hnp.mutually_broadcastable_shapes(num_shapes=2, **BCAST_SHAPES),
                        label="shapes")
     x = data.draw(hnp.arrays(dtype, shapes.input_shapes[0], elements=ELEMENTS[dtype]), label="x")
-    # the right operand: an array, or (sometimes) a Python scalar closed over, i.e. a literal
+    # the other operand: an array, or (sometimes) a Python scalar closed over, i.e. a literal
     scalar = data.draw(st.none() | ELEMENTS[dtype].map(lambda v: v if dtype == "int32" else float(
-        v)), label="scalar right operand (None: an array)")
+        v)), label="scalar operand (None: an array)")
     if scalar is None:
         y = data.draw(hnp.arrays(dtype, shapes.input_shapes[1], elements=ELEMENTS[dtype]),
                       label="y")
@@ -117,10 +124,11 @@ def test_broadcast_binary(op: str, dtype: str, data: st.DataObject) -> None:
             want = np.asarray(nop(x, y))
         assert want.shape == np.broadcast_shapes(x.shape, y.shape)
     else:
-        f = fusec.gpu_jit(lambda a: fop(a, scalar))
+        left = data.draw(st.booleans(), label="scalar on the left")
+        f = fusec.gpu_jit(lambda a: fop(scalar, a) if left else fop(a, scalar))
         got = f(x)
-        with np.errstate(all="ignore"):
-            want = np.asarray(nop(x, scalar))  # numpy 2 (NEP 50): the scalar takes x's dtype
+        with np.errstate(all="ignore"):  # numpy 2 (NEP 50): the scalar takes x's dtype
+            want = np.asarray(nop(scalar, x) if left else nop(x, scalar))
     _assert_matches_numpy(got, want)
 
 

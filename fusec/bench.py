@@ -1,0 +1,997 @@
+"""The benchmark suite behind ``fusec bench``: fused vs ``fuse=False`` vs numpy vs PyTorch.
+
+    fusec bench [--quick] [--out DIR] [--only softmax,chain2] [--no-torch] [--no-torch-compile]
+
+Each workload is written once, against a small namespace of ops (``B``) that has a fusec, a numpy
+and a PyTorch form, so the three run the same computation. For each workload, in one process:
+
+- **fusec fused** and **fusec unfused** (``fuse=False``: one kernel per op, same single submit):
+  the GPU time of the call's compute pass from timestamp queries when the adapter offers
+  ``timestamp-query``, wall clock of call + ``block_until_ready`` otherwise;
+- **numpy** on the CPU (wall clock; skipped in the full set above ``NUMPY_MAX_FLOPS``);
+- **PyTorch eager** and **torch.compile** when ``import torch`` works and CUDA is available
+  (CUDA events; TF32 off; 'n/a' with the reason when either fails).
+
+Every time is the median of repeats after warm-up. The run also measures the device-to-device copy
+bandwidth (``torch`` copy when available, always fusec's one-read-one-write kernel ``-x``) and, with
+torch, the cuBLAS float32 matmul rate, so each result is also a fraction of a roof: bytes of the
+fused plan (``cost_analysis``) / time against the copy bandwidth for memory-bound workloads, flops /
+time against cuBLAS for compute-bound ones. The report: ``DIR/report.md``, ``DIR/results.json`` and,
+when matplotlib is installed, ``DIR/times.png`` and ``DIR/fraction.png``.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import functools
+import gc
+import importlib
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+import fusec
+
+from . import nn
+from . import numpy as fnp
+from .runtime import get_runtime
+
+SCHEMA_VERSION = 1
+NUMPY_MAX_FLOPS = 1e10  # full set: numpy runs only below this (a 4096^3 matmul takes minutes)
+
+
+def _torch() -> Any:
+    """PyTorch, imported on demand (an optional reference; ImportError when absent)."""
+    return importlib.import_module("torch")
+
+
+# --- the ops each workload is written against -----------------------------------------------------
+
+
+class FusecOps:
+    """``B`` for fusec: :mod:`fusec.numpy` and :mod:`fusec.nn`, traced inside ``gpu_jit``."""
+
+    name = "fusec"
+    tanh = staticmethod(fnp.tanh)
+    maximum = staticmethod(fnp.maximum)
+    relu = staticmethod(nn.relu)
+    silu = staticmethod(nn.silu)
+
+    @staticmethod
+    def gelu(x: Any) -> Any:
+        return nn.gelu(x, approximate="tanh")
+
+    @staticmethod
+    def softmax(x: Any) -> Any:
+        return nn.softmax(x, axis=-1)
+
+    @staticmethod
+    def layer_norm(x: Any, w: Any, b: Any) -> Any:
+        return nn.layer_norm(x, w, b, eps=1e-5)
+
+    @staticmethod
+    def rms_norm(x: Any, w: Any) -> Any:
+        return nn.rms_norm(x, w, eps=1e-6)
+
+    @staticmethod
+    def split_heads(x: Any, heads: int, transposed: bool = False) -> Any:
+        """(s, d) -> (heads, s, d/heads), or (heads, d/heads, s) when ``transposed``."""
+        s, d = x.shape
+        return fnp.transpose(fnp.reshape(x, (s, heads, d // heads)),
+                             (1, 2, 0) if transposed else (1, 0, 2))
+
+    @staticmethod
+    def merge_heads(o: Any) -> Any:
+        h, s, dh = o.shape
+        return fnp.reshape(fnp.transpose(o, (1, 0, 2)), (s, h * dh))
+
+
+class NumpyOps:
+    """``B`` for numpy on the CPU (float32 throughout: Python scalars do not promote)."""
+
+    name = "numpy"
+
+    @staticmethod
+    def tanh(x: Any) -> Any:
+        return np.tanh(x)
+
+    @staticmethod
+    def maximum(x: Any, c: float) -> Any:
+        return np.maximum(x, np.float32(c))
+
+    @staticmethod
+    def relu(x: Any) -> Any:
+        return np.maximum(x, np.float32(0))
+
+    @staticmethod
+    def gelu(x: Any) -> Any:
+        c = np.float32(math.sqrt(2.0 / math.pi))
+        return np.float32(0.5) * x * (np.float32(1) + np.tanh(c * (x + np.float32(0.044715) * x
+                                                                     * x * x)))
+
+    @staticmethod
+    def silu(x: Any) -> Any:
+        return x / (np.float32(1) + np.exp(-x))
+
+    @staticmethod
+    def softmax(x: Any) -> Any:
+        e = np.exp(x - x.max(axis=-1, keepdims=True))
+        return e / e.sum(axis=-1, keepdims=True)
+
+    @staticmethod
+    def layer_norm(x: Any, w: Any, b: Any) -> Any:
+        d = x - x.mean(axis=-1, keepdims=True)
+        var = (d * d).mean(axis=-1, keepdims=True)
+        return d / np.sqrt(var + np.float32(1e-5)) * w + b
+
+    @staticmethod
+    def rms_norm(x: Any, w: Any) -> Any:
+        ms = (x * x).mean(axis=-1, keepdims=True)
+        return x / np.sqrt(ms + np.float32(1e-6)) * w
+
+    @staticmethod
+    def split_heads(x: Any, heads: int, transposed: bool = False) -> Any:
+        s, d = x.shape
+        return x.reshape(s, heads, d // heads).transpose((1, 2, 0) if transposed else (1, 0, 2))
+
+    @staticmethod
+    def merge_heads(o: Any) -> Any:
+        h, s, dh = o.shape
+        return o.transpose(1, 0, 2).reshape(s, h * dh)
+
+
+class TorchOps:
+    """``B`` for PyTorch on CUDA (its fused library functions where it has them). An instance
+    holds the modules, so that ``torch.compile`` traces plain attribute lookups, not imports."""
+
+    name = "torch"
+
+    def __init__(self) -> None:
+        self.torch = _torch()
+        self.F = importlib.import_module("torch.nn.functional")
+
+    def tanh(self, x: Any) -> Any:
+        return self.torch.tanh(x)
+
+    def maximum(self, x: Any, c: float) -> Any:
+        return self.torch.clamp_min(x, c)
+
+    def relu(self, x: Any) -> Any:
+        return self.torch.relu(x)
+
+    def gelu(self, x: Any) -> Any:
+        return self.F.gelu(x, approximate="tanh")
+
+    def silu(self, x: Any) -> Any:
+        return self.F.silu(x)
+
+    def softmax(self, x: Any) -> Any:
+        return self.torch.softmax(x, dim=-1)
+
+    def layer_norm(self, x: Any, w: Any, b: Any) -> Any:
+        return self.F.layer_norm(x, (x.shape[-1],), w, b, eps=1e-5)
+
+    def rms_norm(self, x: Any, w: Any) -> Any:
+        if hasattr(self.F, "rms_norm"):  # torch >= 2.4
+            return self.F.rms_norm(x, (x.shape[-1],), w, eps=1e-6)
+        return x * self.torch.rsqrt((x * x).mean(-1, keepdim=True) + 1e-6) * w
+
+    def split_heads(self, x: Any, heads: int, transposed: bool = False) -> Any:
+        s, d = x.shape
+        v = x.view(s, heads, d // heads)
+        return v.permute(1, 2, 0) if transposed else v.permute(1, 0, 2)
+
+    def merge_heads(self, o: Any) -> Any:
+        h, s, dh = o.shape
+        return o.permute(1, 0, 2).reshape(s, h * dh)
+
+
+# --- the workloads --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Input:
+    """A float32 input: standard normal * ``scale`` + ``offset``."""
+
+    shape: tuple[int, ...]
+    scale: float = 1.0
+    offset: float = 0.0
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One benchmark: ``fn(B, *arrays)`` written against an ops namespace ``B``.
+
+    ``bound`` names the roof the fused time is compared with: "memory" (bytes of the fused plan /
+    time against the measured copy bandwidth) or "compute" (flops / time against cuBLAS).
+    """
+
+    name: str
+    group: str  # elementwise | reduction | matmul | block
+    bound: str  # memory | compute
+    fn: Callable[..., Any]
+    inputs: tuple[Input, ...]
+    size: str  # how big, for the report
+
+    def bind(self, ops: Any) -> Callable[..., Any]:
+        """The workload as a plain function of its arrays, for one ops namespace."""
+        fn = self.fn
+
+        def run(*arrays: Any) -> Any:
+            return fn(ops, *arrays)
+
+        run.__name__ = run.__qualname__ = self.name.replace("-", "_")
+        return run
+
+    def make_inputs(self, rng: np.random.Generator) -> list[np.ndarray]:
+        out = []
+        for spec in self.inputs:
+            a = rng.standard_normal(spec.shape, dtype=np.float32)
+            if spec.scale != 1.0:
+                a *= np.float32(spec.scale)
+            if spec.offset:
+                a += np.float32(spec.offset)
+            out.append(a)
+        return out
+
+
+_CHAIN_STEPS: tuple[Callable[[Any, Any, Any], Any], ...] = (
+    lambda B, a, y: a * y,
+    lambda B, a, y: a + 0.5,
+    lambda B, a, y: B.maximum(a, -1.0),
+    lambda B, a, y: a - y,
+    lambda B, a, y: B.tanh(a),
+)
+
+
+def _chain(n_ops: int, B: Any, x: Any, y: Any) -> Any:
+    """``n_ops`` elementwise ops cycling through multiply, add, maximum, subtract and tanh."""
+    v = x
+    for i in range(n_ops):
+        v = _CHAIN_STEPS[i % len(_CHAIN_STEPS)](B, v, y)
+    return v
+
+
+def _softmax(B: Any, x: Any) -> Any:
+    return B.softmax(x)
+
+
+def _layer_norm(B: Any, x: Any, w: Any, b: Any) -> Any:
+    return B.layer_norm(x, w, b)
+
+
+def _rms_norm(B: Any, x: Any, w: Any) -> Any:
+    return B.rms_norm(x, w)
+
+
+def _matmul(B: Any, a: Any, b: Any) -> Any:
+    return a @ b
+
+
+def _matmul_bias_gelu(B: Any, a: Any, b: Any, bias: Any) -> Any:
+    return B.gelu(a @ b + bias)
+
+
+def _mlp(B: Any, x: Any, w1: Any, b1: Any, w2: Any, b2: Any) -> Any:
+    return B.relu(x @ w1 + b1) @ w2 + b2
+
+
+def _transformer(heads: int, B: Any, x: Any, g1: Any, wq: Any, wk: Any, wv: Any, wo: Any,
+                 g2: Any, w_gate: Any, w_up: Any, w_down: Any) -> Any:
+    """Pre-norm block: rms_norm, multi-head attention (no mask), residual; rms_norm, SwiGLU MLP,
+    residual."""
+    d = x.shape[-1]
+    h = B.rms_norm(x, g1)
+    q = B.split_heads(h @ wq, heads)
+    k_t = B.split_heads(h @ wk, heads, transposed=True)
+    v = B.split_heads(h @ wv, heads)
+    p = B.softmax((q @ k_t) * (1.0 / math.sqrt(d // heads)))
+    x = x + B.merge_heads(p @ v) @ wo
+    h = B.rms_norm(x, g2)
+    return x + (B.silu(h @ w_gate) * (h @ w_up)) @ w_down
+
+
+def _w(fan_in: int, *shape: int) -> Input:
+    return Input(tuple(shape), scale=1.0 / math.sqrt(fan_in))
+
+
+def workloads(quick: bool) -> list[Workload]:
+    """The fixed workload set: ``quick`` sizes finish on lavapipe in about a minute; the full
+    sizes are for real GPUs."""
+    # quick: inputs as large as the quick copy measurement (2^22 floats), so that neither sits in
+    # a CPU cache the other does not
+    n = 1 << (22 if quick else 26)
+    rows, cols = (2048, 2048) if quick else (8192, 8192)
+    sq = 256 if quick else 4096
+    k_sk, m_sk = (1024, 8) if quick else (4096, 8)
+    m_mlp, d_mlp, h_mlp = (256, 256, 1024) if quick else (4096, 1024, 4096)
+    s_tf, d_tf, heads, f_tf = (128, 256, 4, 704) if quick else (2048, 1024, 8, 2816)
+
+    ws: list[Workload] = []
+    for k in (2, 4, 8, 16):
+        ws.append(Workload(f"chain{k}", "elementwise", "memory", functools.partial(_chain, k),
+                           (Input((n,)), Input((n,))), f"{n:,} ({k} ops)"))
+    vec = Input((cols,), scale=0.1, offset=1.0)
+    ws += [
+        Workload("softmax", "reduction", "memory", _softmax, (Input((rows, cols)),),
+                 f"{rows}x{cols}"),
+        Workload("layer_norm", "reduction", "memory", _layer_norm,
+                 (Input((rows, cols)), vec, Input((cols,), scale=0.1)), f"{rows}x{cols}"),
+        Workload("rms_norm", "reduction", "memory", _rms_norm, (Input((rows, cols)), vec),
+                 f"{rows}x{cols}"),
+    ]
+    shapes = [("square", "compute", sq, sq, sq), ("skinny_m", "memory", m_sk, k_sk, k_sk),
+              ("skinny_n", "memory", k_sk, k_sk, m_sk)]
+    for tag, bound, m, k, nn_ in shapes:
+        a, b = Input((m, k)), _w(k, k, nn_)
+        size = f"{m}x{k}x{nn_}"
+        ws.append(Workload(f"matmul_{tag}", "matmul", bound, _matmul, (a, b), size))
+        ws.append(Workload(f"matmul_{tag}_bias_gelu", "matmul", bound, _matmul_bias_gelu,
+                           (a, b, Input((nn_,), scale=0.1)), size))
+    ws.append(Workload(
+        "mlp", "block", "compute", _mlp,
+        (Input((m_mlp, d_mlp)), _w(d_mlp, d_mlp, h_mlp), Input((h_mlp,), scale=0.1),
+         _w(h_mlp, h_mlp, d_mlp), Input((d_mlp,), scale=0.1)),
+        f"{m_mlp}x{d_mlp}, hidden {h_mlp}"))
+    g = Input((d_tf,), scale=0.1, offset=1.0)
+    ws.append(Workload(
+        "transformer", "block", "compute", functools.partial(_transformer, heads),
+        (Input((s_tf, d_tf)), g, _w(d_tf, d_tf, d_tf), _w(d_tf, d_tf, d_tf),
+         _w(d_tf, d_tf, d_tf), _w(d_tf, d_tf, d_tf), g, _w(d_tf, d_tf, f_tf),
+         _w(d_tf, d_tf, f_tf), _w(f_tf, f_tf, d_tf)),
+        f"seq {s_tf}, d {d_tf}, {heads} heads, ffn {f_tf}"))
+    return ws
+
+
+def workload_names() -> list[str]:
+    return [w.name for w in workloads(quick=True)]
+
+
+def select(ws: Sequence[Workload], only: Optional[Sequence[str]]) -> list[Workload]:
+    """The workloads named in ``only`` (all when empty), in suite order; unknown names raise."""
+    if not only:
+        return list(ws)
+    names = {w.name for w in ws}
+    unknown = [o for o in only if o not in names]
+    if unknown:
+        raise ValueError(f"unknown workload(s) {', '.join(unknown)}; "
+                         f"known: {', '.join(w.name for w in ws)}")
+    return [w for w in ws if w.name in set(only)]
+
+
+# --- timing ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Policy:
+    """How long to time: ``warmup`` calls, then at least ``min_reps`` and at most ``max_reps``
+    timed calls, stopping early once ``budget_s`` seconds of measured time have passed."""
+
+    warmup: int = 2
+    min_reps: int = 5
+    max_reps: int = 30
+    budget_s: float = 2.0
+
+
+QUICK_POLICY = Policy(warmup=1, min_reps=5, max_reps=10, budget_s=0.5)
+FULL_POLICY = Policy()
+
+
+def _median_of(once: Callable[[], float], policy: Policy) -> dict[str, Any]:
+    """Run ``once`` (it returns the seconds it measured) after warm-up; median and spread."""
+    for _ in range(policy.warmup):
+        once()
+    ts: list[float] = []
+    start = time.perf_counter()
+    while len(ts) < policy.max_reps:
+        ts.append(once())
+        if len(ts) >= policy.min_reps and time.perf_counter() - start > policy.budget_s:
+            break
+    return {"time_s": statistics.median(ts), "min_s": min(ts), "max_s": max(ts), "reps": len(ts)}
+
+
+def wall_time(fn: Callable[[], Any], policy: Policy) -> dict[str, Any]:
+    def once() -> float:
+        t = time.perf_counter()
+        fn()
+        return time.perf_counter() - t
+
+    return _median_of(once, policy)
+
+
+def has_timestamps() -> bool:
+    rt = get_runtime()
+    return rt is not None and "timestamp-query" in rt.info.features
+
+
+def fusec_time(f: Any, args: Sequence[Any], policy: Policy) -> dict[str, Any]:
+    """GPU time of ``f(*args)``'s compute pass from timestamp queries (``method`` "gpu
+    timestamps"), or wall clock of call + ``block_until_ready`` without them."""
+    rt = get_runtime()
+    if rt is None or not has_timestamps():
+        res = wall_time(lambda: f(*args).block_until_ready(), policy)
+        res["method"] = "wall clock"
+        return res
+    rt.profile = True
+    try:
+        def once() -> float:
+            f(*args)
+            ns = rt.last_gpu_ns()
+            assert ns is not None, "profile mode recorded no timestamps"
+            return ns / 1e9
+
+        res = _median_of(once, policy)
+    finally:
+        rt.profile = False
+    res["method"] = "gpu timestamps"
+    return res
+
+
+def torch_cuda_time(fn: Callable[[], Any], policy: Policy) -> dict[str, Any]:
+    """CUDA-event time of ``fn()`` on the current stream."""
+    torch = _torch()
+
+    def once() -> float:
+        a = torch.cuda.Event(enable_timing=True)
+        b = torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        return float(a.elapsed_time(b)) / 1e3
+
+    torch.cuda.synchronize()
+    res = _median_of(once, policy)
+    res["method"] = "cuda events"
+    return res
+
+
+# Kept for bench/gpu_report.py and bench/diagnose.py (their earlier names).
+def median_time(fn: Callable[[], Any], repeats: int = 10, warmup: int = 2) -> float:
+    return float(wall_time(fn, Policy(warmup, repeats, repeats, 0.0))["time_s"])
+
+
+def gpu_time(f: Any, args: tuple[Any, ...], repeats: int = 10) -> float:
+    return float(fusec_time(f, args, Policy(1, repeats, repeats, 0.0))["time_s"])
+
+
+def torch_time(fn: Callable[[], Any], repeats: int = 20) -> Optional[float]:
+    try:
+        _torch()
+    except ImportError:
+        return None
+    return float(torch_cuda_time(fn, Policy(3, repeats, repeats, 0.0))["time_s"])
+
+
+def torch_status() -> tuple[bool, str]:
+    """(usable, why): PyTorch imports and sees a CUDA device."""
+    try:
+        torch = _torch()
+    except Exception as exc:  # not installed, or a broken install
+        return False, f"torch not importable ({type(exc).__name__})"
+    try:
+        if not torch.cuda.is_available():
+            return False, f"torch {torch.__version__}: no CUDA device"
+        return True, f"torch {torch.__version__}, {torch.cuda.get_device_name(0)}"
+    except Exception as exc:
+        return False, f"torch CUDA unusable: {exc}"
+
+
+# --- one run --------------------------------------------------------------------------------------
+
+
+@dataclass
+class Options:
+    quick: bool = False
+    out: Path = Path("bench-out")
+    only: Optional[list[str]] = None
+    torch: bool = True
+    torch_compile: bool = True
+    policy: Optional[Policy] = None
+    seed: int = 0
+    progress: Callable[[str], None] = field(
+        default=lambda msg: print(msg, file=sys.stderr, flush=True))
+
+
+def _rel_err(got: Any, ref: np.ndarray) -> float:
+    g = np.asarray(got, dtype=np.float64)
+    r = np.asarray(ref, dtype=np.float64)
+    return float(np.max(np.abs(g - r)) / max(float(np.max(np.abs(r))), 1e-30))
+
+
+def _err_text(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}"
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def measure_roofs(opts: Options, policy: Policy, use_torch: bool) -> dict[str, Any]:
+    """Copy bandwidth (torch and fusec) and the cuBLAS float32 matmul rate."""
+    roofs: dict[str, Any] = {}
+    n = 1 << (22 if opts.quick else 26)
+    x = fusec.device_put(np.random.default_rng(opts.seed).standard_normal(n, dtype=np.float32))
+    neg = fusec.gpu_jit(lambda a: fnp.negative(a))
+    neg(x).block_until_ready()
+    t = fusec_time(neg, (x,), policy)
+    roofs["copy_fusec"] = {"what": f"fusec -x over {n:,} float32 (one read, one write)",
+                           "elements": n, "bytes": 8 * n, **t, "GB/s": 8 * n / t["time_s"] / 1e9}
+    del x
+    if use_torch:
+        torch = _torch()
+
+        try:
+            src = torch.randn(n, device="cuda")
+            dst = torch.empty_like(src)
+            t = torch_cuda_time(lambda: dst.copy_(src), policy)
+            roofs["copy_torch"] = {"what": f"torch copy_ of {n:,} float32 (device to device)",
+                                   "elements": n, "bytes": 8 * n, **t,
+                                   "GB/s": 8 * n / t["time_s"] / 1e9}
+            del src, dst
+        except Exception as exc:
+            roofs["copy_torch"] = {"error": _err_text(exc)}
+        # the size of the square matmul workload
+        m = next(w.inputs[0].shape[0] for w in workloads(opts.quick) if w.name == "matmul_square")
+        try:
+            a = torch.randn(m, m, device="cuda")
+            b = torch.randn(m, m, device="cuda")
+            t = torch_cuda_time(lambda: a @ b, policy)
+            roofs["cublas"] = {"what": f"torch float32 matmul {m}^3, TF32 off", "m": m,
+                               "flops": 2.0 * m ** 3, **t,
+                               "GFLOP/s": 2.0 * m ** 3 / t["time_s"] / 1e9}
+            del a, b
+        except Exception as exc:
+            roofs["cublas"] = {"error": _err_text(exc)}
+    copy = roofs.get("copy_torch", {})
+    if "GB/s" in copy:
+        roofs["copy_reference"] = {"source": "copy_torch", "GB/s": copy["GB/s"]}
+    else:
+        roofs["copy_reference"] = {"source": "copy_fusec", "GB/s": roofs["copy_fusec"]["GB/s"]}
+    if "GFLOP/s" in roofs.get("cublas", {}):
+        roofs["compute_reference"] = {"source": "cublas", "GFLOP/s": roofs["cublas"]["GFLOP/s"]}
+    return roofs
+
+
+def _cell(res: dict[str, Any]) -> Optional[float]:
+    t = res.get("time_s")
+    return float(t) if isinstance(t, (int, float)) and t > 0 else None
+
+
+def _call_and_wait(f: Any, args: Sequence[Any]) -> None:
+    f(*args).block_until_ready()
+
+
+def run_workload(w: Workload, opts: Options, policy: Policy, use_torch: bool,
+                 roofs: dict[str, Any]) -> dict[str, Any]:
+    """Measure one workload every way it can run; errors become entries, not exceptions."""
+    rng = np.random.default_rng(opts.seed)
+    host = w.make_inputs(rng)
+    dev = [fusec.device_put(a) for a in host]
+    rec: dict[str, Any] = {"name": w.name, "group": w.group, "bound": w.bound, "size": w.size,
+                           "shapes": [list(a.shape) for a in host], "results": {}}
+    outs: dict[str, Any] = {}
+    for label, fuse in (("fused", True), ("unfused", False)):
+        try:
+            f = fusec.gpu_jit(w.bind(FusecOps), fuse=fuse)
+            cost = f.lower(*dev).cost_analysis()
+            t0 = time.perf_counter()
+            outs[label] = f(*dev).block_until_ready()
+            first = time.perf_counter() - t0
+            res = fusec_time(f, dev, policy)
+            res["first_call_s"] = first
+            # wall clock too (host overhead included); the calls above were the warm-up
+            res["wall_s"] = wall_time(functools.partial(_call_and_wait, f, dev),
+                                      Policy(0, 3, policy.max_reps, policy.budget_s / 2)
+                                      )["time_s"]
+            res["kernels"] = int(cost["kernels"])
+            res["bytes"] = cost["bytes accessed"]
+            res["flops"] = cost["flops"]
+            rec["results"][label] = res
+        except Exception as exc:
+            rec["results"][label] = {"error": _err_text(exc)}
+    fused = rec["results"]["fused"]
+    unfused = rec["results"]["unfused"]
+    rec["flops"] = fused.get("flops")
+    rec["bytes"] = fused.get("bytes")
+    rec["bytes_unfused"] = unfused.get("bytes")
+    if "fused" in outs and "unfused" in outs:
+        rec["fused_vs_unfused_rel_err"] = _rel_err(outs["fused"], np.asarray(outs["unfused"]))
+
+    flops = rec["flops"] if rec["flops"] is not None else 0.0
+    if opts.quick or flops < NUMPY_MAX_FLOPS:
+        try:
+            fn = w.bind(NumpyOps)
+            ref = fn(*host)
+            res = wall_time(lambda: fn(*host), Policy(1, 3, policy.max_reps, policy.budget_s))
+            res["method"] = "wall clock"
+            rec["results"]["numpy"] = res
+            for label, out in outs.items():
+                rec["results"][label]["rel_err"] = _rel_err(out, ref)
+        except Exception as exc:
+            rec["results"]["numpy"] = {"error": _err_text(exc)}
+    else:
+        rec["results"]["numpy"] = {"skipped": f"flops {flops:.2g} > {NUMPY_MAX_FLOPS:.0e}"}
+
+    if use_torch:
+        torch = _torch()
+
+        targs = [torch.from_numpy(a).cuda() for a in host]
+        eager = w.bind(TorchOps())
+        runs: list[tuple[str, Callable[..., Any]]] = [("torch_eager", eager)]
+        if opts.torch_compile:
+            runs.append(("torch_compile", torch.compile(eager)))
+        for label, tf in runs:
+            try:
+                with torch.no_grad():
+                    t0 = time.perf_counter()
+                    tf(*targs)
+                    torch.cuda.synchronize()
+                    first = time.perf_counter() - t0
+                    out = tf(*targs)
+                    res = torch_cuda_time(functools.partial(tf, *targs), policy)
+                res["first_call_s"] = first
+                if "fused" in outs:  # the two implementations agree?
+                    res["rel_err_vs_fused"] = _rel_err(outs["fused"], out.cpu().numpy())
+                rec["results"][label] = res
+            except Exception as exc:
+                rec["results"][label] = {"error": _err_text(exc)}
+        del targs
+    else:
+        for label in ("torch_eager", "torch_compile"):
+            rec["results"][label] = {"skipped": "no torch with CUDA"}
+    if use_torch and not opts.torch_compile:
+        rec["results"]["torch_compile"] = {"skipped": "--no-torch-compile"}
+
+    _derive(rec, roofs)
+    return rec
+
+
+def _derive(rec: dict[str, Any], roofs: dict[str, Any]) -> None:
+    """Speed-up, bytes ratio, achieved rate and the fraction of the roof."""
+    r = rec["results"]
+    tf, tu = _cell(r["fused"]), _cell(r["unfused"])
+    rec["speedup"] = tu / tf if tf and tu else None
+    b, bu = rec.get("bytes"), rec.get("bytes_unfused")
+    rec["bytes_ratio"] = bu / b if b and bu else None
+    rec["speedup_ge_bytes_ratio"] = (rec["speedup"] >= rec["bytes_ratio"] * 0.999
+                                     if rec["speedup"] and rec["bytes_ratio"] else None)
+    if rec["bound"] == "memory":
+        rec["roof"] = "copy bandwidth"
+        unit, num, ref = "GB/s", (b or 0.0) / 1e9, roofs["copy_reference"]["GB/s"]
+    else:
+        rec["roof"] = "cuBLAS"
+        unit, num = "GFLOP/s", (rec.get("flops") or 0.0) / 1e9
+        ref = roofs.get("compute_reference", {}).get("GFLOP/s")
+    rec["rate_unit"] = unit
+    # the same numerator for every column (what the fused plan moves or computes), so the
+    # fractions compare the implementations on one scale
+    rec["rate"] = {}
+    rec["fraction_of_roof"] = {}
+    for label, res in r.items():
+        t = _cell(res)
+        if t is None or not num:
+            continue
+        rec["rate"][label] = num / t
+        if ref and label != "numpy":  # numpy runs on the CPU, not under the device's roof
+            rec["fraction_of_roof"][label] = num / t / ref
+
+
+def run(opts: Options) -> dict[str, Any]:
+    """Run the suite, write the report, return the results (also in ``results.json``)."""
+    os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
+    policy = opts.policy or (QUICK_POLICY if opts.quick else FULL_POLICY)
+    ws = select(workloads(opts.quick), opts.only)
+    t_start = time.perf_counter()
+    dev = fusec.default_device()
+    torch_ok, torch_why = torch_status() if opts.torch else (False, "--no-torch")
+    if torch_ok:
+        torch = _torch()
+
+        # float32 means float32: no TF32 in cuBLAS or in what torch.compile generates
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        torch.set_float32_matmul_precision("highest")
+    opts.progress(f"fusec bench ({'quick' if opts.quick else 'full'}): {len(ws)} workload(s) on "
+                  f"{dev}; timing {'gpu timestamps' if has_timestamps() else 'wall clock'}; "
+                  f"{torch_why}")
+    t = time.perf_counter()
+    roofs = measure_roofs(opts, policy, torch_ok)
+    line = f"copy bandwidth: fusec {roofs['copy_fusec']['GB/s']:.1f} GB/s"
+    if "GB/s" in roofs.get("copy_torch", {}):
+        line += f", torch {roofs['copy_torch']['GB/s']:.1f} GB/s"
+    if "GFLOP/s" in roofs.get("cublas", {}):
+        line += f"; cuBLAS fp32 {roofs['cublas']['GFLOP/s'] / 1e3:.2f} TFLOP/s"
+    opts.progress(f"[0/{len(ws)}] {line} ({time.perf_counter() - t:.1f} s)")
+    records = []
+    for i, w in enumerate(ws, 1):
+        t = time.perf_counter()
+        rec = run_workload(w, opts, policy, torch_ok, roofs)
+        gc.collect()  # this workload's device buffers go back to the pool before the next
+        rec["bench_seconds"] = time.perf_counter() - t
+        records.append(rec)
+        opts.progress(f"[{i}/{len(ws)}] {_progress_line(rec)} ({rec['bench_seconds']:.1f} s)")
+
+    ts = has_timestamps()
+    results: dict[str, Any] = {
+        "schema": SCHEMA_VERSION,
+        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "mode": "quick" if opts.quick else "full",
+        "fusec_version": fusec.__version__,
+        "device": {"adapter": dev.adapter, "adapter_type": dev.adapter_type,
+                   "backend": dev.backend, "features": list(dev.features),
+                   "text": str(dev)},
+        "host": {"python": platform.python_version(), "numpy": np.__version__,
+                 "machine": platform.machine(), "cpus": os.cpu_count()},
+        "torch": torch_why,
+        "timing": {
+            "fusec": ("GPU timestamp queries around the call's compute pass" if ts else
+                      "wall clock of the call + block_until_ready (no timestamp queries)"),
+            "torch": "CUDA events around the call" if torch_ok else "n/a",
+            "numpy": "wall clock",
+            "statistic": (f"median of {policy.min_reps}..{policy.max_reps} repeats (stopping "
+                          f"after {policy.budget_s:g} s) after {policy.warmup} warm-up call(s)"),
+        },
+        "roofs": roofs,
+        "workloads": records,
+        "seconds": time.perf_counter() - t_start,
+    }
+    write_report(results, opts.out)
+    return results
+
+
+# --- the report -----------------------------------------------------------------------------------
+
+COLUMNS = (("fused", "fusec fused"), ("unfused", "fusec unfused"), ("numpy", "numpy"),
+           ("torch_eager", "torch eager"), ("torch_compile", "torch.compile"))
+_COLORS = dict(zip([k for k, _ in COLUMNS], ["C0", "C1", "C2", "C3", "C4"]))
+
+
+def fmt_time(res: Optional[dict[str, Any]]) -> str:
+    if not res:
+        return "n/a"
+    t = _cell(res)
+    if t is None:
+        return "error" if "error" in res else "n/a"
+    if t < 1e-3:
+        return f"{t * 1e6:.1f} µs"
+    if t < 1:
+        return f"{t * 1e3:.2f} ms"
+    return f"{t:.2f} s"
+
+
+def fmt_count(x: Optional[float], unit: str = "") -> str:
+    if x is None:
+        return "n/a"
+    for div, p in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= div:
+            return f"{x / div:.3g} {p}{unit}".rstrip()
+    return f"{x:.3g} {unit}".rstrip()
+
+
+def fmt_ratio(x: Optional[float]) -> str:
+    return "n/a" if x is None else f"{x:.2f}x"
+
+
+def fmt_rate(rec: dict[str, Any], label: str = "fused") -> str:
+    v = rec.get("rate", {}).get(label)
+    if v is None:
+        return "n/a"
+    if rec["rate_unit"] == "GFLOP/s":
+        return f"{v / 1e3:.2f} TFLOP/s" if v >= 1e3 else f"{v:.3g} GFLOP/s"
+    return f"{v:.4g} GB/s"
+
+
+def fmt_fraction(rec: dict[str, Any], label: str = "fused") -> str:
+    v = rec.get("fraction_of_roof", {}).get(label)
+    roof = "copy" if rec["bound"] == "memory" else "cuBLAS"
+    return f"n/a ({roof})" if v is None else f"{100 * v:.1f}% {roof}"
+
+
+def table_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    head = ["workload", "size", "bytes", "flops", "kernels f/u", "fused", "unfused", "numpy",
+            "torch eager", "torch.compile", "speed-up", "bytes ratio", "speed-up >= ratio",
+            "fused rate", "% of roof"]
+    rows = []
+    for rec in results["workloads"]:
+        r = rec["results"]
+        kf, ku = r["fused"].get("kernels", "?"), r["unfused"].get("kernels", "?")
+        ok = rec.get("speedup_ge_bytes_ratio")
+        rows.append([rec["name"], rec["size"], fmt_count(rec.get("bytes"), "B"),
+                     fmt_count(rec.get("flops")), f"{kf}/{ku}"]
+                    + [fmt_time(r.get(k)) for k, _ in COLUMNS]
+                    + [fmt_ratio(rec.get("speedup")), fmt_ratio(rec.get("bytes_ratio")),
+                       "n/a" if ok is None else ("yes" if ok else "no"),
+                       fmt_rate(rec), fmt_fraction(rec)])
+    return head, rows
+
+
+def markdown_table(head: list[str], rows: list[list[str]]) -> str:
+    right = {i for i, h in enumerate(head) if h not in ("workload", "size")}
+    lines = ["| " + " | ".join(head) + " |",
+             "|" + "|".join("---:" if i in right else "---" for i in range(len(head))) + "|"]
+    lines += ["| " + " | ".join(c.replace("|", "/") for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def text_table(head: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+    fmt = [(str.ljust if i < 2 else str.rjust) for i in range(len(head))]
+    out = ["  ".join(f(c, w) for f, c, w in zip(fmt, head, widths)),
+           "  ".join("-" * w for w in widths)]
+    out += ["  ".join(f(c, w) for f, c, w in zip(fmt, row, widths)) for row in rows]
+    return "\n".join(out)
+
+
+SUMMARY_COLUMNS = ("workload", "fused", "unfused", "numpy", "torch eager", "torch.compile",
+                   "speed-up", "bytes ratio", "fused rate", "% of roof")
+
+
+def summary_table(results: dict[str, Any]) -> str:
+    head, rows = table_rows(results)
+    keep = [head.index(c) for c in SUMMARY_COLUMNS]
+    return text_table([head[i] for i in keep], [[r[i] for i in keep] for r in rows])
+
+
+def _progress_line(rec: dict[str, Any]) -> str:
+    r = rec["results"]
+    parts = [f"{rec['name']} ({rec['size']}):"]
+    for k, label in COLUMNS:
+        res = r.get(k, {})
+        if "skipped" in res:
+            continue
+        parts.append(f"{label.replace('fusec ', '')} {fmt_time(res)}")
+    parts.append(f"speed-up {fmt_ratio(rec.get('speedup'))} "
+                 f"(bytes ratio {fmt_ratio(rec.get('bytes_ratio'))}), {fmt_fraction(rec)}")
+    errs = [f"{k}: {v['error']}" for k, v in r.items() if "error" in v]
+    line = ", ".join(parts[1:])
+    return f"{parts[0]} {line}" + (f"; errors: {'; '.join(errs)}" if errs else "")
+
+
+def markdown_report(results: dict[str, Any], charts: list[str], chart_note: str) -> str:
+    roofs = results["roofs"]
+    tm = results["timing"]
+    lines = [f"# fusec benchmark ({results['mode']} set)", "",
+             f"- date: {results['date']}",
+             f"- device: {results['device']['text']}; fusec {results['fusec_version']}; "
+             f"numpy {results['host']['numpy']} on {results['host']['cpus']} CPU(s)",
+             f"- PyTorch: {results['torch']}",
+             f"- timing: fusec: {tm['fusec']}; torch: {tm['torch']}; numpy: {tm['numpy']}; "
+             f"{tm['statistic']}"]
+    cf = roofs["copy_fusec"]
+    lines.append(f"- copy bandwidth: fusec {cf['GB/s']:.1f} GB/s ({cf['what']})")
+    ct = roofs.get("copy_torch")
+    if ct:
+        lines.append(f"- copy bandwidth: torch {ct['GB/s']:.1f} GB/s ({ct['what']})" if "GB/s"
+                     in ct else f"- copy bandwidth: torch failed: {ct.get('error')}")
+    ref = roofs["copy_reference"]
+    lines.append(f"- memory-bound roof: {ref['GB/s']:.1f} GB/s (from {ref['source']})")
+    cb = roofs.get("cublas")
+    if cb and "GFLOP/s" in cb:
+        lines.append(f"- compute roof: cuBLAS {cb['GFLOP/s'] / 1e3:.2f} TFLOP/s ({cb['what']})")
+    else:
+        lines.append("- compute roof: n/a (no PyTorch with CUDA: no cuBLAS figure; the "
+                     "'% of roof' of compute-bound workloads is n/a, their rate is given)")
+    lines.append(f"- run time: {results['seconds']:.1f} s")
+    if results["mode"] == "quick":
+        lines.append("- quick set: small sizes that caches partly hold, and short kernels: "
+                     "fractions of the roof can pass 100% and figures are indicative; the "
+                     "acceptance figures come from the full set (`fusec bench`)")
+    if results["device"]["adapter_type"].lower() == "cpu":
+        lines.append("- software adapter: the 'GPU' is the CPU; its figures say whether the "
+                     "suite runs, not how fast fusec is on a GPU")
+    head, rows = table_rows(results)
+    lines += ["", markdown_table(head, rows), "",
+              "Columns: *bytes* and *flops* from `cost_analysis()` of the fused plan; "
+              "*kernels f/u*: kernels of the fused / unfused plan; times are medians; "
+              "*speed-up* = unfused time / fused time; *bytes ratio* = bytes moved by the unfused "
+              "plan / the fused plan; *fused rate* and *% of roof*: the fused plan's bytes "
+              "(memory-bound workloads, against the copy bandwidth) or flops (compute-bound, "
+              "against cuBLAS float32) per second of the fused time. *speed-up >= ratio*: the "
+              "design target (fusion should save at least the time of the bytes it saves; on "
+              "compute-bound workloads the bytes are a small part of the time, so read it there "
+              "with that in mind). numpy is skipped in the full set above "
+              f"{NUMPY_MAX_FLOPS:.0e} flops.", ""]
+    errs = [(rec["name"], k, v["error"]) for rec in results["workloads"]
+            for k, v in rec["results"].items() if "error" in v]
+    if errs:
+        lines += ["## Errors", ""] + [f"- {n} / {k}: `{e}`" for n, k, e in errs] + [""]
+    bad = [(rec["name"], k, v["rel_err"]) for rec in results["workloads"]
+           for k, v in rec["results"].items() if v.get("rel_err", 0.0) > 1e-3]
+    if bad:
+        lines += ["## Accuracy warnings (max abs error / max |numpy| > 1e-3)", ""]
+        lines += [f"- {n} / {k}: {e:.2e}" for n, k, e in bad] + [""]
+    lines += ["## Charts", ""]
+    lines += [f"![{c}]({c})" for c in charts] if charts else [chart_note]
+    lines.append("")
+    return "\n".join(lines)
+
+
+def write_charts(results: dict[str, Any], out: Path) -> tuple[list[str], str]:
+    """times.png and fraction.png; ([], why) when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return [], ("Charts not written: matplotlib is not installed "
+                    "(`pip install 'fusec[bench]'` or `pip install matplotlib`).")
+    recs = results["workloads"]
+    names = [r["name"] for r in recs]
+    x = np.arange(len(names))
+    charts = []
+
+    def bars(ax: Any, series: list[tuple[str, list[Optional[float]]]]) -> None:
+        """Grouped bars, one series per implementation (same colour in every chart)."""
+        series = [(k, vals) for k, vals in series if any(v is not None for v in vals)]
+        width = 0.8 / max(len(series), 1)
+        for j, (k, vals) in enumerate(series):
+            ax.bar(x + (j - (len(series) - 1) / 2) * width,
+                   [np.nan if v is None else v for v in vals], width, label=dict(COLUMNS)[k],
+                   color=_COLORS[k])
+
+    fig, ax = plt.subplots(figsize=(max(8.0, 0.75 * len(names) + 3), 5.5))
+    bars(ax, [(k, [None if (t := _cell(r["results"].get(k, {}))) is None else t * 1e3
+                   for r in recs]) for k, _ in COLUMNS])
+    ax.set_yscale("log")
+    ax.set_ylabel("time per call (ms, log scale; lower is better)")
+    ax.set_xticks(x, names, rotation=40, ha="right")
+    ax.set_title(f"fusec {results['mode']} benchmark: {results['device']['adapter']} "
+                 f"({results['date']})", fontsize=10)
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", which="both", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out / "times.png", dpi=110)
+    plt.close(fig)
+    charts.append("times.png")
+
+    fig, ax = plt.subplots(figsize=(max(8.0, 0.75 * len(names) + 3), 5.5))
+    labels = [f"{r['name']}\n({'copy' if r['bound'] == 'memory' else 'cuBLAS'})" for r in recs]
+    bars(ax, [(k, [None if (f := r.get("fraction_of_roof", {}).get(k)) is None else 100 * f
+                   for r in recs]) for k, _ in COLUMNS if k != "numpy"])
+    ax.axhline(100, color="black", linewidth=0.8)
+    ax.set_ylabel("% of roof (copy bandwidth or cuBLAS fp32)")
+    ax.set_xticks(x, labels, rotation=40, ha="right", fontsize=8)
+    ax.set_title("achieved fraction of the roof on the device (fused plan's bytes or flops / "
+                 "time); higher is better", fontsize=10)
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out / "fraction.png", dpi=110)
+    plt.close(fig)
+    charts.append("fraction.png")
+    return charts, ""
+
+
+def write_report(results: dict[str, Any], out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    charts, note = write_charts(results, out)
+    results["charts"] = charts
+    if note:
+        results["charts_note"] = note
+    with open(out / "results.json", "w") as fh:
+        json.dump(results, fh, indent=2, default=float)
+        fh.write("\n")
+    (out / "report.md").write_text(markdown_report(results, charts, note))
+
+
+def main(opts: Options) -> int:
+    """``fusec bench``: run, write the report, print the summary table on stdout."""
+    results = run(opts)
+    print(summary_table(results))
+    print()
+    print(f"{results['mode']} run: {len(results['workloads'])} workload(s) in "
+          f"{results['seconds']:.1f} s; report: {opts.out / 'report.md'}, "
+          f"{opts.out / 'results.json'}"
+          + (f", charts: {', '.join(str(opts.out / c) for c in results['charts'])}"
+             if results["charts"] else f"; {results.get('charts_note', '')}"))
+    return 1 if any("error" in v for rec in results["workloads"]
+                    for v in rec["results"].values()) else 0

@@ -1,0 +1,135 @@
+"""``fusec bench``: a small run writes a sane report, JSON and (with matplotlib) charts."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fusec import bench, cli
+
+ONLY = ["chain2", "softmax", "matmul_square"]  # memory-bound elementwise, a reduction, a matmul
+
+
+def _has_matplotlib() -> bool:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    out = tmp_path_factory.mktemp("bench")
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        rc = cli.main(["bench", "--quick", "--only", ",".join(ONLY), "--out", str(out),
+                       "--no-torch-compile"])
+    return {"rc": rc, "out": out, "stdout": stdout.getvalue(), "stderr": stderr.getvalue()}
+
+
+def test_exit_status_progress_and_summary(report: dict[str, Any]) -> None:
+    assert report["rc"] == 0, report["stderr"]
+    for i, name in enumerate(ONLY, 1):
+        assert f"[{i}/{len(ONLY)}] {name} " in report["stderr"]  # one progress line each
+        assert name in report["stdout"]  # the summary table
+    assert "speed-up" in report["stdout"] and "% of roof" in report["stdout"]
+
+
+def test_results_json(report: dict[str, Any]) -> None:
+    res = json.loads((report["out"] / "results.json").read_text())
+    assert res["schema"] == bench.SCHEMA_VERSION and res["mode"] == "quick"
+    assert res["device"]["adapter"]
+    assert res["roofs"]["copy_fusec"]["GB/s"] > 0
+    assert res["roofs"]["copy_reference"]["GB/s"] > 0
+    assert [w["name"] for w in res["workloads"]] == ONLY
+    method = "gpu timestamps" if bench.has_timestamps() else "wall clock"
+    for w in res["workloads"]:
+        r = w["results"]
+        for label in ("fused", "unfused", "numpy"):
+            assert "error" not in r[label], (w["name"], r[label])
+            assert r[label]["time_s"] > 0 and r[label]["reps"] >= 1
+        assert r["fused"]["method"] == r["unfused"]["method"] == method
+        assert r["numpy"]["method"] == "wall clock"
+        assert r["fused"]["rel_err"] < 1e-4 and r["unfused"]["rel_err"] < 1e-4
+        assert w["flops"] > 0 and w["bytes"] > 0 and w["bytes_unfused"] >= w["bytes"]
+        assert w["bytes_ratio"] == pytest.approx(w["bytes_unfused"] / w["bytes"])
+        assert w["speedup"] == pytest.approx(r["unfused"]["time_s"] / r["fused"]["time_s"])
+        assert w["rate"]["fused"] > 0
+        if w["bound"] == "memory":  # fusec's own copy kernel is always there as the roof
+            assert w["fraction_of_roof"]["fused"] > 0
+        for label in ("torch_eager", "torch_compile"):
+            assert label in r  # measured, or skipped / failed with the reason
+    chain2 = res["workloads"][0]
+    assert chain2["results"]["fused"]["kernels"] == 1
+    assert chain2["results"]["unfused"]["kernels"] == 2
+    assert chain2["bytes_ratio"] == pytest.approx(5 / 3)  # x, y, out vs x, y, t, t, out
+
+
+def test_markdown_report(report: dict[str, Any]) -> None:
+    md = (report["out"] / "report.md").read_text()
+    res = json.loads((report["out"] / "results.json").read_text())
+    assert res["device"]["adapter"] in md and res["date"] in md
+    assert "copy bandwidth" in md and "timing:" in md
+    header = next(line for line in md.splitlines() if line.startswith("| workload"))
+    for col in ("bytes", "flops", "fused", "unfused", "numpy", "torch eager", "torch.compile",
+                "speed-up", "bytes ratio", "% of roof"):
+        assert f"| {col} |" in header, col
+    rows = [line for line in md.splitlines() if line.startswith("| ") and "---" not in line]
+    assert [r.split("|")[1].strip() for r in rows[1:]] == ONLY
+    for r in rows[1:]:
+        assert len(r.split("|")) == len(header.split("|"))
+    chain2 = rows[1]
+    assert "1.67x" in chain2 and "% copy" in chain2
+
+
+def test_charts(report: dict[str, Any]) -> None:
+    res = json.loads((report["out"] / "results.json").read_text())
+    md = (report["out"] / "report.md").read_text()
+    if not _has_matplotlib():
+        assert res["charts"] == [] and "matplotlib is not installed" in md
+        return
+    assert res["charts"] == ["times.png", "fraction.png"]
+    for name in res["charts"]:
+        data = (report["out"] / name).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 2000
+        assert f"]({name})" in md
+
+
+def test_report_without_matplotlib(report: dict[str, Any], tmp_path: Path,
+                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    for mod in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
+        monkeypatch.delitem(sys.modules, mod)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    res = json.loads((report["out"] / "results.json").read_text())
+    bench.write_report(res, tmp_path)
+    assert (tmp_path / "results.json").is_file()
+    assert not list(tmp_path.glob("*.png"))
+    md = (tmp_path / "report.md").read_text()
+    assert "matplotlib is not installed" in md and "| chain2 |" in md
+
+
+def test_cli_list_and_unknown_workload(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["bench", "--list"]) == 0
+    listed = capsys.readouterr().out
+    for name in ("chain2", "chain4", "chain8", "chain16", "softmax", "layer_norm", "rms_norm",
+                 "matmul_square", "matmul_square_bias_gelu", "matmul_skinny_m", "mlp",
+                 "transformer"):
+        assert f"{name} " in listed
+    assert cli.main(["bench", "--only", "nope"]) == 2
+    assert "unknown workload" in capsys.readouterr().err
+
+
+def test_full_set_sizes() -> None:
+    """The full set is the one the acceptance figures are quoted on."""
+    full = {w.name: w for w in bench.workloads(quick=False)}
+    assert full["chain2"].inputs[0].shape == (1 << 26,)
+    assert full["softmax"].inputs[0].shape == (8192, 8192)
+    assert [i.shape for i in full["matmul_square"].inputs] == [(4096, 4096), (4096, 4096)]
+    assert set(full) == {w.name for w in bench.workloads(quick=True)}
