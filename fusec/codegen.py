@@ -39,6 +39,12 @@ MATMUL_BLOCK = tuple(
 MAX_GROUPS = 65535  # workgroups per grid dimension (WebGPU limit)
 
 
+def tuning() -> dict[str, Any]:
+    """Every setting that changes generated code: part of the persistent cache's key."""
+    return {"workgroup": WORKGROUP, "tile": TILE, "elems": ELEMS_PER_THREAD, "vec_min": VEC_MIN,
+            "vec_per": VEC_PER_THREAD, "row_cache": ROW_CACHE, "matmul": MATMUL_BLOCK}
+
+
 def _template_dir() -> Path:
     here = Path(__file__).resolve().parent
     shipped = here / "templates"  # inside an installed wheel
@@ -605,17 +611,27 @@ def _matmul_rb(body: Program, names: dict[int, str], mm: Eqn,
     nb = math.prod(batch)
     tn_tiles, tm_tiles = -(-n // bn), -(-m // bm)
     counter = [0]
-    load_a, val_a, load_b, val_b = [], [], [], []
-    for _ in range(bm * bk // 256):
-        em = Emitter(body, names, indent="                ", counter=counter)
+
+    def operand(x: Var, c0: str, c1: str) -> tuple[str, str]:
+        em = Emitter(body, names, indent="                    ", counter=counter)
         bc = tuple(em.coords(Idx(tuple(batch), flat="bt"))) if batch else ()
-        val_a.append(em.value(a, Idx(a.shape, coords=bc + ("row", "ka"))))
-        load_a.append("\n".join(em.lines))
-    for _ in range(bk * bn // 256):
-        em = Emitter(body, names, indent="                ", counter=counter)
-        bc = tuple(em.coords(Idx(tuple(batch), flat="bt"))) if batch else ()
-        val_b.append(em.value(b, Idx(b.shape, coords=bc + ("kb", "col"))))
-        load_b.append("\n".join(em.lines))
+        val = em.value(x, Idx(x.shape, coords=bc + (c0, c1)))
+        return "\n".join(em.lines), val
+
+    # each thread loads groups of 4: four rows of A at one k, four columns of B at one k
+    a_groups, b_groups = bm * bk // 1024, bk * bn // 1024
+    load_a: list[list[str]] = []
+    val_a: list[list[str]] = []
+    load_b: list[list[str]] = []
+    val_b: list[list[str]] = []
+    for _ in range(a_groups):
+        pairs = [operand(a, "row", "ka") for _ in range(4)]
+        load_a.append([p[0] for p in pairs])
+        val_a.append([p[1] for p in pairs])
+    for _ in range(b_groups):
+        pairs = [operand(b, "kb", "col") for _ in range(4)]
+        load_b.append([p[0] for p in pairs])
+        val_b.append([p[1] for p in pairs])
     # the epilogue, once per element of the thread's block, where its accumulator lives
     blocks = []
     for i in range(tm):
@@ -642,7 +658,7 @@ def _matmul_rb(body: Program, names: dict[int, str], mm: Eqn,
     src = _env().get_template("matmul_rb.wgsl.j2").render(
         bm=bm, bn=bn, bk=bk, tm=tm, tn=tn, m=m, n=n, k=k, tm_tiles=tm_tiles, tn_tiles=tn_tiles,
         total=tm_tiles * tn_tiles * nb, ty=WGSL_TYPE[dt], zero=wgsl_literal(0, dt),
-        a_loads=bm * bk // 256, b_loads=bk * bn // 256, load_a=load_a, val_a=val_a,
+        a_loads=a_groups, b_loads=b_groups, load_a=load_a, val_a=val_a,
         load_b=load_b, val_b=val_b, epilogue="\n".join(blocks))
     return src, tm_tiles * tn_tiles * nb
 

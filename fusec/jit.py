@@ -389,7 +389,7 @@ def _disk_key(traced: Traced) -> Optional[str]:
     device = ("cpu", "", 0) if rt is None else (rt.info.backend, rt.info.adapter,
                                                 rt.max_binding_size)
     return diskcache.key_of(traced.program.hash(), __version__, _source_hash(), device,
-                            dataclasses.asdict(traced.options))
+                            dataclasses.asdict(traced.options), codegen.tuning())
 
 
 def _check_sizes(traced: Traced, prog: Program, limit: int, adapter: str) -> None:

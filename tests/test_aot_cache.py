@@ -963,3 +963,18 @@ def test_log_compiles_reports_disk_loads(progs: Any, cache_dir: Path,
     err = capsys.readouterr().err
     assert re.search(r"loaded \S*norm from the persistent cache in \d+(\.\d+)? ms", err), err
 
+
+
+def test_codegen_tuning_is_part_of_the_disk_cache_key(tmp_path, monkeypatch):
+    # a kernel generated under one tuning setting must never be loaded under another
+    monkeypatch.setenv("FUSEC_CACHE_DIR", str(tmp_path))
+    from fusec import codegen
+
+    f = fusec.gpu_jit(lambda a, b: a @ b)
+    spec = fusec.ShapeDtype((64, 64))
+    before = fusec.cache_info()
+    f.lower(spec, spec)
+    monkeypatch.setattr(codegen, "MATMUL_BLOCK", (128, 128, 8, 8, 8))
+    f.lower(spec, spec)
+    delta = fusec.cache_info() - before
+    assert delta.lowerings == 2 and delta.disk_hits == 0
