@@ -41,7 +41,9 @@ def main() -> None:
         ts.append(ns / 1e9)
     rt.profile = False
     t = statistics.median(ts)
-    line = (f"block {codegen.MATMUL_BLOCK}: {m}x{n}x{k} {2 * m * n * k / t / 1e12:6.2f} TFLOP/s "
+    block = codegen.MATMUL_BLOCK or (codegen.MATMUL_LARGE if min(m, n) >= 128 else
+                                     codegen.MATMUL_SMALL)
+    line = (f"block {block}: {m}x{n}x{k} {2 * m * n * k / t / 1e12:6.2f} TFLOP/s "
             f"({t * 1e3:.3f} ms, rel err {err:.1e})")
     try:
         import torch

@@ -213,10 +213,13 @@ def test_large_reduction_and_matmul_grids():
         assert gx <= MAX_DIM and gy <= MAX_DIM and gz == 1, (target, k.grid)
         assert gx * gy * per_group >= 70000
     assert codegen.generate(eqn, "gpu").grid[1] > 1  # 70000 workgroups: a second grid dimension
-    batched = only_kernel(lambda a, b: a @ b, S((300, 256, 16)), S((300, 16, 256)))
-    gx, gy, gz = batched.grid
+    # the 16x16 baseline (the cpu target's) needs 300 * 16 * 16 tiles: a second grid dimension
+    (mm,) = _kernel_eqns(lambda a, b: a @ b, S((300, 256, 16)), S((300, 16, 256)))
+    gx, gy, gz = codegen.generate(mm, "cpu").grid
     assert gx <= MAX_DIM and gy <= MAX_DIM and gz == 1 and gy > 1
     assert gx * gy >= 300 * 16 * 16
+    gx, gy, gz = codegen.generate(mm, "gpu").grid  # register-blocked: 128x128 tiles
+    assert gx <= MAX_DIM and gy <= MAX_DIM and gz == 1 and gx * gy >= 300 * 2 * 2
 
 
 def test_large_grid_kernels_compile():

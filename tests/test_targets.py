@@ -87,3 +87,26 @@ def test_matmul_kernels(target: str, mkn: tuple[int, int, int], rng: np.random.G
     f = fusec.gpu_jit(lambda x, y, z: nn.relu(x @ y + z) + x.sum(axis=-1, keepdims=True))
     want = np.maximum(a.astype(np.float64) @ b + c, 0) + a.astype(np.float64).sum(-1, keepdims=True)
     np.testing.assert_allclose(np.asarray(f(a, b, c)), want, rtol=1e-4, atol=1e-4 * np.sqrt(k))
+
+
+@pytest.mark.parametrize("block", [(128, 128, 16, 8, 8), (64, 128, 16, 4, 8), (128, 64, 8, 8, 4)])
+def test_matmul_block_configurations(block: tuple[int, ...], rng: np.random.Generator,
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every valid register-blocked configuration computes the product; an invalid one (tiles
+    that 256 threads cannot load in whole rounds) is refused, never run."""
+    from fusec import codegen
+
+    fusec.config.set("target", "gpu")
+    monkeypatch.setattr(codegen, "MATMUL_BLOCK", block)
+    try:
+        a = rng.standard_normal((150, 70)).astype(np.float32)
+        b = rng.standard_normal((70, 200)).astype(np.float32)
+        f = fusec.gpu_jit(lambda x, y: x @ y)
+        if block == (128, 64, 8, 8, 4):
+            with pytest.raises(ValueError, match="does not fit"):
+                f.lower(a, b)
+            return
+        np.testing.assert_allclose(np.asarray(f(a, b)), a.astype(np.float64) @ b, rtol=1e-4,
+                                   atol=1e-4 * np.sqrt(70))
+    finally:
+        fusec.config.set("target", None)
