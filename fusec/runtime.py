@@ -144,6 +144,11 @@ class Runtime:
     def release(self, raw: Any, size: int) -> None:
         """Take back a buffer nobody references. Work already submitted that uses it runs before
         any later submission that reuses it (the queue is ordered), so reuse is safe."""
+        if getattr(raw, "_internal", True) is None:
+            # Already released: the garbage collector finalises a reference cycle in any order,
+            # so wgpu's buffer object may have gone first. Pooling it would hand wgpu a dead
+            # handle (a panic in wgpu-native at the next bind group).
+            return
         if self._free_bytes + size > self.pool_limit:
             raw.destroy()
             self.destroyed += 1  # cached bind groups may name it: executables drop theirs
