@@ -503,13 +503,13 @@ def _reduce(body: Program, names: dict[int, str], target: str = "gpu") -> tuple[
     if target == "cpu" and not cached and n_out * r > 0:
         taken: set[int] = set()
         for k, e in enumerate(reds):
-            src = e.inputs[0]
-            if not isinstance(src, Var) or id(src) in names or src.dtype == "bool":
+            red_in = e.inputs[0]
+            if not isinstance(red_in, Var) or id(red_in) in names or red_in.dtype == "bool":
                 continue
             for o in body.outputs:
-                if (isinstance(o, Var) and o.shape == shape and o.dtype == src.dtype
-                        and id(o) not in taken and _depends_on(o, src, producer)):
-                    spill.setdefault(k, []).append((src, out_index[id(o)]))
+                if (isinstance(o, Var) and o.shape == shape and o.dtype == red_in.dtype
+                        and id(o) not in taken and _depends_on(o, red_in, producer)):
+                    spill.setdefault(k, []).append((red_in, out_index[id(o)]))
                     taken.add(id(o))
                     break
 
@@ -529,7 +529,7 @@ def _reduce(body: Program, names: dict[int, str], target: str = "gpu") -> tuple[
             em = stage_emitter()
             idx = row_index(em)
             val = em.value(e.inputs[0], idx)
-            for src, j in spill.get(k, []):
+            for _, j in spill.get(k, []):
                 em.lines.append(f"{indent}out{j}[{em.flat(idx)}] = {val};")
             code = "\n".join(em.lines)
         stages.append({
@@ -559,8 +559,8 @@ def _reduce(body: Program, names: dict[int, str], target: str = "gpu") -> tuple[
         ridx = row_index(row_em)
         flat = row_em.flat(ridx)
         for k_spills in spill.values():
-            for src, j in k_spills:
-                row_em.spilled[id(src)] = (f"out{j}", flat)
+            for red_in, j in k_spills:
+                row_em.spilled[id(red_in)] = (f"out{j}", flat)
         ridx = Idx(ridx.shape, flat=flat, coords=ridx.coords)
         row_stores = emit_row(row_em, ridx)
         row_body = "\n".join(row_em.lines)
