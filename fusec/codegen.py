@@ -130,8 +130,6 @@ class Emitter:
         # vectorised elementwise kernels: buffers bound as vec4 arrays, and which flat index is
         # which lane of the thread's vec4 (so a load is one 16-byte access per buffer)
         self.vec_buffers: set[str] = set()
-        # values an earlier pass of a row kernel stored in an output buffer: (buffer, flat index)
-        self.spilled: dict[int, tuple[str, str]] = {}
         self.lane_of: dict[str, tuple[str, int]] = {}
         self.lines: list[str] = []
         self.memo: dict[tuple[Any, ...], str] = {}
@@ -197,10 +195,7 @@ class Emitter:
         key = (id(a), idx.key())
         if key in self.memo:
             return self.memo[key]
-        if id(a) in self.spilled and self.spilled[id(a)][1] == idx.flat:
-            buf, at = self.spilled[id(a)]
-            expr = f"{buf}[{at}]"
-        elif id(a) in self.registers:
+        if id(a) in self.registers:
             held, reg = self.registers[id(a)]
             if _nonunit(self.coords(idx), a.shape) != held:
                 raise Unaligned(f"register {reg} read at another index")
@@ -494,25 +489,7 @@ def _reduce(body: Program, names: dict[int, str], target: str = "gpu") -> tuple[
             em.let(f"{rr} * {n_out}u + o", "i") if n_out > 1 else rr) if leading else None
         return Idx(shape, flat=flat, coords=tuple(coords))
 
-    # On a CPU (software adapter) arithmetic, not memory, is what costs: a value a pass computes
-    # for its reduction that a row output needs again (softmax's exp(x - max)) is stored in that
-    # output's buffer and read back by the last pass, by the same thread, instead of recomputed.
     out_index = {id(o): j for j, o in enumerate(body.outputs)}
-    producer = {id(o): e for e in body.eqns for o in e.outs}
-    spill: dict[int, list[tuple[Var, int]]] = {}
-    if target == "cpu" and not cached and n_out * r > 0:
-        taken: set[int] = set()
-        for k, e in enumerate(reds):
-            red_in = e.inputs[0]
-            if not isinstance(red_in, Var) or id(red_in) in names or red_in.dtype == "bool":
-                continue
-            for o in body.outputs:
-                if (isinstance(o, Var) and o.shape == shape and o.dtype == red_in.dtype
-                        and id(o) not in taken and _depends_on(o, red_in, producer)):
-                    spill.setdefault(k, []).append((red_in, out_index[id(o)]))
-                    taken.add(id(o))
-                    break
-
     stages = []
     for k, e in enumerate(reds):
         info = REDUCTIONS[e.op]
@@ -529,8 +506,6 @@ def _reduce(body: Program, names: dict[int, str], target: str = "gpu") -> tuple[
             em = stage_emitter()
             idx = row_index(em)
             val = em.value(e.inputs[0], idx)
-            for _, j in spill.get(k, []):
-                em.lines.append(f"{indent}out{j}[{em.flat(idx)}] = {val};")
             code = "\n".join(em.lines)
         stages.append({
             "acc": acc, "ty": WGSL_TYPE[dt], "identity": wgsl_literal(info.identity(dt), dt),
@@ -556,13 +531,7 @@ def _reduce(body: Program, names: dict[int, str], target: str = "gpu") -> tuple[
         row_body = unrolled(len(reds), emit_row)
         row_stores = ["// stored above"]
     elif row_outs:
-        ridx = row_index(row_em)
-        flat = row_em.flat(ridx)
-        for k_spills in spill.values():
-            for red_in, j in k_spills:
-                row_em.spilled[id(red_in)] = (f"out{j}", flat)
-        ridx = Idx(ridx.shape, flat=flat, coords=ridx.coords)
-        row_stores = emit_row(row_em, ridx)
+        row_stores = emit_row(row_em, row_index(row_em))
         row_body = "\n".join(row_em.lines)
     row_ids = {id(o) for o in row_outs}
     scalar_em = Emitter(body, names, indent="        ", registers=registers, counter=counter)
@@ -585,19 +554,6 @@ def _reduce(body: Program, names: dict[int, str], target: str = "gpu") -> tuple[
         scalar_stores="\n".join(scalar_stores))
     groups = n_out if strategy == "workgroup" else -(-n_out // WORKGROUP)
     return src, groups
-
-
-def _depends_on(v: Var, src: Var, producer: dict[int, Eqn]) -> bool:
-    stack, seen = [v], set()
-    while stack:
-        x = stack.pop()
-        if x is src:
-            return True
-        if id(x) in seen or id(x) not in producer:
-            continue
-        seen.add(id(x))
-        stack.extend(a for a in producer[id(x)].inputs if isinstance(a, Var))
-    return False
 
 
 def _hoist(body: Program, names: dict[int, str], registers: dict[int, tuple[tuple[str, ...], str]],

@@ -255,13 +255,11 @@ def test_softmax_is_one_kernel_recomputing_the_exponential():
     assert len(top) == 2  # the input and the output only
     exps = [e for k in kernels(lowered.ir) for e in k.params["body"].eqns if e.op is Op.EXP]
     assert len(exps) == 1
-    # GPU target: the row is in registers and exp is recomputed in the last pass (free on a
-    # memory-bound GPU); CPU target (software adapters): computed once, kept in the output buffer
-    # by the sum's pass and read back by the last pass of the same thread
+    # on both targets exp is recomputed in the last pass: cheaper than storing it and reading it
+    # back (measured on lavapipe: 14.9 ms against 16.6 for 2048 x 2048)
     (eqn,) = kernels(lowered.ir)
-    gpu, cpu = codegen.generate(eqn, "gpu").wgsl, codegen.generate(eqn, "cpu").wgsl
-    assert gpu.count("exp(") == 2
-    assert cpu.count("exp(") == 1 and cpu.count("out0[") == 3  # spill, read back, result
+    for target in ("gpu", "cpu"):
+        assert codegen.generate(eqn, target).wgsl.count("exp(") == 2
     assert_same_results(traced, lowered.ir)
 
 
