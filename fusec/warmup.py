@@ -159,7 +159,8 @@ def warmup_from(path: str, threads: Optional[int] = None, progress: bool = True)
     """Compile every signature recorded in the manifest at ``path`` without running anything.
 
     Returns counts and timings: signatures, pipelines compiled, seconds. ``threads`` compiles
-    pipelines in parallel (default: up to 8 threads); 1 compiles them one by one.
+    pipelines in parallel (default 1: measured, threads do not speed up wgpu-native's pipeline
+    creation).
     """
     from .jit import JitFunction, gpu_jit
     from .runtime import get_runtime
