@@ -621,14 +621,18 @@ def _matmul_config(m: int, n: int, target: str) -> Optional[tuple[int, int, int,
     return _check_matmul_block(MATMUL_LARGE if m >= 128 and n >= 128 else MATMUL_SMALL)
 
 
-def _matmul_rb(body: Program, names: dict[int, str], mm: Eqn,
-               cfg: tuple[int, int, int, int, int]) -> tuple[str, int]:
-    bm, bn, bk, tm, tn = cfg
+def _mm_dims(mm: Eqn) -> tuple[Var, Var, list[int], int, int, int, int]:
+    """Operands, batch dims, M, K, N and batch size of a matmul equation."""
     a, b = mm.inputs
     assert isinstance(a, Var) and isinstance(b, Var)
     *batch, m, k = a.shape
-    n = b.shape[-1]
-    nb = math.prod(batch)
+    return a, b, batch, m, k, b.shape[-1], math.prod(batch)
+
+
+def _matmul_rb(body: Program, names: dict[int, str], mm: Eqn,
+               cfg: tuple[int, int, int, int, int]) -> tuple[str, int]:
+    bm, bn, bk, tm, tn = cfg
+    a, b, batch, m, k, n, nb = _mm_dims(mm)
     tn_tiles, tm_tiles = -(-n // bn), -(-m // bm)
     counter = [0]
 
@@ -688,11 +692,7 @@ def _matmul(body: Program, names: dict[int, str], target: str = "gpu") -> tuple[
     cfg = _matmul_config(mm.inputs[0].shape[-2], mm.inputs[1].shape[-1], target)
     if cfg is not None:
         return _matmul_rb(body, names, mm, cfg)
-    a, b = mm.inputs
-    assert isinstance(a, Var) and isinstance(b, Var)
-    *batch, m, k = a.shape
-    n = b.shape[-1]
-    nb = math.prod(batch)
+    a, b, batch, m, k, n, nb = _mm_dims(mm)
     tn, tm = -(-n // TILE), -(-m // TILE)
     counter = [0]
     ea = Emitter(body, names, indent="            ", counter=counter)
