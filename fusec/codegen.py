@@ -621,6 +621,17 @@ def _matmul_config(m: int, n: int, target: str) -> Optional[tuple[int, int, int,
     return _check_matmul_block(MATMUL_LARGE if m >= 128 and n >= 128 else MATMUL_SMALL)
 
 
+def _epilogue_stores(body: Program, mm: Eqn, ee: Emitter, here: Idx) -> list[str]:
+    """Stores of a matmul kernel's outputs, computed where the product's register lives."""
+    stores = []
+    for j, o in enumerate(body.outputs):
+        assert isinstance(o, Var)
+        if o.shape != mm.out.shape:
+            raise Unaligned("a matmul epilogue output must have the product's shape")
+        stores.append(f"        out{j}[{here.flat}] = {store_expr(ee.value(o, here), o.dtype)};")
+    return stores
+
+
 def _mm_dims(mm: Eqn) -> tuple[Var, Var, list[int], int, int, int, int]:
     """Operands, batch dims, M, K, N and batch size of a matmul equation."""
     a, b = mm.inputs
@@ -668,13 +679,7 @@ def _matmul_rb(body: Program, names: dict[int, str], mm: Eqn,
                        coords=bc + (r, c))
             ee.registers[id(mm.out)] = (_nonunit(bc + (r, c), mm.out.shape),
                                         f"acc{i}_{j // 4}[{j % 4}]")
-            stores = []
-            for jo, o in enumerate(body.outputs):
-                assert isinstance(o, Var)
-                if o.shape != mm.out.shape:
-                    raise Unaligned("a matmul epilogue output must have the product's shape")
-                v = ee.value(o, here)
-                stores.append(f"        out{jo}[{here.flat}] = {store_expr(v, o.dtype)};")
+            stores = _epilogue_stores(body, mm, ee, here)
             body_lines = "\n".join(ee.lines)
             blocks.append(f"    {{\n{body_lines}\n        if ({r} < {m}u && {c} < {n}u) {{\n"
                           + "\n".join("    " + st for st in stores) + "\n        }\n    }")
@@ -707,13 +712,7 @@ def _matmul(body: Program, names: dict[int, str], target: str = "gpu") -> tuple[
     here = Idx(mm.out.shape, flat=ee.let(f"(bt * {m}u + row) * {n}u + col", "i"),
                coords=bc + ("row", "col"))
     ee.registers[id(mm.out)] = (_nonunit(bc + ("row", "col"), mm.out.shape), "acc")
-    stores = []
-    for j, o in enumerate(body.outputs):
-        assert isinstance(o, Var)
-        if o.shape != mm.out.shape:
-            raise Unaligned("a matmul epilogue output must have the product's shape")
-        v = ee.value(o, here)
-        stores.append(f"        out{j}[{here.flat}] = {store_expr(v, o.dtype)};")
+    stores = _epilogue_stores(body, mm, ee, here)
     dt = mm.out.dtype
     src = _env().get_template("matmul.wgsl.j2").render(
         tile=TILE, m=m, n=n, k=k, tn=tn, tm=tm, total=tn * tm * nb, ty=WGSL_TYPE[dt],

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Union
@@ -24,14 +24,6 @@ Shape = tuple[int, ...]
 # Bump when the meaning of printed IR changes, so that hashes of old programs never collide with
 # new ones.
 IR_VERSION = "1"
-
-
-class OpGroup(Enum):
-    ELEMENTWISE = "elementwise"  # out[i] depends on inputs at the broadcast of i only
-    REDUCE = "reduce"
-    MATMUL = "matmul"
-    MOVEMENT = "movement"  # pure index maps: no arithmetic, only where elements come from
-    KERNEL = "kernel"  # a fused group; params["body"] is a Program
 
 
 class Op(Enum):
@@ -91,18 +83,6 @@ COMPARISON = frozenset({Op.GT, Op.GE, Op.LT, Op.LE, Op.EQ, Op.NE})
 ELEMENTWISE = UNARY | BINARY | {Op.WHERE}
 REDUCE = frozenset({Op.SUM, Op.RMAX, Op.RMIN})
 MOVEMENT = frozenset({Op.RESHAPE, Op.TRANSPOSE, Op.BROADCAST})
-
-
-def group_of(op: Op) -> OpGroup:
-    if op in ELEMENTWISE:
-        return OpGroup.ELEMENTWISE
-    if op in REDUCE or op is Op.PARTIAL:
-        return OpGroup.REDUCE
-    if op in MOVEMENT:
-        return OpGroup.MOVEMENT
-    if op is Op.MATMUL:
-        return OpGroup.MATMUL
-    return OpGroup.KERNEL
 
 
 def size_of(shape: Shape) -> int:
@@ -254,37 +234,6 @@ def format_program(prog: Program, indent: str = "", names: dict[int, str] | None
 def structural_hash(prog: Program) -> str:
     text = f"fusec-ir-{IR_VERSION}\n{format_program(prog)}"
     return hashlib.sha256(text.encode()).hexdigest()
-
-
-# --- small helpers used by passes -----------------------------------------------------------------
-
-
-def uses(prog: Program) -> dict[int, int]:
-    """How many times each variable (by id) is used as an operand or output."""
-    count: dict[int, int] = {}
-    for e in prog.eqns:
-        for a in e.inputs:
-            if isinstance(a, Var):
-                count[id(a)] = count.get(id(a), 0) + 1
-    for a in prog.outputs:
-        if isinstance(a, Var):
-            count[id(a)] = count.get(id(a), 0) + 1
-    return count
-
-
-def consumers(prog: Program) -> dict[int, list[Eqn]]:
-    out: dict[int, list[Eqn]] = {}
-    for e in prog.eqns:
-        for a in e.inputs:
-            if isinstance(a, Var):
-                lst = out.setdefault(id(a), [])
-                if e not in lst:
-                    lst.append(e)
-    return out
-
-
-def var_inputs(atoms: Iterable[Atom]) -> list[Var]:
-    return [a for a in atoms if isinstance(a, Var)]
 
 
 # --- serialisation (the persistent cache stores lowered programs) ---------------------------------

@@ -17,7 +17,7 @@ import numpy as np
 
 from . import dtypes
 from .errors import ShapeError
-from .ir import BINARY, COMPARISON, Op, Shape
+from .ir import COMPARISON, Op, Shape
 
 # --- shape rules ----------------------------------------------------------------------------------
 
@@ -335,10 +335,6 @@ def matmul_shape(a: Shape, b: Shape) -> Shape:
     if len(a) < 2 or len(b) < 2 or a[:-2] != b[:-2] or a[-1] != b[-2]:
         raise ShapeError(f"matmul primitive needs [...,M,K] @ [...,K,N]; got {a} and {b}")
     return a[:-1] + (b[-1],)
-
-
-def is_binary(op: Op) -> bool:
-    return op in BINARY
 
 
 def infer_type(op: Op, in_types: Sequence[tuple[Shape, str]], params: dict[str, Any]

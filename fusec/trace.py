@@ -14,7 +14,7 @@ from typing import Any, Union
 import numpy as np
 
 from . import dtypes
-from .errors import DTypeError, TraceError, TracerBoolConversionError
+from .errors import TraceError, TracerBoolConversionError
 from .ir import Eqn, Lit, Op, Program, Var, type_str
 from .ops import infer_type
 
@@ -255,9 +255,3 @@ def _fnp() -> Any:
     from . import numpy as fnp
 
     return fnp
-
-
-def check_dtype_for(op_name: str, dtype: str, allowed: Sequence[str]) -> None:
-    if dtype not in allowed:
-        raise DTypeError(
-            f"{op_name} does not accept dtype {dtype}; it accepts {', '.join(allowed)}")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 # A treedef is a hashable nested tuple: ("leaf",) | ("none",) | (kind, aux, (child treedefs...)).
@@ -68,11 +67,6 @@ def _build(td: TreeDef, it: Any) -> Any:
     if kind == "dict":
         return dict(zip(aux, vals))
     return kind[1](*vals)  # namedtuple
-
-
-def tree_map(fn: Callable[[Any], Any], tree: Any) -> Any:
-    leaves, td = flatten(tree)
-    return unflatten(td, [fn(x) for x in leaves])
 
 
 def describe(td: TreeDef) -> str:
