@@ -25,21 +25,25 @@ from fusec import nn  # noqa: E402
 from fusec.runtime import GpuExecutable, get_runtime  # noqa: E402
 
 
-def per_call(fn: Callable[[], Any], calls: int = 2000, sync_every: int = 200) -> float:
-    """Median over blocks of the time per call; the queue is drained between blocks."""
+def per_call(fns: list[Callable[[], Any]], calls: int = 4000,
+             sync_every: int = 200) -> list[float]:
+    """Median time per call of each of ``fns``, measured in interleaved blocks (A B A B ...) so
+    that a noisy neighbour slows all of them alike; the queue is drained between blocks."""
     rt = get_runtime()
     assert rt is not None
-    for _ in range(50):
-        fn()
-    rt.sync()
-    times = []
-    for _ in range(calls // sync_every):
-        t = time.perf_counter()
-        for _ in range(sync_every):
+    for fn in fns:
+        for _ in range(50):
             fn()
-        times.append((time.perf_counter() - t) / sync_every)
-        rt.sync()
-    return statistics.median(times)
+    rt.sync()
+    times: list[list[float]] = [[] for _ in fns]
+    for _ in range(calls // sync_every):
+        for fn, ts in zip(fns, times):
+            t = time.perf_counter()
+            for _ in range(sync_every):
+                fn()
+            ts.append((time.perf_counter() - t) / sync_every)
+            rt.sync()
+    return [statistics.median(ts) for ts in times]
 
 
 def hand_written(f: Any, args: tuple[Any, ...]) -> Callable[[], None]:
@@ -95,8 +99,7 @@ def main() -> dict[str, Any]:
         fuse = not name.startswith("5 kernels")
         f = fusec.gpu_jit(fn, fuse=fuse)
         f(x, w).block_until_ready()
-        t_fusec = per_call(lambda: f(x, w))
-        t_hand = per_call(hand_written(f, (x, w)))
+        t_fusec, t_hand = per_call([lambda: f(x, w), hand_written(f, (x, w))])
         out[name] = {"fusec_us": t_fusec * 1e6, "hand_us": t_hand * 1e6,
                      "ratio": t_fusec / t_hand, "kernels": len(f.lower(x, w).kernels)}
         print(f"{name:38s} fusec {t_fusec * 1e6:7.1f} us   hand-written {t_hand * 1e6:7.1f} us"

@@ -30,7 +30,8 @@ WORKGROUP = 256  # threads per workgroup for elementwise and reduction kernels
 TILE = 16  # matmul tile edge
 ELEMS_PER_THREAD = 4  # elementwise kernels over large arrays
 VEC_MIN = 1 << 16  # elementwise kernels at least this large use vec4 loads and stores on GPUs
-VEC_PER_THREAD = int(os.environ.get("FUSEC_VEC_PER_THREAD", 1))  # vec4s per thread
+# vec4s per thread: on the H200 (2^26 float32) 2 gave 4.1-4.3 TB/s where 1 gave 3.2-3.6 (4: as 2)
+VEC_PER_THREAD = int(os.environ.get("FUSEC_VEC_PER_THREAD", 2))
 # row kernels on GPUs keep up to this many elements per thread in registers (FUSEC_ROW_CACHE)
 ROW_CACHE = int(os.environ.get("FUSEC_ROW_CACHE", 32))
 # Register-blocked matmul on GPUs: (BM, BN, BK, TM, TN). Measured on the H200 at 4096^3 float32
@@ -54,6 +55,11 @@ def _check_matmul_block(cfg: tuple[int, ...]) -> tuple[int, int, int, int, int]:
         raise ValueError(f"matmul block {cfg} does not fit 16x16 threads: need BM = 16 TM, "
                          "BN = 16 TN, TM and TN multiples of 4, BM*BK and BK*BN multiples of 1024")
     return bm, bn, bk, tm, tn
+# how register-blocked matmuls store their results: "auto" stages epilogues through workgroup
+# memory and stores a bare product directly; "staged" or "direct" force one (FUSEC_MATMUL_EPILOGUE)
+MATMUL_EPILOGUE = os.environ.get("FUSEC_MATMUL_EPILOGUE", "auto")
+if MATMUL_EPILOGUE not in ("auto", "staged", "direct"):
+    raise ValueError(f"FUSEC_MATMUL_EPILOGUE must be auto, staged or direct; got {MATMUL_EPILOGUE}")
 MAX_GROUPS = 65535  # workgroups per grid dimension (WebGPU limit)
 
 
@@ -61,7 +67,7 @@ def tuning() -> dict[str, Any]:
     """Every setting that changes generated code: part of the persistent cache's key."""
     return {"workgroup": WORKGROUP, "tile": TILE, "elems": ELEMS_PER_THREAD, "vec_min": VEC_MIN,
             "vec_per": VEC_PER_THREAD, "row_cache": ROW_CACHE,
-            "matmul": (MATMUL_BLOCK, MATMUL_LARGE, MATMUL_SMALL)}
+            "matmul": (MATMUL_BLOCK, MATMUL_LARGE, MATMUL_SMALL, MATMUL_EPILOGUE)}
 
 
 def _template_dir() -> Path:
@@ -667,29 +673,80 @@ def _matmul_rb(body: Program, names: dict[int, str], mm: Eqn,
         pairs = [operand(b, "kb", "col") for _ in range(4)]
         load_b.append([p[0] for p in pairs])
         val_b.append([p[1] for p in pairs])
-    # the epilogue, once per element of the thread's block, where its accumulator lives
+    staged = _staged_rows(body, cfg)
+    if staged:
+        rounds, rr, per_thread = tm // staged, staged, (16 * staged * bn // 4) // 256
+        lanes = []
+        for lane in range(4):
+            ee = Emitter(body, names, indent="            ", counter=counter)
+            c = ee.let(f"ec + {lane}u", "c")
+            bc = tuple(ee.coords(Idx(tuple(batch), flat="bt"))) if batch else ()
+            here = Idx(mm.out.shape, flat=ee.let(f"(bt * {m}u + er) * {n}u + {c}", "i"),
+                       coords=bc + ("er", c))
+            ee.registers[id(mm.out)] = (_nonunit(bc + ("er", c), mm.out.shape), f"s4[{lane}]")
+            stores = _epilogue_stores(body, mm, ee, here)
+            lanes.append("        {\n" + "\n".join(ee.lines) + f"\n            if (er < {m}u && "
+                         f"{c} < {n}u) {{\n" + "\n".join("        " + st for st in stores)
+                         + "\n            }\n        }")
+        return _render_rb(mm, cfg, m, n, k, tm_tiles, tn_tiles, nb, a_groups, b_groups, load_a,
+                          val_a, load_b, val_b, epilogue="", rounds=rounds, rr=rr,
+                          per_thread=per_thread, lanes="\n".join(lanes))
+    # The epilogue, once per element of the thread's block, where its accumulator lives. One
+    # emitter for the whole block: what depends only on the row or the column (a bias) is loaded
+    # once per row or column, not once per element.
+    ee = Emitter(body, names, indent="    ", counter=counter)
+    rows = [ee.let(f"row0 + ty * {tm}u + {i}u", "r") for i in range(tm)]
+    cols = [ee.let(f"col0 + tx * {tn}u + {j}u", "c") for j in range(tn)]
+    bc = tuple(ee.coords(Idx(tuple(batch), flat="bt"))) if batch else ()
     blocks = []
     for i in range(tm):
         for j in range(tn):
-            ee = Emitter(body, names, indent="        ", counter=counter)
-            r = ee.let(f"row0 + ty * {tm}u + {i}u", "r")
-            c = ee.let(f"col0 + tx * {tn}u + {j}u", "c")
-            bc = tuple(ee.coords(Idx(tuple(batch), flat="bt"))) if batch else ()
+            r, c = rows[i], cols[j]
             here = Idx(mm.out.shape, flat=ee.let(f"(bt * {m}u + {r}) * {n}u + {c}", "i"),
                        coords=bc + (r, c))
             ee.registers[id(mm.out)] = (_nonunit(bc + (r, c), mm.out.shape),
                                         f"acc{i}_{j // 4}[{j % 4}]")
             stores = _epilogue_stores(body, mm, ee, here)
-            body_lines = "\n".join(ee.lines)
-            blocks.append(f"    {{\n{body_lines}\n        if ({r} < {m}u && {c} < {n}u) {{\n"
-                          + "\n".join("    " + st for st in stores) + "\n        }\n    }")
+            blocks.extend(ee.lines)
+            ee.lines = []
+            blocks.append(f"    if ({r} < {m}u && {c} < {n}u) {{\n"
+                          + "\n".join("    " + st[4:] for st in stores) + "\n    }")
+    return _render_rb(mm, cfg, m, n, k, tm_tiles, tn_tiles, nb, a_groups, b_groups, load_a,
+                      val_a, load_b, val_b, epilogue="\n".join(blocks), rounds=0, rr=0,
+                      per_thread=0, lanes="")
+
+
+def _render_rb(mm: Eqn, cfg: tuple[int, int, int, int, int], m: int, n: int, k: int,
+               tm_tiles: int, tn_tiles: int, nb: int, a_groups: int, b_groups: int,
+               load_a: list[list[str]], val_a: list[list[str]], load_b: list[list[str]],
+               val_b: list[list[str]], **epilogue: Any) -> tuple[str, int]:
+    bm, bn, bk, tm, tn = cfg
     dt = mm.out.dtype
     src = _env().get_template("matmul_rb.wgsl.j2").render(
         bm=bm, bn=bn, bk=bk, tm=tm, tn=tn, m=m, n=n, k=k, tm_tiles=tm_tiles, tn_tiles=tn_tiles,
         total=tm_tiles * tn_tiles * nb, ty=WGSL_TYPE[dt], zero=wgsl_literal(0, dt),
         a_loads=a_groups, b_loads=b_groups, load_a=load_a, val_a=val_a,
-        load_b=load_b, val_b=val_b, epilogue="\n".join(blocks))
+        load_b=load_b, val_b=val_b, **epilogue)
     return src, tm_tiles * tn_tiles * nb
+
+
+def _staged_rows(body: Program, cfg: tuple[int, int, int, int, int]) -> int:
+    """Rows of each thread's block per round of a staged epilogue, or 0 to store directly.
+
+    Staging pays where there is an epilogue. Computed straight from the registers, an epilogue
+    changed how NVIDIA's compiler built the whole kernel, erratically: at 4096^3 on the H200 the
+    bare product took 5.05 ms, with a bias 7.21, bias+relu 5.05, bias+gelu 5.71 (unfused 5.09 to
+    5.46). Staged, every epilogue took 5.34-5.37 ms; a bare product is stored directly. A round
+    must fit the tiles' workgroup memory and give every thread the same number of vec4s."""
+    mode = MATMUL_EPILOGUE
+    if mode == "direct" or (mode == "auto" and len(body.eqns) == 1):
+        return 0
+    bm, bn, bk, tm, tn = cfg
+    for rr in range(tm, 0, -1):
+        chunk = 16 * rr * bn // 4  # vec4s of one round
+        if tm % rr == 0 and chunk <= bk * (bm + bn) // 4 and chunk % 256 == 0:
+            return rr
+    return 0
 
 
 def _matmul(body: Program, names: dict[int, str], target: str = "gpu") -> tuple[str, int]:

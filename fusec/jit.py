@@ -279,6 +279,8 @@ class Compiled:
         self.used = used_inputs(lowered.ir)
         self._consts: Optional[list[Array]] = None
         self._lean = not self.traced.options.donated and not self.traced.const_values
+        # every input used too: Array arguments go to the executable as they are
+        self._fast_ok = self._lean and all(self.used)
         td = self.traced.out_tree
         # output structure fast paths: None = a single array, True = a flat tuple of arrays
         self._out_flat: Optional[bool] = (
@@ -291,11 +293,20 @@ class Compiled:
                 v).dtype), host=np.asarray(v)) for v in self.traced.const_values]
         return self._consts
 
+    def run_arrays(self, arrays: Sequence[Array]) -> Any:
+        """``run_leaves`` for leaves that are all Arrays (the jitted call's fast path)."""
+        if not self._fast_ok:
+            return self.run_leaves(arrays)
+        outs = self.executable.run(arrays)
+        if self._out_flat is None:
+            return outs[0]
+        return tuple(outs) if self._out_flat else unflatten(self.traced.out_tree, outs)
+
     def run_leaves(self, leaves: Sequence[Any]) -> Any:
         if self._lean:  # no donation, no captured constants: the common cached call
-            args = [x if type(x) is Array else (_to_array(x, aval) if used else None)
-                    for x, aval, used in zip(leaves, self.traced.in_avals, self.used)]
-            outs = self.executable.run(args)
+            outs = self.executable.run([
+                x if type(x) is Array else (_to_array(x, aval) if used else None)
+                for x, aval, used in zip(leaves, self.traced.in_avals, self.used)])
             if self._out_flat is None:
                 return outs[0]
             return tuple(outs) if self._out_flat else unflatten(self.traced.out_tree, outs)
@@ -455,6 +466,7 @@ class JitFunction:
         # calls whose arguments are all device Arrays, positional, with no static arguments: the
         # signature is just their shapes and dtypes (the common cached call; skips binding)
         self._fast: dict[tuple[Any, ...], Compiled] = {}
+        self._positional = not self._binder.static_names
         self._traces = 0
         self._warned_retrace = False
         # the code object: a lambda re-created in a loop shares it, two lambdas on a line do not
@@ -551,12 +563,12 @@ class JitFunction:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         fast = None
-        if not kwargs and not self._binder.static_names:
-            fast = tuple((a._shape, a._dtype) if type(a) is Array else None for a in args)
+        if not kwargs and self._positional:
+            fast = tuple([(a._shape, a._dtype) if type(a) is Array else None for a in args])
             hit = self._fast.get(fast)
-            if hit is not None and None not in fast:
+            if hit is not None:  # (only keys of all-Array calls are stored)
                 cache.STATS.hits += 1
-                return hit.run_leaves(args)
+                return hit.run_arrays(args)
         if current_builder() is not None:
             return self.fun(*args, **kwargs)  # nested jit: inline into the outer trace
         key, leaves, td, static = self._signature(args, kwargs)

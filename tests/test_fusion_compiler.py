@@ -183,7 +183,7 @@ def test_gelu_linear_is_one_matmul_kernel_with_the_tanh_in_its_epilogue() -> Non
     assert {"matmul", "add", "tanh"} <= body_ops(k)
     (code,) = lowered.kernels
     assert code.kind == "matmul"
-    assert re.search(r"\btanh\(", code.wgsl), code.wgsl
+    assert re.search(r"\bfusec_tanh\(", code.wgsl), code.wgsl
     mem = lowered.memory_analysis()
     assert mem.intermediate_bytes == 0 and mem.intermediate_bytes_unplanned == 0
     assert mem.output_bytes == 512 * 1024 * 4

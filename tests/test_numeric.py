@@ -297,6 +297,19 @@ def test_tanh_saturates(rng: np.random.Generator) -> None:
     assert_close(run(fnp.tanh, x), np.tanh(x.astype(np.float64)), *ELEMENTWISE[Op.TANH].tol)
 
 
+def test_tanh_keeps_relative_accuracy_near_zero(rng: np.random.Generator) -> None:
+    """tanh(x) ~ x for tiny x: relative, not only absolute, accuracy (lavapipe's builtin gave
+    ~3e-8 for tanh(1e-30)); both branches of fusec_tanh and the switch at 0.25; inf and NaN."""
+    mags = np.concatenate([np.logspace(-30, 1.3, 4001), rng.uniform(0.2, 0.3, 1001)])
+    x = np.concatenate([mags, -mags]).astype(np.float32)
+    got = np.asarray(run(fnp.tanh, x)).astype(np.float64)
+    want = np.tanh(x.astype(np.float64))
+    assert np.max(np.abs(got - want) / np.abs(want)) < 2e-6
+    special = np.asarray(run(fnp.tanh, np.array([np.inf, -np.inf, np.nan, 0.0], np.float32)))
+    np.testing.assert_array_equal(special[:2], [1.0, -1.0])
+    assert np.isnan(special[2]) and special[3] == 0.0
+
+
 # --- power ----------------------------------------------------------------------------------------
 
 

@@ -110,3 +110,34 @@ def test_matmul_block_configurations(block: tuple[int, ...], rng: np.random.Gene
                                    atol=1e-4 * np.sqrt(70))
     finally:
         fusec.config.set("target", None)
+
+
+@pytest.mark.parametrize("mode", ["staged", "direct"])
+@pytest.mark.parametrize("block", [(128, 128, 16, 8, 8), (64, 64, 16, 4, 4), (64, 128, 16, 4, 8),
+                                   (128, 128, 8, 8, 8)])
+def test_matmul_epilogue_stores(mode: str, block: tuple[int, ...], rng: np.random.Generator,
+                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both ways of storing a register-blocked product with an epilogue (staged through workgroup
+    memory in rounds of rows, or straight from the registers) give every element once: odd sizes
+    with partial edge tiles, a batch, a bias, a row-broadcast operand and two outputs."""
+    from fusec import codegen
+
+    fusec.config.set("target", "gpu")
+    monkeypatch.setattr(codegen, "MATMUL_BLOCK", block)
+    monkeypatch.setattr(codegen, "MATMUL_EPILOGUE", mode)
+    try:
+        a = rng.standard_normal((2, 131, 45)).astype(np.float32)
+        b = rng.standard_normal((45, 257)).astype(np.float32)
+        c = rng.standard_normal(257).astype(np.float32)
+        r = rng.standard_normal((2, 131, 1)).astype(np.float32)
+        f = fusec.gpu_jit(lambda x, y, z, s: (x @ y, nn.gelu(x @ y + z) * s))
+        wgsl = f.lower(a, b, c, r).kernels[0].wgsl
+        assert ("The epilogue, staged" in wgsl) == (mode == "staged")
+        p, g = f(a, b, c, r)
+        p64 = a.astype(np.float64) @ b
+        h = p64 + c
+        want = 0.5 * h * (1 + np.tanh(np.sqrt(2 / np.pi) * (h + 0.044715 * h ** 3))) * r
+        np.testing.assert_allclose(np.asarray(p), p64, rtol=1e-4, atol=1e-4 * np.sqrt(45))
+        np.testing.assert_allclose(np.asarray(g), want, rtol=1e-4, atol=2e-4 * np.sqrt(45))
+    finally:
+        fusec.config.set("target", None)
