@@ -1,10 +1,14 @@
-"""Cost of fused matmul epilogues: fused vs unfused GPU time for epilogues of growing weight."""
+"""Cost of fused matmul epilogues: fused (each way of storing the product) vs unfused GPU time.
+
+    python bench/epilogue_probe.py [N]
+"""
 
 from __future__ import annotations
 
 import os
 import statistics
 import sys
+import time
 
 import numpy as np
 
@@ -18,10 +22,14 @@ from fusec.runtime import get_runtime  # noqa: E402
 
 def gpu(f, args):  # type: ignore[no-untyped-def]
     rt = get_runtime()
-    f(*args).block_until_ready()
+    start = time.perf_counter()
+    while time.perf_counter() - start < 0.3:  # keep the GPU busy first: it clocks up
+        for _ in range(5):
+            f(*args)
+        rt.sync()
     rt.profile = True
     ts = []
-    for _ in range(7):
+    for _ in range(11):
         f(*args)
         ts.append(rt.last_gpu_ns() / 1e6)
     rt.profile = False
@@ -38,10 +46,12 @@ def main() -> None:
              "bias_relu": lambda x, y, z: nn.relu(x @ y + z),
              "bias_gelu": lambda x, y, z: nn.gelu(x @ y + z)}
     for name, fn in cases.items():
-        fused = gpu(fusec.gpu_jit(fn), (a, b, c))
-        unfused = gpu(fusec.gpu_jit(fn, fuse=False), (a, b, c))
-        print(f"block {codegen.MATMUL_BLOCK}: {name:10s} fused {fused:.3f} ms  unfused "
-              f"{unfused:.3f} ms")
+        row = [f"unfused {gpu(fusec.gpu_jit(fn, fuse=False), (a, b, c)):.3f} ms"]
+        for mode in ("direct", "staged"):
+            codegen.MATMUL_EPILOGUE = mode  # new jitted functions generate code with it
+            row.append(f"{mode} {gpu(fusec.gpu_jit(fn), (a, b, c)):.3f} ms")
+        print(f"{n}^3 {name:10s} " + "  ".join(row))
+    codegen.MATMUL_EPILOGUE = "auto"
 
 
 if __name__ == "__main__":
