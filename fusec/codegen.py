@@ -621,7 +621,7 @@ def _partial(body: Program, names: dict[int, str], e: Eqn) -> tuple[str, int]:
     return code, n_out * chunks
 
 
-def _matmul_config(m: int, n: int, target: str) -> Optional[tuple[int, int, int, int, int]]:
+def matmul_config(m: int, n: int, target: str) -> Optional[tuple[int, int, int, int, int]]:
     """(BM, BN, BK, TM, TN) of the register-blocked template, or None for the 16x16 baseline."""
     if target != "gpu" or m < 32 or n < 32:
         return None
@@ -754,7 +754,7 @@ def _staged_rows(body: Program, cfg: tuple[int, int, int, int, int]) -> int:
 
 def _matmul(body: Program, names: dict[int, str], target: str = "gpu") -> tuple[str, int]:
     mm = next(e for e in body.eqns if e.op is Op.MATMUL)
-    cfg = _matmul_config(mm.inputs[0].shape[-2], mm.inputs[1].shape[-1], target)
+    cfg = matmul_config(mm.inputs[0].shape[-2], mm.inputs[1].shape[-1], target)
     if cfg is not None:
         return _matmul_rb(body, names, mm, cfg)
     a, b, batch, m, k, n, nb = _mm_dims(mm)

@@ -664,3 +664,48 @@ def test_literal_outputs_survive_the_pipeline():
     traced = trace(lambda x: (x * 2.0, 7), S((3,)))
     prog = run_pipeline(traced.ir, Options(), check=True)
     assert isinstance(prog.outputs[1], Lit) and prog.outputs[1].value == 7
+
+
+# --- split-K for skinny matmuls -------------------------------------------------------------------
+
+
+def test_split_k_before_after_printed():
+    """A product with few rows becomes a batched product over chunks of K and a sum over them,
+    on the GPU target only; wide products (the register-blocked template's) stay as they are."""
+    from fusec.passes.splitk import chunks_for, split_k
+
+    traced = trace(lambda a, b: a @ b, S((8, 2048)), S((2048, 512)))
+    assert chunks_for(8, 2048, 512) == 16  # 32 tiles -> 16 chunks of 128
+    assert str(split_k(traced.ir, "gpu")) == textwrap.dedent("""\
+        { lambda a:f32[8,2048] b:f32[2048,512] .
+            c:f32[8,16,128] = reshape shape=(8,16,128) a
+            d:f32[16,8,128] = transpose perm=(1,0,2) c
+            e:f32[16,128,512] = reshape shape=(16,128,512) b
+            f:f32[16,8,512] = matmul d e
+            g:f32[8,512] = sum axes=(0,) f
+          in (g) }""")
+    assert str(split_k(traced.ir, "cpu")) == str(traced.ir)
+    wide = trace(lambda a, b: a @ b, S((256, 2048)), S((2048, 256)))
+    assert str(split_k(wide.ir, "gpu")) == str(wide.ir)
+    # K that halves only a few times, and K too short to split
+    assert chunks_for(3, 1536, 7) == 8 and chunks_for(4096, 4096, 8) == 16
+    assert chunks_for(8, 200, 8) == 1 and chunks_for(8, 4097, 8) == 1
+
+
+@requires_gpu
+@pytest.mark.parametrize("mkn", [(8, 2048, 1000), (2000, 1536, 3), (1, 1024, 37)])
+def test_split_k_products_match_numpy(mkn: tuple[int, int, int]) -> None:
+    """Split products on the GPU target: a matmul kernel over the chunks, then a reduce kernel
+    that sums them and runs the epilogue."""
+    m, k, n = mkn
+    fusec.config.set("target", "gpu")
+    try:
+        a, b, c = gpu_args((m, k), (k, n), (n,))
+        f = fusec.gpu_jit(lambda x, y, z: nn.gelu(x @ y + z))
+        kinds = [kc.kind for kc in f.lower(a, b, c).kernels]
+        assert kinds == ["matmul", "reduce"]
+        h = a.astype(np.float64) @ b + c
+        want = 0.5 * h * (1 + np.tanh(np.sqrt(2 / np.pi) * (h + 0.044715 * h ** 3)))
+        np.testing.assert_allclose(np.asarray(f(a, b, c)), want, rtol=1e-4, atol=1e-5 * np.sqrt(k))
+    finally:
+        fusec.config.set("target", None)

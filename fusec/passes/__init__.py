@@ -13,6 +13,7 @@ from .fuse import fuse
 from .memory import MemoryAnalysis, analyse, plan_memory
 from .simplify import simplify
 from .split import split_reductions
+from .splitk import split_k
 from .verify import VerifyError, verify
 
 
@@ -33,6 +34,7 @@ PIPELINE: list[tuple[str, Pass]] = [
     ("cse", lambda p, o: cse(p)),
     ("dce", lambda p, o: dce(p)),
     ("split_reductions", lambda p, o: split_reductions(p)),
+    ("split_k", lambda p, o: split_k(p, o.target)),
     ("fuse", lambda p, o: fuse(p, enabled=o.fuse, max_bindings=o.max_bindings)),
     ("plan_memory", lambda p, o: plan_memory(p, o.donated)),
 ]
@@ -50,5 +52,5 @@ def run_pipeline(prog: Program, opts: Options, check: bool | None = None) -> Pro
 
 
 __all__ = ["PIPELINE", "Options", "run_pipeline", "simplify", "cse", "dce", "split_reductions",
-           "fuse", "plan_memory", "analyse", "MemoryAnalysis", "verify", "VerifyError",
+           "split_k", "fuse", "plan_memory", "analyse", "MemoryAnalysis", "verify", "VerifyError",
            "used_inputs"]

@@ -1,0 +1,58 @@
+"""Split-K for skinny matmuls. A product with few rows or few columns (a batch of 8 rows through a
+layer, or a layer with 8 outputs) gives the 16x16 tiled kernel only a few hundred workgroups, each
+walking the whole of K in sequence: about 5% of the memory bandwidth on the H200. Cutting K into S
+chunks turns it into a batched product of S partial results, (S, M, N), and a sum over them:
+S times more workgroups, for a partial-results buffer of S * M * N elements. Later passes treat the
+two like any matmul and reduction (an epilogue fuses into the sum).
+"""
+
+from __future__ import annotations
+
+from .. import codegen
+from ..ir import Eqn, Op, Program, Var
+
+TILE_LIMIT = 1024  # products with fewer 16x16 output tiles than this are split...
+GROUPS = 4096  # ...into at most this many workgroups...
+MIN_CHUNK = 128  # ...each walking at least this much of K
+
+
+def chunks_for(m: int, k: int, n: int) -> int:
+    """How many chunks to cut K into (1: leave the product alone)."""
+    tiles = -(-m // codegen.TILE) * -(-n // codegen.TILE)
+    if tiles >= TILE_LIMIT:
+        return 1
+    s = 1
+    while k % (2 * s) == 0 and k // (2 * s) >= MIN_CHUNK and tiles * 2 * s <= GROUPS:
+        s *= 2
+    return s
+
+
+def split_k(prog: Program, target: str) -> Program:
+    eqns: list[Eqn] = []
+    for e in prog.eqns:
+        if e.op is not Op.MATMUL:
+            eqns.append(e)
+            continue
+        a, b = e.inputs
+        assert isinstance(a, Var) and isinstance(b, Var)
+        if len(a.shape) != 2 or len(b.shape) != 2:
+            eqns.append(e)
+            continue
+        (m, k), n = a.shape, b.shape[1]
+        # only products the register-blocked template would not take (it has parallelism enough)
+        s = chunks_for(m, k, n) if codegen.matmul_config(m, n, target) is None else 1
+        if s == 1 or target != "gpu":
+            eqns.append(e)
+            continue
+        kc = k // s
+        a3 = Var((m, s, kc), a.dtype)
+        at = Var((s, m, kc), a.dtype)
+        b3 = Var((s, kc, n), b.dtype)
+        part = Var((s, m, n), e.out.dtype)
+        eqns += [Eqn(Op.RESHAPE, (a,), (a3,), {"shape": (m, s, kc)}),
+                 Eqn(Op.TRANSPOSE, (a3,), (at,), {"perm": (1, 0, 2)}),
+                 Eqn(Op.RESHAPE, (b,), (b3,), {"shape": (s, kc, n)}),
+                 Eqn(Op.MATMUL, (at, b3), (part,), {}),
+                 Eqn(Op.SUM, (part,), (e.out,), {"axes": (0,)})]
+    return Program(list(prog.inputs), eqns, list(prog.outputs))
+
