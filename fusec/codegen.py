@@ -63,6 +63,11 @@ def _check_matmul_block(cfg: tuple[int, ...]) -> tuple[int, int, int, int, int]:
 MATMUL_EPILOGUE = os.environ.get("FUSEC_MATMUL_EPILOGUE", "auto")
 if MATMUL_EPILOGUE not in ("auto", "staged", "direct"):
     raise ValueError(f"FUSEC_MATMUL_EPILOGUE must be auto, staged or direct; got {MATMUL_EPILOGUE}")
+# Products with at most GEMV_M rows and at least 256 columns on GPUs: a thread per column, all rows
+# in registers, A staged GEMV_K_TILE values of K at a time (FUSEC_GEMV=0: the 16x16 kernel).
+GEMV = os.environ.get("FUSEC_GEMV", "1") != "0"
+GEMV_M = 16
+GEMV_K_TILE = 256
 MAX_GROUPS = 65535  # workgroups per grid dimension (WebGPU limit)
 
 
@@ -70,6 +75,7 @@ def tuning() -> dict[str, Any]:
     """Every setting that changes generated code: part of the persistent cache's key."""
     return {"workgroup": WORKGROUP, "tile": TILE, "elems": ELEMS_PER_THREAD, "vec_min": VEC_MIN,
             "vec_per": VEC_PER_THREAD, "row_cache": ROW_CACHE,
+            "gemv": (GEMV, GEMV_M, GEMV_K_TILE),
             "matmul": (MATMUL_BLOCK, MATMUL_LARGE, MATMUL_SMALL, MATMUL_EPILOGUE)}
 
 
@@ -752,11 +758,50 @@ def _staged_rows(body: Program, cfg: tuple[int, int, int, int, int]) -> int:
     return 0
 
 
+def _matmul_gemv(body: Program, names: dict[int, str], mm: Eqn) -> tuple[str, int]:
+    a, b, batch, m, k, n, nb = _mm_dims(mm)
+    kt = GEMV_K_TILE
+    col_blocks = -(-n // WORKGROUP)
+    counter = [0]
+    ea = Emitter(body, names, indent="                ", counter=counter)
+    eb = Emitter(body, names, indent="                ", counter=counter)
+    bca = tuple(ea.coords(Idx(tuple(batch), flat="bt"))) if batch else ()
+    bcb = tuple(eb.coords(Idx(tuple(batch), flat="bt"))) if batch else ()
+    va = ea.value(a, Idx(a.shape, coords=bca + ("row", "ka")))
+    vb = eb.value(b, Idx(b.shape, coords=bcb + ("kb", "col")))
+    ee = Emitter(body, names, indent="    ", counter=counter)
+    bc = tuple(ee.coords(Idx(tuple(batch), flat="bt"))) if batch else ()
+    blocks = []
+    for i in range(m):
+        here = Idx(mm.out.shape, flat=ee.let(f"(bt * {m}u + {i}u) * {n}u + col", "i"),
+                   coords=bc + (f"{i}u", "col"))
+        ee.registers[id(mm.out)] = (_nonunit(bc + (f"{i}u", "col"), mm.out.shape), f"acc{i}")
+        stores = _epilogue_stores(body, mm, ee, here)
+        blocks.extend(ee.lines)
+        ee.lines = []
+        blocks.append(f"    if (col < {n}u) {{\n" + "\n".join("    " + st[4:] for st in stores)
+                      + "\n    }")
+    dt = mm.out.dtype
+    src = _env().get_template("matmul_gemv.wgsl.j2").render(
+        wg=WORKGROUP, kt=kt, m=m, n=n, k=k, col_blocks=col_blocks, total=col_blocks * nb,
+        ty=WGSL_TYPE[dt], zero=wgsl_literal(0, dt), load_a="\n".join(ea.lines), val_a=va,
+        load_b="\n".join(eb.lines), val_b=vb, epilogue="\n".join(blocks))
+    return src, col_blocks * nb
+
+
+def use_gemv(m: int, n: int, target: str) -> bool:
+    """Few rows, many columns, on a GPU: the few-row template (see GEMV_M)."""
+    return target == "gpu" and GEMV and m <= GEMV_M and n >= WORKGROUP
+
+
 def _matmul(body: Program, names: dict[int, str], target: str = "gpu") -> tuple[str, int]:
     mm = next(e for e in body.eqns if e.op is Op.MATMUL)
-    cfg = matmul_config(mm.inputs[0].shape[-2], mm.inputs[1].shape[-1], target)
+    m, n = mm.inputs[0].shape[-2], mm.inputs[1].shape[-1]
+    cfg = matmul_config(m, n, target)
     if cfg is not None:
         return _matmul_rb(body, names, mm, cfg)
+    if use_gemv(m, n, target):
+        return _matmul_gemv(body, names, mm)
     a, b, batch, m, k, n, nb = _mm_dims(mm)
     tn, tm = -(-n // TILE), -(-m // TILE)
     counter = [0]

@@ -141,3 +141,24 @@ def test_matmul_epilogue_stores(mode: str, block: tuple[int, ...], rng: np.rando
         np.testing.assert_allclose(np.asarray(g), want, rtol=1e-4, atol=2e-4 * np.sqrt(45))
     finally:
         fusec.config.set("target", None)
+
+
+@pytest.mark.parametrize("case", [((2,), 7, 50, 300), ((), 16, 33, 256), ((), 1, 1000, 513),
+                                  ((3,), 4, 300, 1000), ((), 8, 2048, 257)])
+def test_few_row_matmuls(target: str, case: tuple[tuple[int, ...], int, int, int],
+                         rng: np.random.Generator) -> None:
+    """Products with at most 16 rows and at least 256 columns take the few-row (GEMV) template on
+    the GPU target: batched, odd sizes, K tiles with a partial last one, split along K or not, with
+    an epilogue and the bare product as a second output."""
+    batch, m, k, n = case
+    a = rng.standard_normal(batch + (m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    c = rng.standard_normal(n).astype(np.float32)
+    f = fusec.gpu_jit(lambda x, y, z: (nn.relu(x @ y + z), x @ y))
+    r, p = f(a, b, c)
+    p64 = a.astype(np.float64) @ b
+    tol = dict(rtol=1e-5, atol=1e-5 * np.sqrt(k))
+    np.testing.assert_allclose(np.asarray(p), p64, **tol)
+    np.testing.assert_allclose(np.asarray(r), np.maximum(p64 + c, 0), **tol)
+    gemv = any("Few-row matmul" in kc.wgsl for kc in f.lower(a, b, c).kernels)
+    assert gemv == (target == "gpu")

@@ -16,9 +16,12 @@ GROUPS = 4096  # ...into at most this many workgroups...
 MIN_CHUNK = 128  # ...each walking at least this much of K
 
 
-def chunks_for(m: int, k: int, n: int) -> int:
+def chunks_for(m: int, k: int, n: int, target: str = "gpu") -> int:
     """How many chunks to cut K into (1: leave the product alone)."""
-    tiles = -(-m // codegen.TILE) * -(-n // codegen.TILE)
+    if codegen.use_gemv(m, n, target):  # a workgroup per 256 columns
+        tiles = -(-n // codegen.WORKGROUP)
+    else:  # a workgroup per 16x16 tile
+        tiles = -(-m // codegen.TILE) * -(-n // codegen.TILE)
     if tiles >= TILE_LIMIT:
         return 1
     s = 1
@@ -40,7 +43,7 @@ def split_k(prog: Program, target: str) -> Program:
             continue
         (m, k), n = a.shape, b.shape[1]
         # only products the register-blocked template would not take (it has parallelism enough)
-        s = chunks_for(m, k, n) if codegen.matmul_config(m, n, target) is None else 1
+        s = chunks_for(m, k, n, target) if codegen.matmul_config(m, n, target) is None else 1
         if s == 1 or target != "gpu":
             eqns.append(e)
             continue
