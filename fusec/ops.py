@@ -173,6 +173,20 @@ def _call(name: str, bool_sym: str | None = None) -> Callable[[Sequence[str], st
     return f
 
 
+def _minmax(cmp: str, name: str, bool_sym: str) -> Callable[[Sequence[str], str], str]:
+    """Integer min and max as selects: NVIDIA's Vulkan compiler (driver 580, H200) computed x for
+    the int32 min(min(x, -abs(x)), abs(x)) in some processes; the select form was right. Floats
+    keep the builtins (their NaN handling)."""
+    def f(a: Sequence[str], dt: str) -> str:
+        if dt == "bool":
+            return f"({a[0]} {bool_sym} {a[1]})"
+        if dt in ("int32", "uint32"):
+            return f"select({a[1]}, {a[0]}, {a[0]} {cmp} {a[1]})"
+        return f"{name}({a[0]}, {a[1]})"
+
+    return f
+
+
 def _pow(a: Sequence[str], dt: str) -> str:
     fn = {"float32": "fusec_pow", "int32": "fusec_ipow_i32", "uint32": "fusec_ipow_u32"}[dt]
     return f"{fn}({a[0]}, {a[1]})"
@@ -228,8 +242,8 @@ ELEMENTWISE: dict[Op, Elementwise] = {
                     tol=(1e-7, 0.0)),
         Elementwise(Op.DIV, np.divide, _bin("/"), float_only=True, tol=(1e-6, 0.0)),
         Elementwise(Op.POW, _np_power, _pow, bool_ok=False, tol=(5e-5, 1e-6)),
-        Elementwise(Op.MAX, np.maximum, _call("max", "||"), tol=(0.0, 0.0)),
-        Elementwise(Op.MIN, np.minimum, _call("min", "&&"), tol=(0.0, 0.0)),
+        Elementwise(Op.MAX, np.maximum, _minmax(">", "max", "||"), tol=(0.0, 0.0)),
+        Elementwise(Op.MIN, np.minimum, _minmax("<", "min", "&&"), tol=(0.0, 0.0)),
         Elementwise(Op.GT, np.greater, _bin(">"), tol=(0.0, 0.0)),
         Elementwise(Op.GE, np.greater_equal, _bin(">="), tol=(0.0, 0.0)),
         Elementwise(Op.LT, np.less, _bin("<"), tol=(0.0, 0.0)),
