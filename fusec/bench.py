@@ -529,6 +529,28 @@ def _err_text(exc: BaseException) -> str:
     return text if len(text) <= 300 else text[:297] + "..."
 
 
+def _baseline_matmul(opts: Options, policy: Policy) -> dict[str, Any]:
+    """fusec's 16x16 tiled matmul template on the square workload's size: the baseline the
+    register-blocked templates are measured against. It is the "cpu" codegen target's matmul, so
+    the function is traced with that target forced."""
+    m = next(w.inputs[0].shape[0] for w in workloads(opts.quick) if w.name == "matmul_square")
+    rng = np.random.default_rng(opts.seed)
+    a, b = (fusec.device_put(rng.standard_normal((m, m), dtype=np.float32)) for _ in range(2))
+    before = fusec.config.get("target")
+    fusec.config.set("target", "cpu")
+    try:
+        f = fusec.gpu_jit(lambda x, y: fnp.matmul(x, y))
+        f(a, b).block_until_ready()  # traced and compiled for the forced target
+    finally:
+        fusec.config.set("target", before)
+    try:
+        t = fusec_time(f, (a, b), policy)
+    except Exception as exc:
+        return {"error": _err_text(exc)}
+    return {"what": f"fusec 16x16 tiled matmul {m}^3", "m": m, "flops": 2.0 * m ** 3, **t,
+            "GFLOP/s": 2.0 * m ** 3 / t["time_s"] / 1e9}
+
+
 def measure_roofs(opts: Options, policy: Policy, use_torch: bool) -> dict[str, Any]:
     """Copy bandwidth (torch and fusec) and the cuBLAS float32 matmul rate."""
     roofs: dict[str, Any] = {}
@@ -571,6 +593,7 @@ def measure_roofs(opts: Options, policy: Policy, use_torch: bool) -> dict[str, A
             del a, b
         except Exception as exc:
             roofs["cublas"] = {"error": _err_text(exc)}
+    roofs["matmul_16x16"] = _baseline_matmul(opts, policy)
     copy = roofs.get("copy_torch", {})
     if "GB/s" in copy:
         roofs["copy_reference"] = {"source": "copy_torch", "GB/s": copy["GB/s"]}
@@ -901,6 +924,11 @@ def markdown_report(results: dict[str, Any], charts: list[str], chart_note: str)
     else:
         lines.append("- compute roof: n/a (no PyTorch with CUDA: no cuBLAS figure; the "
                      "'% of roof' of compute-bound workloads is n/a, their rate is given)")
+    base = roofs.get("matmul_16x16", {})
+    if "GFLOP/s" in base:
+        lines.append(f"- baseline: {base['what']}: {base['GFLOP/s'] / 1e3:.2f} TFLOP/s"
+                     + (f" ({100 * base['GFLOP/s'] / cb['GFLOP/s']:.1f}% of cuBLAS)"
+                        if cb and "GFLOP/s" in cb else ""))
     lines.append(f"- run time: {results['seconds']:.1f} s")
     if results["mode"] == "quick":
         lines.append("- quick set: small sizes that caches partly hold, and short kernels: "

@@ -48,6 +48,8 @@ def test_results_json(report: dict[str, Any]) -> None:
     assert res["device"]["adapter"]
     assert res["roofs"]["copy_fusec"]["GB/s"] > 0
     assert res["roofs"]["copy_reference"]["GB/s"] > 0
+    base = res["roofs"]["matmul_16x16"]  # the baseline beside the register-blocked matmul
+    assert base["GFLOP/s"] > 0 and base["m"] == 256 and base["reps"] >= 1
     assert [w["name"] for w in res["workloads"]] == ONLY
     method = "gpu timestamps" if bench.has_timestamps() else "wall clock"
     for w in res["workloads"]:
@@ -77,6 +79,7 @@ def test_markdown_report(report: dict[str, Any]) -> None:
     res = json.loads((report["out"] / "results.json").read_text())
     assert res["device"]["adapter"] in md and res["date"] in md
     assert "copy bandwidth" in md and "timing:" in md
+    assert "- baseline: fusec 16x16 tiled matmul 256^3: " in md
     header = next(line for line in md.splitlines() if line.startswith("| workload"))
     for col in ("bytes", "flops", "fused", "unfused", "numpy", "torch eager", "torch.compile",
                 "speed-up", "bytes ratio", "% of roof"):
