@@ -926,7 +926,9 @@ def markdown_report(results: dict[str, Any], charts: list[str], chart_note: str)
                      "'% of roof' of compute-bound workloads is n/a, their rate is given)")
     base = roofs.get("matmul_16x16", {})
     if "GFLOP/s" in base:
-        lines.append(f"- baseline: {base['what']}: {base['GFLOP/s'] / 1e3:.2f} TFLOP/s"
+        g = base["GFLOP/s"]
+        rate = f"{g / 1e3:.2f} TFLOP/s" if g >= 100 else f"{g:.3g} GFLOP/s"
+        lines.append(f"- baseline: {base['what']}: {rate}"
                      + (f" ({100 * base['GFLOP/s'] / cb['GFLOP/s']:.1f}% of cuBLAS)"
                         if cb and "GFLOP/s" in cb else ""))
     lines.append(f"- run time: {results['seconds']:.1f} s")
