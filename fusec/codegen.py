@@ -655,18 +655,22 @@ def _mm_dims(mm: Eqn) -> tuple[Var, Var, list[int], int, int, int, int]:
     return a, b, batch, m, k, b.shape[-1], math.prod(batch)
 
 
+def _operand(body: Program, names: dict[int, str], x: Var, batch: list[int],
+             at: tuple[str, str], indent: str, counter: list[int]) -> tuple[str, str]:
+    """The statements loading matmul operand ``x`` at (batch ``bt``, ``at``), and its value."""
+    em = Emitter(body, names, indent=indent, counter=counter)
+    bc = tuple(em.coords(Idx(tuple(batch), flat="bt"))) if batch else ()
+    val = em.value(x, Idx(x.shape, coords=bc + at))
+    return "\n".join(em.lines), val
+
+
 def _matmul_rb(body: Program, names: dict[int, str], mm: Eqn,
                cfg: tuple[int, int, int, int, int]) -> tuple[str, int]:
     bm, bn, bk, tm, tn = cfg
     a, b, batch, m, k, n, nb = _mm_dims(mm)
     tn_tiles, tm_tiles = -(-n // bn), -(-m // bm)
     counter = [0]
-
-    def operand(x: Var, c0: str, c1: str) -> tuple[str, str]:
-        em = Emitter(body, names, indent="                    ", counter=counter)
-        bc = tuple(em.coords(Idx(tuple(batch), flat="bt"))) if batch else ()
-        val = em.value(x, Idx(x.shape, coords=bc + (c0, c1)))
-        return "\n".join(em.lines), val
+    indent = "                    "
 
     # each thread loads groups of 4: four rows of A at one k, four columns of B at one k
     a_groups, b_groups = bm * bk // 1024, bk * bn // 1024  # whole rounds (_check_matmul_block)
@@ -675,11 +679,13 @@ def _matmul_rb(body: Program, names: dict[int, str], mm: Eqn,
     load_b: list[list[str]] = []
     val_b: list[list[str]] = []
     for _ in range(a_groups):
-        pairs = [operand(a, "row", "ka") for _ in range(4)]
+        pairs = [_operand(body, names, a, batch, ("row", "ka"), indent, counter)
+                 for _ in range(4)]
         load_a.append([p[0] for p in pairs])
         val_a.append([p[1] for p in pairs])
     for _ in range(b_groups):
-        pairs = [operand(b, "kb", "col") for _ in range(4)]
+        pairs = [_operand(body, names, b, batch, ("kb", "col"), indent, counter)
+                 for _ in range(4)]
         load_b.append([p[0] for p in pairs])
         val_b.append([p[1] for p in pairs])
     staged = _staged_rows(body, cfg)
@@ -763,12 +769,8 @@ def _matmul_gemv(body: Program, names: dict[int, str], mm: Eqn) -> tuple[str, in
     kt = GEMV_K_TILE
     col_blocks = -(-n // WORKGROUP)
     counter = [0]
-    ea = Emitter(body, names, indent="                ", counter=counter)
-    eb = Emitter(body, names, indent="                ", counter=counter)
-    bca = tuple(ea.coords(Idx(tuple(batch), flat="bt"))) if batch else ()
-    bcb = tuple(eb.coords(Idx(tuple(batch), flat="bt"))) if batch else ()
-    va = ea.value(a, Idx(a.shape, coords=bca + ("row", "ka")))
-    vb = eb.value(b, Idx(b.shape, coords=bcb + ("kb", "col")))
+    load_a, va = _operand(body, names, a, batch, ("row", "ka"), " " * 16, counter)
+    load_b, vb = _operand(body, names, b, batch, ("kb", "col"), " " * 16, counter)
     ee = Emitter(body, names, indent="    ", counter=counter)
     bc = tuple(ee.coords(Idx(tuple(batch), flat="bt"))) if batch else ()
     blocks = []
@@ -784,8 +786,8 @@ def _matmul_gemv(body: Program, names: dict[int, str], mm: Eqn) -> tuple[str, in
     dt = mm.out.dtype
     src = _env().get_template("matmul_gemv.wgsl.j2").render(
         wg=WORKGROUP, kt=kt, m=m, n=n, k=k, col_blocks=col_blocks, total=col_blocks * nb,
-        ty=WGSL_TYPE[dt], zero=wgsl_literal(0, dt), load_a="\n".join(ea.lines), val_a=va,
-        load_b="\n".join(eb.lines), val_b=vb, epilogue="\n".join(blocks))
+        ty=WGSL_TYPE[dt], zero=wgsl_literal(0, dt), load_a=load_a, val_a=va, load_b=load_b,
+        val_b=vb, epilogue="\n".join(blocks))
     return src, col_blocks * nb
 
 
@@ -805,12 +807,8 @@ def _matmul(body: Program, names: dict[int, str], target: str = "gpu") -> tuple[
     a, b, batch, m, k, n, nb = _mm_dims(mm)
     tn, tm = -(-n // TILE), -(-m // TILE)
     counter = [0]
-    ea = Emitter(body, names, indent="            ", counter=counter)
-    eb = Emitter(body, names, indent="            ", counter=counter)
-    batch_coords_a = tuple(ea.coords(Idx(tuple(batch), flat="bt"))) if batch else ()
-    batch_coords_b = tuple(eb.coords(Idx(tuple(batch), flat="bt"))) if batch else ()
-    va = ea.value(a, Idx(a.shape, coords=batch_coords_a + ("row", "ka")))
-    vb = eb.value(b, Idx(b.shape, coords=batch_coords_b + ("kb", "col")))
+    load_a, va = _operand(body, names, a, batch, ("row", "ka"), " " * 12, counter)
+    load_b, vb = _operand(body, names, b, batch, ("kb", "col"), " " * 12, counter)
     # the epilogue: everything after the product, evaluated where this thread's result lives
     ee = Emitter(body, names, indent="        ", counter=counter)
     bc = tuple(ee.coords(Idx(tuple(batch), flat="bt"))) if batch else ()
@@ -821,8 +819,8 @@ def _matmul(body: Program, names: dict[int, str], target: str = "gpu") -> tuple[
     dt = mm.out.dtype
     src = _env().get_template("matmul.wgsl.j2").render(
         tile=TILE, m=m, n=n, k=k, tn=tn, tm=tm, total=tn * tm * nb, ty=WGSL_TYPE[dt],
-        zero=wgsl_literal(0, dt), load_a="\n".join(ea.lines), val_a=va,
-        load_b="\n".join(eb.lines), val_b=vb, epilogue="\n".join(ee.lines),
+        zero=wgsl_literal(0, dt), load_a=load_a, val_a=va, load_b=load_b, val_b=vb,
+        epilogue="\n".join(ee.lines),
         stores="\n".join(stores))
     return src, tn * tm * nb
 

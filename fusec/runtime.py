@@ -551,8 +551,7 @@ class _Launch:
     grid: tuple[int, int, int]
     # bind groups by the buffers they bind: with pooled buffers a steady loop reuses a few
     bind_groups: dict[tuple[Any, ...], Any] = field(default_factory=dict)
-    bound_slots: list[int] = field(default_factory=list)  # reads then writes (set by _plan)
-    gather: Any = None  # slot handles -> the bound ones as a tuple (set by _plan)
+    gather: Any = None  # slot handles -> the bound ones (reads, then writes) as a tuple (_plan)
     alloc: list[tuple[int, int, Any]] = field(default_factory=list)  # (slot, kind, arg)
 
 
@@ -622,7 +621,6 @@ class GpuExecutable:
             if isinstance(st, _Alias):
                 continue
             bound = tuple(st.reads + st.writes)
-            st.bound_slots = list(bound)
             # fetches the bound buffers' handles as one tuple (the bind-group cache key)
             st.gather = itemgetter(*bound) if len(bound) > 1 else (lambda r, s=bound[0]: (r[s],))
             st.alloc = []
