@@ -6,9 +6,7 @@
 from __future__ import annotations
 
 import os
-import statistics
 import sys
-import time
 
 import numpy as np
 
@@ -17,23 +15,12 @@ os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
 
 import fusec  # noqa: E402
 from fusec import codegen, nn  # noqa: E402
-from fusec.runtime import get_runtime  # noqa: E402
+from fusec.bench import gpu_time  # noqa: E402
 
 
 def gpu(f, args):  # type: ignore[no-untyped-def]
-    rt = get_runtime()
-    start = time.perf_counter()
-    while time.perf_counter() - start < 0.3:  # keep the GPU busy first: it clocks up
-        for _ in range(5):
-            f(*args)
-        rt.sync()
-    rt.profile = True
-    ts = []
-    for _ in range(11):
-        f(*args)
-        ts.append(rt.last_gpu_ns() / 1e6)
-    rt.profile = False
-    return statistics.median(ts)
+    """Milliseconds: median of 11 timestamped calls after 0.3 s of back-to-back ones."""
+    return gpu_time(f, args, repeats=11) * 1e3
 
 
 def main() -> None:

@@ -551,23 +551,22 @@ def _baseline_matmul(opts: Options, policy: Policy) -> dict[str, Any]:
             "GFLOP/s": 2.0 * m ** 3 / t["time_s"] / 1e9}
 
 
-def measure_roofs(opts: Options, policy: Policy, use_torch: bool) -> dict[str, Any]:
-    """Copy bandwidth (torch and fusec) and the cuBLAS float32 matmul rate."""
-    roofs: dict[str, Any] = {}
+def _fusec_copy(opts: Options, policy: Policy) -> dict[str, Any]:
+    """fusec's own copy bandwidth: -x, one read and one write per element."""
     n = 1 << (22 if opts.quick else 26)
     x = fusec.device_put(np.random.default_rng(opts.seed).standard_normal(n, dtype=np.float32))
     neg = fusec.gpu_jit(lambda a: fnp.negative(a))
-    neg(x).block_until_ready()
     # GPUs idle at low clocks: keep this one busy for a moment before timing anything
-    busy_until = time.perf_counter() + (0.2 if opts.quick else 1.0)
-    while time.perf_counter() < busy_until:
-        for _ in range(10):
-            neg(x)
-        neg(x).block_until_ready()
+    _heat(lambda: neg(x), lambda: neg(x).block_until_ready(), 0.2 if opts.quick else 1.0)
     t = fusec_time(neg, (x,), policy)
-    roofs["copy_fusec"] = {"what": f"fusec -x over {n:,} float32 (one read, one write)",
-                           "elements": n, "bytes": 8 * n, **t, "GB/s": 8 * n / t["time_s"] / 1e9}
-    del x
+    return {"what": f"fusec -x over {n:,} float32 (one read, one write)", "elements": n,
+            "bytes": 8 * n, **t, "GB/s": 8 * n / t["time_s"] / 1e9}
+
+
+def measure_roofs(opts: Options, policy: Policy, use_torch: bool) -> dict[str, Any]:
+    """Copy bandwidth (torch and fusec) and the cuBLAS float32 matmul rate."""
+    roofs: dict[str, Any] = {"copy_fusec": _fusec_copy(opts, policy)}
+    n = roofs["copy_fusec"]["elements"]
     if use_torch:
         torch = _torch()
 
