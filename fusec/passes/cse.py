@@ -3,9 +3,10 @@ same operands compute the same value once."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
-from ..ir import Atom, Eqn, Lit, Program, Var
+from ..ir import Atom, Eqn, Lit, Program
+from .rewrite import substitute
 
 
 def _key(a: Atom) -> tuple[Any, ...]:
@@ -18,20 +19,13 @@ def _params_key(params: dict[str, Any]) -> tuple[Any, ...]:
 
 def cse(prog: Program) -> Program:
     seen: dict[tuple[Any, ...], Eqn] = {}
-    subst: dict[int, Atom] = {}
-    eqns: list[Eqn] = []
 
-    def sub(a: Atom) -> Atom:
-        return subst.get(id(a), a) if isinstance(a, Var) else a
-
-    for e in prog.eqns:
-        ins = tuple(sub(a) for a in e.inputs)
-        ne = e if ins == e.inputs else Eqn(e.op, ins, e.outs, e.params)
-        key = (ne.op, tuple(_key(a) for a in ins), _params_key(ne.params))
+    def replace(e: Eqn) -> Optional[Atom]:
+        key = (e.op, tuple(_key(a) for a in e.inputs), _params_key(e.params))
         prev = seen.get(key)
-        if prev is not None and len(prev.outs) == len(ne.outs) == 1:
-            subst[id(ne.out)] = prev.out
-            continue
-        seen[key] = ne
-        eqns.append(ne)
-    return Program(list(prog.inputs), eqns, [sub(a) for a in prog.outputs])
+        if prev is not None and len(prev.outs) == len(e.outs) == 1:
+            return prev.out
+        seen[key] = e
+        return None
+
+    return substitute(prog, replace)

@@ -14,6 +14,7 @@ import numpy as np
 
 from ..ir import ELEMENTWISE, Atom, Eqn, Lit, Op, Program, Var
 from ..ops import numpy_elementwise
+from .rewrite import substitute
 
 
 def _is_const(a: Atom, value: float) -> bool:
@@ -63,21 +64,13 @@ def _identity(e: Eqn, producer: dict[int, Eqn]) -> Optional[Atom]:
 
 
 def simplify(prog: Program) -> Program:
-    subst: dict[int, Atom] = {}
     producer: dict[int, Eqn] = {}
-    eqns: list[Eqn] = []
 
-    def sub(a: Atom) -> Atom:
-        return subst.get(id(a), a) if isinstance(a, Var) else a
+    def replace(e: Eqn) -> Optional[Atom]:
+        repl = _fold(e) or _identity(e, producer)
+        if repl is None:
+            for o in e.outs:
+                producer[id(o)] = e
+        return repl
 
-    for e in prog.eqns:
-        ins = tuple(sub(a) for a in e.inputs)
-        ne = e if ins == e.inputs else Eqn(e.op, ins, e.outs, e.params)
-        repl = _fold(ne) or _identity(ne, producer)
-        if repl is not None:
-            subst[id(e.out)] = repl
-            continue
-        eqns.append(ne)
-        for o in ne.outs:
-            producer[id(o)] = ne
-    return Program(list(prog.inputs), eqns, [sub(a) for a in prog.outputs])
+    return substitute(prog, replace)
