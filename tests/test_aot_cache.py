@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from helpers import Delta
 
 import fusec
 import fusec.numpy as fnp
@@ -40,20 +41,6 @@ requires_gpu = pytest.mark.skipif(
 
 def rand(rng: np.random.Generator, *shape: int) -> np.ndarray:
     return rng.uniform(-1, 1, shape).astype(np.float32)
-
-
-class Delta:
-    """cache_info() change over a block."""
-
-    def __enter__(self) -> Delta:
-        self.start = fusec.cache_info()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.d = fusec.cache_info() - self.start
-
-    def __getattr__(self, name: str) -> int:
-        return getattr(self.__dict__["d"], name)
 
 
 # --- subprocess helpers ---------------------------------------------------------------------------

@@ -243,6 +243,13 @@ INPUT_STYLES = {
 }
 
 
+def _define(source: str, name: str) -> Any:
+    """The function ``name`` that ``source`` defines, with fnp and nn in scope."""
+    ns: dict[str, Any] = {"fnp": fnp, "nn": nn}
+    exec(compile(source, f"<random {name}>", "exec"), ns)
+    return ns[name]
+
+
 class RandomProgram:
     """A random program as data: input shapes, a list of source lines, the outputs. ``source()``
     is a runnable function (the one under test is built by exec-ing it)."""
@@ -262,9 +269,7 @@ class RandomProgram:
         return f"def program({args}):\n{body}    return ({outs},)\n"
 
     def build(self) -> Any:
-        ns: dict[str, Any] = {"fnp": fnp, "nn": nn}
-        exec(compile(self.source(), "<random program>", "exec"), ns)
-        return ns["program"]
+        return _define(self.source(), "program")
 
     def inputs(self, second: bool = False) -> list[np.ndarray]:
         rng = np.random.default_rng(self.seed + (1 << 20 if second else 0))
@@ -909,9 +914,7 @@ class Chain:
         return f"def chain({params}):\n    h = x\n{body}    return {ret}\n"
 
     def build(self) -> Any:
-        ns: dict[str, Any] = {"fnp": fnp, "nn": nn}
-        exec(compile(self.source(), "<random chain>", "exec"), ns)
-        return ns["chain"]
+        return _define(self.source(), "chain")
 
     def inputs(self, second: bool = False) -> list[np.ndarray]:
         rng = np.random.default_rng(self.seed + (1 << 20 if second else 0))
