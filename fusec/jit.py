@@ -297,19 +297,19 @@ class Compiled:
         """``run_leaves`` for leaves that are all Arrays (the jitted call's fast path)."""
         if not self._fast_ok:
             return self.run_leaves(arrays)
-        outs = self.executable.run(arrays)
+        return self._structured(self.executable.run(arrays))
+
+    def _structured(self, outs: list[Any]) -> Any:
+        """The outputs in the function's output structure."""
         if self._out_flat is None:
             return outs[0]
         return tuple(outs) if self._out_flat else unflatten(self.traced.out_tree, outs)
 
     def run_leaves(self, leaves: Sequence[Any]) -> Any:
         if self._lean:  # no donation, no captured constants: the common cached call
-            outs = self.executable.run([
+            return self._structured(self.executable.run([
                 x if type(x) is Array else (_to_array(x, aval) if used else None)
-                for x, aval, used in zip(leaves, self.traced.in_avals, self.used)])
-            if self._out_flat is None:
-                return outs[0]
-            return tuple(outs) if self._out_flat else unflatten(self.traced.out_tree, outs)
+                for x, aval, used in zip(leaves, self.traced.in_avals, self.used)]))
         t = self.traced
         donated = set(t.options.donated)
         inputs: list[Optional[Array]] = []
@@ -329,7 +329,7 @@ class Compiled:
             x = leaves[i]
             if isinstance(x, Array) and not any(o is x for o in outs):
                 x.donate(t.name)
-        return unflatten(t.out_tree, outs)
+        return self._structured(outs)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Run with arguments of exactly the signature this was compiled for."""

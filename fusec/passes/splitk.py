@@ -30,23 +30,30 @@ def chunks_for(m: int, k: int, n: int, target: str = "gpu") -> int:
     return s
 
 
+def _chunks(e: Eqn, target: str) -> int:
+    """Chunks to cut this equation's K into: 1 unless it is a 2-D product that the register-blocked
+    template would not take (that one has parallelism enough)."""
+    if e.op is not Op.MATMUL:
+        return 1
+    a, b = e.inputs
+    if len(a.shape) != 2 or len(b.shape) != 2:
+        return 1
+    (m, k), n = a.shape, b.shape[1]
+    return chunks_for(m, k, n, target) if codegen.matmul_config(m, n, target) is None else 1
+
+
 def split_k(prog: Program, target: str) -> Program:
+    if target != "gpu":
+        return prog
     eqns: list[Eqn] = []
     for e in prog.eqns:
-        if e.op is not Op.MATMUL:
+        s = _chunks(e, target)
+        if s == 1:
             eqns.append(e)
             continue
         a, b = e.inputs
         assert isinstance(a, Var) and isinstance(b, Var)
-        if len(a.shape) != 2 or len(b.shape) != 2:
-            eqns.append(e)
-            continue
         (m, k), n = a.shape, b.shape[1]
-        # only products the register-blocked template would not take (it has parallelism enough)
-        s = chunks_for(m, k, n, target) if codegen.matmul_config(m, n, target) is None else 1
-        if s == 1 or target != "gpu":
-            eqns.append(e)
-            continue
         kc = k // s
         a3 = Var((m, s, kc), a.dtype)
         at = Var((s, m, kc), a.dtype)
@@ -58,4 +65,3 @@ def split_k(prog: Program, target: str) -> Program:
                  Eqn(Op.MATMUL, (at, b3), (part,), {}),
                  Eqn(Op.SUM, (part,), (e.out,), {"axes": (0,)})]
     return Program(list(prog.inputs), eqns, list(prog.outputs))
-
