@@ -177,12 +177,12 @@ def _minmax(cmp: str, name: str, bool_sym: str) -> Callable[[Sequence[str], str]
     """Integer min and max as selects: NVIDIA's Vulkan compiler (driver 580, H200) computed x for
     the int32 min(min(x, -abs(x)), abs(x)) in some processes; the select form was right. Floats
     keep the builtins (their NaN handling)."""
+    builtin = _call(name, bool_sym)
+
     def f(a: Sequence[str], dt: str) -> str:
-        if dt == "bool":
-            return f"({a[0]} {bool_sym} {a[1]})"
         if dt in ("int32", "uint32"):
             return f"select({a[1]}, {a[0]}, {a[0]} {cmp} {a[1]})"
-        return f"{name}({a[0]}, {a[1]})"
+        return builtin(a, dt)
 
     return f
 
