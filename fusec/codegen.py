@@ -32,11 +32,13 @@ ELEMS_PER_THREAD = 4  # elementwise kernels over large arrays
 VEC_MIN = 1 << 16  # elementwise kernels at least this large use vec4 loads and stores on GPUs
 # vec4s per thread: on the H200 (2^26 float32) 2 gave 4.1-4.3 TB/s where 1 gave 3.2-3.6 (4: as 2)
 VEC_PER_THREAD = int(os.environ.get("FUSEC_VEC_PER_THREAD", 2))
-# row kernels on GPUs keep up to this many elements per thread in registers (FUSEC_ROW_CACHE).
+# row kernels on GPUs keep up to this many elements per thread in registers (FUSEC_ROW_CACHE):
+# 4096x16384 softmax (rows longer than fuse.ROW_MAX: a statistics kernel, then an elementwise one)
+# took 199 us on the H200 with 64, 250 us with 32 (the statistics kernel re-reading the row).
 # They load single elements: runs of 4 (vec4) measured no faster on the H200 (8192x8192 softmax
-# 136.7 vs 137.3 us, layer_norm 142.5 vs 137.7), nor did 512 or 1024 threads per row, nor a
-# two-level shared-memory combine in place of the tree (140.2 vs 137.6).
-ROW_CACHE = int(os.environ.get("FUSEC_ROW_CACHE", 32))
+# 136.7 vs 137.3 us, layer_norm 142.5 vs 137.7), nor did a two-level shared-memory combine in
+# place of the tree (140.2 vs 137.6), nor subgroup operations in place of it (see row_threads).
+ROW_CACHE = int(os.environ.get("FUSEC_ROW_CACHE", 64))
 # Register-blocked matmul on GPUs: (BM, BN, BK, TM, TN). Measured on the H200 at 4096^3 float32
 # (cuBLAS 50.9 TFLOP/s): 128x128x16 with 8x8 per thread 27.2 TFLOP/s, 128x128x8 25.2, 64x64x16
 # with 4x4 20.5. The large tile for large products, the small one where it would waste threads;
@@ -68,13 +70,16 @@ if MATMUL_EPILOGUE not in ("auto", "staged", "direct"):
 GEMV = os.environ.get("FUSEC_GEMV", "1") != "0"
 GEMV_M = 16
 GEMV_K_TILE = 256
+# threads per row of row kernels on GPUs (FUSEC_ROW_THREADS forces one; default: see row_threads)
+ROW_THREADS = int(os.environ.get("FUSEC_ROW_THREADS", 0))
+ROW_PER_THREAD = 16  # elements per thread row_threads aims at
 MAX_GROUPS = 65535  # workgroups per grid dimension (WebGPU limit)
 
 
 def tuning() -> dict[str, Any]:
     """Every setting that changes generated code: part of the persistent cache's key."""
     return {"workgroup": WORKGROUP, "tile": TILE, "elems": ELEMS_PER_THREAD, "vec_min": VEC_MIN,
-            "vec_per": VEC_PER_THREAD, "row_cache": ROW_CACHE,
+            "vec_per": VEC_PER_THREAD, "row_cache": ROW_CACHE, "row_threads": ROW_THREADS,
             "gemv": (GEMV, GEMV_M, GEMV_K_TILE),
             "matmul": (MATMUL_BLOCK, MATMUL_LARGE, MATMUL_SMALL, MATMUL_EPILOGUE)}
 
@@ -448,16 +453,18 @@ def _reduce(body: Program, names: dict[int, str], target: str = "gpu") -> tuple[
     trailing = axes == tuple(range(len(shape) - len(axes), len(shape)))
     leading = axes == tuple(range(len(axes)))
     strategy = reduce_strategy(n_out, r, bool(axes) and axes[-1] == len(shape) - 1, target)
+    threads = row_threads(r) if strategy == "workgroup" and target == "gpu" else WORKGROUP
+    rows_per_group = WORKGROUP // threads
 
     # per-thread register cache of the row: a fixed number of elements per thread, unrolled
-    per_thread = -(-r // WORKGROUP)
+    per_thread = -(-r // threads)
     cached = strategy == "workgroup" and target == "gpu" and trailing and per_thread <= ROW_CACHE
     row_cache: dict[int, tuple[str, str, int]] = {}
     indent = "            "
     if cached:
         loop_open, loop_close = "", ""  # unrolled: see unrolled() below
     elif strategy == "workgroup":
-        loop_open = f"    for (var r = lid; r < {r}u; r += {WORKGROUP}u) {{\n        {{\n"
+        loop_open = f"    for (var r = t; r < {r}u; r += {threads}u) {{\n        {{\n"
         loop_close = "        }\n    }"
     else:
         loop_open = f"    for (var r = 0u; r < {r}u; r += 1u) {{\n        {{\n"
@@ -477,11 +484,11 @@ def _reduce(body: Program, names: dict[int, str], target: str = "gpu") -> tuple[
         for jj in range(per_thread):
             em = stage_emitter()
             em.stage, em.row_slot = stage, str(jj)
-            idx = row_index(em, f"{jj * WORKGROUP}u + lid")
+            idx = row_index(em, f"{jj * threads}u + t")
             em.row_flat = idx.flat
             tail = emit(em, idx)
-            guard = (jj + 1) * WORKGROUP > r
-            blocks.append(("    if (lid + {0}u < {1}u) {{\n".format(jj * WORKGROUP, r) if guard
+            guard = (jj + 1) * threads > r
+            blocks.append(("    if (t + {0}u < {1}u) {{\n".format(jj * threads, r) if guard
                            else "    {\n") + "\n".join(em.lines + tail) + "\n    }")
         return "\n".join(blocks)
 
@@ -561,14 +568,34 @@ def _reduce(body: Program, names: dict[int, str], target: str = "gpu") -> tuple[
         v = scalar_em.value(o, Idx(o.shape, flat="o"))
         scalar_stores.append(f"        out{out_index[id(o)]}[o] = {store_expr(v, o.dtype)};")
     src = _env().get_template("reduce.wgsl.j2").render(
-        strategy=strategy, wg=WORKGROUP, n_out=n_out, r=r, stages=stages,
+        strategy=strategy, wg=WORKGROUP, n_out=n_out, r=r, stages=stages, threads=threads,
+        rows_per_group=rows_per_group, groups=-(-n_out // rows_per_group),
         loop_open=loop_open, loop_close=loop_close, per_thread=per_thread,
         caches=[{"name": n, "ty": t} for n, t, _ in row_cache.values()],
         prelude="\n".join(prelude.lines), row_body=row_body, cached=cached,
         row_stores="\n".join(row_stores), scalar_body="\n".join(scalar_em.lines),
         scalar_stores="\n".join(scalar_stores))
-    groups = n_out if strategy == "workgroup" else -(-n_out // WORKGROUP)
+    groups = -(-n_out // (rows_per_group if strategy == "workgroup" else WORKGROUP))
     return src, groups
+
+
+def row_threads(r: int) -> int:
+    """Threads per row of a row kernel on a GPU: a power of two from 32 to a workgroup, about one
+    per ROW_PER_THREAD elements; a workgroup holds WORKGROUP // threads rows.
+
+    Softmax over 2^26 float32 on the H200 (copy of the same bytes: 130 us), by row length and
+    threads per row: 256 long, 32 threads 133 us, 256 threads 784; 1024 long, 64 threads 136, 256
+    threads 259; 2048 long, 128 threads 136, 256 threads 145; 8192 long, 256 threads 138, 512
+    threads 137, 1024 threads 209. Subgroup operations in place of the shared-memory tree gained
+    nothing at these choices (133-138 us either way), so there are none.
+    """
+    if ROW_THREADS:
+        if ROW_THREADS & (ROW_THREADS - 1) or not 1 <= ROW_THREADS <= WORKGROUP:
+            raise ValueError(f"FUSEC_ROW_THREADS must be a power of two up to {WORKGROUP}; "
+                             f"got {ROW_THREADS}")
+        return ROW_THREADS
+    want = -(-r // ROW_PER_THREAD)
+    return min(WORKGROUP, max(32, 1 << (want - 1).bit_length()))
 
 
 def _hoist(body: Program, names: dict[int, str], registers: dict[int, tuple[tuple[str, ...], str]],
@@ -623,7 +650,7 @@ def _partial(body: Program, names: dict[int, str], e: Eqn) -> tuple[str, int]:
         identity=wgsl_literal(info.identity(dt), dt), body="\n".join(em.lines),
         combine=info.combine("acc", val),
         combine_shared=info.combine("sdata[lid]", "sdata[lid + s]"),
-        store=store_expr("sdata[0]", dt))
+        store=store_expr("total", dt))
     return code, n_out * chunks
 
 

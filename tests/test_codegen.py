@@ -202,17 +202,19 @@ def test_gpu_elementwise_kernels_do_four_elements_per_thread_and_fold_the_grid()
     assert "for (var k" not in small.wgsl  # small arrays: one element per thread
 
 
-def test_large_reduction_and_matmul_grids():
-    # a reduction's launch depends on the target: a workgroup per row on a GPU, a thread per row on
-    # a software adapter; both must respect the 65535-per-dimension limit and cover every row
+def test_large_reduction_and_matmul_grids(monkeypatch: pytest.MonkeyPatch):
+    # a reduction's launch depends on the target: on a GPU rows of 64 get 32 threads each (8 to a
+    # workgroup), or a workgroup each when FUSEC_ROW_THREADS forces 256 threads; on a software
+    # adapter a thread per row. All must respect the 65535-per-dimension limit and cover every row.
     lowered = fusec.gpu_jit(lambda x: x.sum(axis=1)).lower(S((70000, 64)))
     (eqn,) = [e for e in lowered.ir.eqns if e.op is Op.KERNEL]
-    for target, per_group in (("gpu", 1), ("cpu", 256)):
+    for threads, target, per_group in ((0, "gpu", 8), (256, "gpu", 1), (0, "cpu", 256)):
+        monkeypatch.setattr(codegen, "ROW_THREADS", threads)
         k = codegen.generate(eqn, target)
         gx, gy, gz = k.grid
         assert gx <= MAX_DIM and gy <= MAX_DIM and gz == 1, (target, k.grid)
         assert gx * gy * per_group >= 70000
-    assert codegen.generate(eqn, "gpu").grid[1] > 1  # 70000 workgroups: a second grid dimension
+        assert (gy > 1) == (per_group == 1)  # 70000 workgroups: a second grid dimension
     # the 16x16 baseline (the cpu target's) needs 300 * 16 * 16 tiles: a second grid dimension
     (mm,) = _kernel_eqns(lambda a, b: a @ b, S((300, 256, 16)), S((300, 16, 256)))
     gx, gy, gz = codegen.generate(mm, "cpu").grid

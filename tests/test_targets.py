@@ -28,9 +28,11 @@ def _softmax(x: np.ndarray, axis: int) -> np.ndarray:
     return e / e.sum(axis=axis, keepdims=True)
 
 
-# row lengths: shorter than a workgroup, not a multiple of 256, exactly 32 per thread, beyond the
-# register cache (long rows), and a partial last block
-@pytest.mark.parametrize("shape", [(3, 5), (37, 300), (16, 8192), (5, 8193), (2, 1000)])
+# row lengths: shorter than a workgroup, not a multiple of 256, exactly 32 per thread, a partial
+# last block, beyond the register cache (long rows); on the GPU target short rows share a
+# workgroup (8 of 64 or 300, 4 of 1000), with row counts that leave the last workgroup part-full
+@pytest.mark.parametrize("shape", [(3, 5), (37, 300), (16, 8192), (5, 8193), (2, 1000),
+                                   (3, 20000), (2049, 64), (2053, 300), (4099, 1000)])
 def test_row_kernels(target: str, shape: tuple[int, int], rng: np.random.Generator) -> None:
     x = rng.standard_normal(shape).astype(np.float32)
     g = rng.standard_normal(shape[-1]).astype(np.float32)
