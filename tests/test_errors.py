@@ -341,7 +341,9 @@ def test_oversized_intermediate_that_is_never_materialised_is_fine():
     n = 2**13
     lowered = fusec.gpu_jit(lambda a, b: (fnp.reshape(a, (n, 1)) * b).sum(axis=0)).lower(
         S((n,)), S((n,)))
-    assert len(lowered.kernels) == 1
+    # one kernel, or on the GPU target two (the column reduction is split in chunks of rows)
+    assert 1 <= len(lowered.kernels) <= 2
+    assert all(v.shape != (n, n) for v in lowered.ir.vars())
 
 
 @requires_gpu

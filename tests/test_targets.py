@@ -51,6 +51,27 @@ def test_row_kernels(target: str, shape: tuple[int, int], rng: np.random.Generat
     np.testing.assert_allclose(np.asarray(c), x64 - mu, rtol=1e-5, atol=1e-4)
 
 
+# column reductions (over leading axes): on the GPU target split along the columns into partial
+# kernels, a workgroup per (column, chunk) below 16 columns and a thread per (chunk, column) from 16
+# on; odd column counts, prime row counts, chunks that do not divide the rows, a 3-D array
+@pytest.mark.parametrize("shape", [(70001, 4), (1031, 16), (997, 300), (4099, 2049), (129, 7, 5)])
+def test_column_reductions(target: str, shape: tuple[int, ...], rng: np.random.Generator) -> None:
+    x = rng.standard_normal(shape).astype(np.float32)
+    k = rng.integers(-1000, 1000, size=shape).astype(np.int32)
+    x64 = x.astype(np.float64)
+    f = fusec.gpu_jit(lambda a, b: (a.sum(axis=0), a.max(axis=0), fnp.sqrt((a * a).mean(axis=0)),
+                                    b.min(axis=0), b.sum(axis=0)))
+    s, m, rms, kmin, ksum = (np.asarray(v) for v in f(x, k))
+    np.testing.assert_allclose(s, x64.sum(0), rtol=1e-5, atol=2e-6 * shape[0])
+    np.testing.assert_array_equal(m, x.max(0))
+    np.testing.assert_allclose(rms, np.sqrt((x64 * x64).mean(0)), rtol=1e-5)
+    np.testing.assert_array_equal(kmin, k.min(0))
+    np.testing.assert_array_equal(ksum, k.sum(0, dtype=np.int64).astype(np.int32))
+    kernels = f.lower(x, k).kernels
+    assert any(kc.kind == "reduce" and "First stage of a multi-stage" in kc.wgsl
+               for kc in kernels) == (target == "gpu" or shape[0] >= 65536)
+
+
 @pytest.mark.parametrize("n", [1, 1000, 262144 + 7])
 def test_elementwise_kernels(target: str, n: int, rng: np.random.Generator) -> None:
     x = rng.standard_normal(n).astype(np.float32)

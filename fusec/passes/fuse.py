@@ -43,7 +43,7 @@ from ..errors import DeviceLimitError
 from ..ir import MOVEMENT, REDUCE, Eqn, Op, Program, Var
 
 KIND_ABBR = {"elementwise": "ew", "reduce": "red", "matmul": "mm"}
-ROW_MAX = 8192  # longest row whose elementwise pass fuses into its reductions' kernel
+ROW_MAX = 16384  # longest row whose elementwise pass fuses into its reductions' kernel
 REDUCING = REDUCE | {Op.PARTIAL}
 
 
