@@ -77,6 +77,8 @@ ROW_PER_THREAD = 16  # elements per thread row_threads aims at
 # (sum of 2^26 float32 on the H200: 120 us with 1, 73 with 4 to 16; 2^22 x 16 column sums: 927
 # with 8, 715 with 16)
 PARTIAL_UNROLL = int(os.environ.get("FUSEC_PARTIAL_UNROLL", 16))
+if PARTIAL_UNROLL < 1:
+    raise ValueError(f"FUSEC_PARTIAL_UNROLL must be at least 1; got {PARTIAL_UNROLL}")
 # partial reductions over leading axes take a thread per (chunk, column) from this many columns
 # on (a workgroup per (column, chunk) below): on the H200, 2^22 x 16 column sums took 715 us that
 # way against 940, 2^24 x 4 took 1572 against 244
