@@ -578,15 +578,15 @@ def _reduce(body: Program, names: dict[int, str], target: str = "gpu") -> tuple[
             raise Unaligned(f"output of shape {o.shape} is neither a row nor a per-row value")
         v = scalar_em.value(o, Idx(o.shape, flat="o"))
         scalar_stores.append(f"        out{out_index[id(o)]}[o] = {store_expr(v, o.dtype)};")
+    groups = -(-n_out // (rows_per_group if strategy == "workgroup" else WORKGROUP))
     src = _env().get_template("reduce.wgsl.j2").render(
         strategy=strategy, wg=WORKGROUP, n_out=n_out, r=r, stages=stages, threads=threads,
-        rows_per_group=rows_per_group, groups=-(-n_out // rows_per_group),
+        rows_per_group=rows_per_group, groups=groups,
         loop_open=loop_open, loop_close=loop_close, per_thread=per_thread,
         caches=[{"name": n, "ty": t} for n, t, _ in row_cache.values()],
         prelude="\n".join(prelude.lines), row_body=row_body, cached=cached,
         row_stores="\n".join(row_stores), scalar_body="\n".join(scalar_em.lines),
         scalar_stores="\n".join(scalar_stores))
-    groups = -(-n_out // (rows_per_group if strategy == "workgroup" else WORKGROUP))
     return src, groups
 
 
