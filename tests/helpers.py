@@ -3,9 +3,13 @@ mode, so test modules import this as ``helpers``)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+import pytest
+
 import fusec
+from fusec.runtime import get_runtime
 
 
 class Delta:
@@ -20,3 +24,21 @@ class Delta:
 
     def __getattr__(self, name: str) -> int:
         return getattr(self.__dict__["d"], name)
+
+
+def spy_sizes(monkeypatch: pytest.MonkeyPatch, method: str, size: Callable[..., int],
+              why: str) -> list[int]:
+    """The size (``size`` of its arguments) of every call of the runtime's ``method`` while the
+    test runs; skips, saying ``why``, without a wgpu adapter."""
+    rt = get_runtime()
+    if rt is None:
+        pytest.skip(why)
+    seen: list[int] = []
+    real = getattr(rt, method)
+
+    def counting(*args: Any) -> Any:
+        seen.append(size(*args))
+        return real(*args)
+
+    monkeypatch.setattr(rt, method, counting)
+    return seen

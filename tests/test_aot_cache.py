@@ -24,12 +24,11 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import Delta
+from helpers import Delta, spy_sizes
 
 import fusec
 import fusec.numpy as fnp
 from fusec import diskcache
-from fusec.runtime import get_runtime
 
 S = fusec.ShapeDtype
 REPO = Path(__file__).resolve().parent.parent
@@ -862,18 +861,7 @@ def test_retrace_warning_from_the_environment(monkeypatch: pytest.MonkeyPatch) -
 @pytest.fixture
 def reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Sizes of every device-to-host copy (readbacks and waits alike)."""
-    rt = get_runtime()
-    if rt is None:
-        pytest.skip("needs a wgpu adapter")
-    seen: list[int] = []
-    real = rt.read
-
-    def counting(buffer: Any, nbytes: int) -> bytes:
-        seen.append(nbytes)
-        return real(buffer, nbytes)
-
-    monkeypatch.setattr(rt, "read", counting)
-    return seen
+    return spy_sizes(monkeypatch, "read", lambda buffer, nbytes: nbytes, "needs a wgpu adapter")
 
 
 @requires_gpu

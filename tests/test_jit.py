@@ -7,12 +7,11 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import Delta
+from helpers import Delta, spy_sizes
 
 import fusec
 import fusec.numpy as fnp
 from fusec import nn
-from fusec.runtime import get_runtime
 
 S = fusec.ShapeDtype
 RNG = np.random.default_rng(7)
@@ -37,18 +36,8 @@ def check(out: Any, want: np.ndarray, rtol: float = 1e-5) -> None:
 @pytest.fixture
 def uploads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Sizes of every host-to-device upload while the test runs."""
-    rt = get_runtime()
-    if rt is None:
-        pytest.skip("needs a wgpu adapter: the numpy fallback uploads nothing")
-    seen: list[int] = []
-    real = rt.upload
-
-    def counting(data: np.ndarray) -> Any:
-        seen.append(int(np.asarray(data).nbytes))
-        return real(data)
-
-    monkeypatch.setattr(rt, "upload", counting)
-    return seen
+    return spy_sizes(monkeypatch, "upload", lambda data: int(np.asarray(data).nbytes),
+                     "needs a wgpu adapter: the numpy fallback uploads nothing")
 
 
 # --- caching --------------------------------------------------------------------------------------
