@@ -22,7 +22,7 @@ import jinja2
 
 from .dtypes import WGSL_STORAGE, WGSL_TYPE
 from .errors import DeviceLimitError
-from .ir import ELEMENTWISE, MOVEMENT, REDUCE, Atom, Eqn, Lit, Op, Program, Shape, Var
+from .ir import ELEMENTWISE, MOVEMENT, REDUCE, Atom, Eqn, Lit, Op, Program, Shape, Var, reduced_ends
 from .ops import ELEMENTWISE as EW_TABLE
 from .ops import HELPERS, REDUCTIONS, cast_wgsl, ipow_wgsl, wgsl_literal
 
@@ -349,7 +349,13 @@ def _bindings(body: Program, inplace: tuple[tuple[int, int], ...] = (),
 
 
 def _helpers(code: str) -> str:
-    return "".join(text for name, text in HELPERS.items() if f"{name}(" in code)
+    """The helper functions ``code`` calls, and those they call (a helper may only call helpers
+    listed before it in HELPERS)."""
+    used: set[str] = set()
+    for name in reversed(HELPERS):
+        if f"{name}(" in code or any(f"{name}(" in HELPERS[u] for u in used):
+            used.add(name)
+    return "".join(text for name, text in HELPERS.items() if name in used)
 
 
 def generate(kernel: Eqn, target: str = "gpu") -> KernelCode:
@@ -461,8 +467,7 @@ def _reduce(body: Program, names: dict[int, str], target: str = "gpu") -> tuple[
     out_shape = tuple(shape[k] for k in kept)
     n_out = math.prod(out_shape)
     r = math.prod(shape[k] for k in axes)
-    trailing = axes == tuple(range(len(shape) - len(axes), len(shape)))
-    leading = axes == tuple(range(len(axes)))
+    leading, trailing = reduced_ends(len(shape), axes)
     strategy = reduce_strategy(n_out, r, bool(axes) and axes[-1] == len(shape) - 1, target)
     threads = row_threads(r) if strategy == "workgroup" and target == "gpu" else WORKGROUP
     rows_per_group = WORKGROUP // threads
@@ -658,7 +663,7 @@ def _partial(body: Program, names: dict[int, str], e: Eqn) -> tuple[str, int]:
     for k, c in zip(axes, rc):
         coords[k] = c
     val = em.value(src, Idx(shape, coords=tuple(coords)))
-    columns = axes == tuple(range(len(axes))) and n_out >= PARTIAL_COLUMNS_MIN and len(kept) > 0
+    columns = reduced_ends(len(shape), axes)[0] and n_out >= PARTIAL_COLUMNS_MIN and len(kept) > 0
     code = _env().get_template("partial.wgsl.j2").render(
         layout="columns" if columns else "rows", unroll=PARTIAL_UNROLL,
         wg=WORKGROUP, n_out=n_out, r=r, chunks=chunks, size=size, ty=WGSL_TYPE[dt],

@@ -89,6 +89,13 @@ def size_of(shape: Shape) -> int:
     return math.prod(shape)
 
 
+def reduced_ends(ndim: int, axes: tuple[int, ...]) -> tuple[bool, bool]:
+    """(leading, trailing): are a reduction's sorted ``axes`` the first ones of an array of
+    ``ndim`` axes (columns, as in ``x.sum(axis=0)``), the last ones (rows), or both?"""
+    k = len(axes)
+    return axes == tuple(range(k)), axes == tuple(range(ndim - k, ndim))
+
+
 def itemsize(dtype: str) -> int:
     """Bytes per element as stored on the GPU (bool is stored as a 32-bit word)."""
     return 4

@@ -86,26 +86,9 @@ fn fusec_tanh(x: f32) -> f32 {
     let r = select(big, small, ax < 0.25);
     return bitcast<f32>(bitcast<u32>(r) | (bitcast<u32>(x) & 0x80000000u));
 }""",
-    "fusec_ipow_i32": """
-fn fusec_ipow_i32(x: i32, n: i32) -> i32 {
-    // exact integer power by squaring, wrapping like numpy's int32
-    if (n < 0) {
-        if (x == 1i) { return 1i; }
-        if (x == -1i) { return select(1i, -1i, (n & 1i) != 0i); }
-        return 0i;
-    }
-    var r = 1i;
-    var b = x;
-    var e = u32(n);
-    while (e != 0u) {
-        if ((e & 1u) == 1u) { r = r * b; }
-        b = b * b;
-        e = e >> 1u;
-    }
-    return r;
-}""",
     "fusec_ipow_u32": """
 fn fusec_ipow_u32(x: u32, n: u32) -> u32 {
+    // exact integer power by squaring, wrapping modulo 2^32 like numpy
     var r = 1u;
     var b = x;
     var e = n;
@@ -115,6 +98,16 @@ fn fusec_ipow_u32(x: u32, n: u32) -> u32 {
         e = e >> 1u;
     }
     return r;
+}""",
+    # after fusec_ipow_u32, which it calls: two's complement products wrap to the same bits
+    "fusec_ipow_i32": """
+fn fusec_ipow_i32(x: i32, n: i32) -> i32 {
+    if (n < 0) {
+        if (x == 1i) { return 1i; }
+        if (x == -1i) { return select(1i, -1i, (n & 1i) != 0i); }
+        return 0i;
+    }
+    return bitcast<i32>(fusec_ipow_u32(bitcast<u32>(x), u32(n)));
 }""",
     "fusec_pow": """
 fn fusec_pow(x: f32, y: f32) -> f32 {

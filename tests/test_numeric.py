@@ -494,6 +494,23 @@ def test_int_power_int_array_exponent(rng: np.random.Generator) -> None:
     assert_exact(run(fnp.power, base, expo), np.power(base, expo))
 
 
+def test_int_power_array_exponent_wraps(rng: np.random.Generator) -> None:
+    """int32 and uint32 ** int array over full-range bases and exponents up to 40 wrap modulo
+    2**32 as numpy's do; negative int32 exponents give 0, or +-1 for bases 1 and -1."""
+    base = randi32(rng, (7, 1))
+    base[:3, 0] = [1, -1, 0]
+    expo = rng.integers(0, 41, (1, 9)).astype(np.int32)
+    neg = expo.copy()
+    neg[0, :4] = [-1, -2, -7, -8]
+    with np.errstate(over="ignore"):
+        assert_exact(run(fnp.power, base, expo), np.power(base, expo))
+        ub, ue = base.astype(np.uint32), expo.astype(np.uint32)
+        assert_exact(run(fnp.power, ub, ue), np.power(ub, ue))
+        special = np.where(base == 1, 1, np.where(base == -1, np.where(neg % 2 == 0, 1, -1), 0))
+        want = np.where(neg < 0, special, np.power(base, np.maximum(neg, 0)))
+        assert_exact(run(fnp.power, base, neg), want.astype(np.int32))
+
+
 @pytest.mark.parametrize("src,dst", [
     (s, d) for s in ("float32", "int32", "uint32", "bool")
     for d in ("float32", "int32", "uint32", "bool") if s != d])

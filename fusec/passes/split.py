@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from ..ir import REDUCE, Eqn, Op, Program, Var
+from ..ir import REDUCE, Eqn, Op, Program, Var, reduced_ends
 
 SPLIT_MIN = 1 << 16  # rows at least this long are split...
 SPLIT_MAX_OUTPUTS = 64  # ...when there are at most this many of them
@@ -44,9 +44,7 @@ def split_reductions(prog: Program, target: str = "gpu") -> Program:
         src = e.inputs[0]
         axes = tuple(e.params["axes"])
         r = math.prod(src.shape[k] for k in axes)
-        leading = axes == tuple(range(len(axes)))
-        nd = len(src.shape)
-        trailing = axes == tuple(range(nd - len(axes), nd))
+        leading, trailing = reduced_ends(len(src.shape), axes)
         chunks = _chunks(r, e.out.size, leading, trailing, target)
         if chunks < 2:
             eqns.append(e)
