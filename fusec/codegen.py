@@ -60,11 +60,15 @@ def _check_matmul_block(cfg: tuple[int, ...]) -> tuple[int, int, int, int, int]:
         raise ValueError(f"matmul block {cfg} does not fit 16x16 threads: need BM = 16 TM, "
                          "BN = 16 TN, TM and TN multiples of 4, BM*BK and BK*BN multiples of 1024")
     return bm, bn, bk, tm, tn
-# how register-blocked matmuls store their results: "auto" stages epilogues through workgroup
-# memory and stores a bare product directly; "staged" or "direct" force one (FUSEC_MATMUL_EPILOGUE)
+# How register-blocked matmuls treat an epilogue (FUSEC_MATMUL_EPILOGUE): "auto" fuses it, staged
+# through workgroup memory, when K < EPILOGUE_SEPARATE_K and leaves it to an elementwise kernel of
+# its own otherwise (see epilogue_fuses); "staged" or "direct" (from the registers) always fuse it;
+# "separate" never does. A bare product is stored straight from the registers.
 MATMUL_EPILOGUE = os.environ.get("FUSEC_MATMUL_EPILOGUE", "auto")
-if MATMUL_EPILOGUE not in ("auto", "staged", "direct"):
-    raise ValueError(f"FUSEC_MATMUL_EPILOGUE must be auto, staged or direct; got {MATMUL_EPILOGUE}")
+if MATMUL_EPILOGUE not in ("auto", "staged", "direct", "separate"):
+    raise ValueError("FUSEC_MATMUL_EPILOGUE must be auto, staged, direct or separate; "
+                     f"got {MATMUL_EPILOGUE}")
+EPILOGUE_SEPARATE_K = 2048
 # Products with at most GEMV_M rows and at least 256 columns on GPUs: a thread per column, all rows
 # in registers, A staged GEMV_K_TILE values of K at a time (FUSEC_GEMV=0: the 16x16 kernel).
 GEMV = os.environ.get("FUSEC_GEMV", "1") != "0"
@@ -683,6 +687,22 @@ def matmul_config(m: int, n: int, target: str) -> Optional[tuple[int, int, int, 
     return _check_matmul_block(MATMUL_LARGE if m >= 128 and n >= 128 else MATMUL_SMALL)
 
 
+def epilogue_fuses(mm: Eqn, target: str) -> bool:
+    """May an elementwise epilogue fuse into the kernel of matmul ``mm``? (Asked by the fusion
+    pass.) Not for a register-blocked product with K >= EPILOGUE_SEPARATE_K under "auto": there
+    any epilogue code, staged or not, slowed the product's main loop by more than a round trip of
+    the product through memory costs. On the H100 (Vulkan), bias+gelu in ms, fused staged /
+    separate kernel / bare product: 4096x4096x4096 5.35 / 5.10 / 5.06; M,K,N = 4096,4096,1024
+    1.35 / 1.33 / 1.32; but with K = 1024 (4096,1024,4096) 1.40 / 1.44 / 1.36."""
+    a, b = mm.inputs
+    m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+    if matmul_config(m, n, target) is None:
+        return True
+    if MATMUL_EPILOGUE == "auto":
+        return k < EPILOGUE_SEPARATE_K
+    return MATMUL_EPILOGUE != "separate"
+
+
 def _epilogue_stores(body: Program, mm: Eqn, ee: Emitter, here: Idx) -> list[str]:
     """Stores of a matmul kernel's outputs, computed where the product's register lives."""
     stores = []
@@ -801,7 +821,7 @@ def _staged_rows(body: Program, cfg: tuple[int, int, int, int, int]) -> int:
     5.46). Staged, every epilogue took 5.34-5.37 ms; a bare product is stored directly. A round
     must fit the tiles' workgroup memory and give every thread the same number of vec4s."""
     mode = MATMUL_EPILOGUE
-    if mode == "direct" or (mode == "auto" and len(body.eqns) == 1):
+    if mode == "direct" or (mode != "staged" and len(body.eqns) == 1):
         return 0
     bm, bn, bk, tm, tn = cfg
     for rr in range(tm, 0, -1):

@@ -166,6 +166,33 @@ def test_matmul_epilogue_stores(mode: str, block: tuple[int, ...], rng: np.rando
         fusec.config.set("target", None)
 
 
+@pytest.mark.parametrize("mode,k,fused", [("auto", 2047, True), ("auto", 2048, False),
+                                          ("separate", 45, False), ("staged", 2048, True)])
+def test_matmul_epilogue_kernel_of_its_own(mode: str, k: int, fused: bool,
+                                           rng: np.random.Generator,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the GPU target a register-blocked product with a long K leaves its epilogue to an
+    elementwise kernel of its own (``auto``, or always with ``separate``); the results are the same
+    either way."""
+    from fusec import codegen
+
+    fusec.config.set("target", "gpu")
+    monkeypatch.setattr(codegen, "MATMUL_EPILOGUE", mode)
+    try:
+        a = rng.standard_normal((37, k)).astype(np.float32)
+        b = rng.standard_normal((k, 70)).astype(np.float32)
+        c = rng.standard_normal(70).astype(np.float32)
+        f = fusec.gpu_jit(lambda x, y, z: nn.relu(x @ y + z))
+        kernels = f.lower(a, b, c).kernels
+        assert len(kernels) == (1 if fused else 2)
+        assert ("max(" in kernels[0].wgsl) == fused  # relu inside the matmul kernel, or not
+        want = np.maximum(a.astype(np.float64) @ b + c, 0)
+        np.testing.assert_allclose(np.asarray(f(a, b, c)), want, rtol=1e-4,
+                                   atol=1e-4 * np.sqrt(k))
+    finally:
+        fusec.config.set("target", None)
+
+
 @pytest.mark.parametrize("case", [((2,), 7, 50, 300), ((), 16, 33, 256), ((), 1, 1000, 513),
                                   ((3,), 4, 300, 1000), ((), 8, 2048, 257)])
 def test_few_row_matmuls(target: str, case: tuple[tuple[int, ...], int, int, int],

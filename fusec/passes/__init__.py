@@ -35,7 +35,8 @@ PIPELINE: list[tuple[str, Pass]] = [
     ("dce", lambda p, o: dce(p)),
     ("split_reductions", lambda p, o: split_reductions(p, o.target)),
     ("split_k", lambda p, o: split_k(p, o.target)),
-    ("fuse", lambda p, o: fuse(p, enabled=o.fuse, max_bindings=o.max_bindings)),
+    ("fuse", lambda p, o: fuse(p, enabled=o.fuse, max_bindings=o.max_bindings,
+                                target=o.target)),
     ("plan_memory", lambda p, o: plan_memory(p, o.donated)),
 ]
 

@@ -16,7 +16,8 @@ absorb their elementwise prologues from the start. Then groups merge:
   reading the same array: one kernel whose reductions run one after another; rows longer than
   ``ROW_MAX`` stop here, giving a two-kernel plan (statistics, then the elementwise pass);
 * an elementwise group of the matmul's shape reading its result: the matmul's epilogue (bias,
-  activation, residual).
+  activation, residual), unless codegen says the product runs faster without one
+  (:func:`fusec.codegen.epilogue_fuses`: large K on the register-blocked template).
 
 A merge is made only if it creates no cycle between kernels, binds no more storage buffers than the
 device allows, and codegen can index it (a register holding a row's reduction can only be read for
@@ -58,9 +59,11 @@ class _Group:
 
 
 class _Planner:
-    def __init__(self, prog: Program, enabled: bool, max_bindings: int, row_max: int) -> None:
+    def __init__(self, prog: Program, enabled: bool, max_bindings: int, row_max: int,
+                 target: str) -> None:
         self.prog = prog
         self.enabled = enabled
+        self.target = target
         self.max_bindings = max_bindings
         self.row_max = row_max
         self.order = {id(e): i for i, e in enumerate(prog.eqns)}
@@ -239,8 +242,10 @@ class _Planner:
         if ew.kind != "elementwise" or not reads(ew, {id(o) for o in red.outs()}):
             return None
         if red.kind == "matmul":
-            mm = red.roots[0].out.shape
-            return "matmul" if all(r.out.shape == mm for r in ew.roots) else None
+            mm = red.roots[0]
+            if not codegen.epilogue_fuses(mm, self.target):
+                return None
+            return "matmul" if all(r.out.shape == mm.out.shape for r in ew.roots) else None
         info = self.row_info(red)
         if red.kind != "reduce" or info is None or info[2]:
             return None
@@ -316,8 +321,8 @@ def _reaches(starts: list[_Group], target: _Group, by_var: dict[int, _Group]) ->
 
 
 def fuse(prog: Program, enabled: bool = True, max_bindings: int = 8,
-         row_max: int = ROW_MAX) -> Program:
-    planner = _Planner(prog, enabled, max_bindings, row_max)
+         row_max: int = ROW_MAX, target: str = "gpu") -> Program:
+    planner = _Planner(prog, enabled, max_bindings, row_max, target)
     groups, aliases = planner.plan()
     bodies = {id(g): planner.body(g, groups, aliases) for g in groups}
 
