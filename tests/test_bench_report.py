@@ -72,6 +72,11 @@ def test_results_json(report: dict[str, Any]) -> None:
     assert chain2["results"]["fused"]["kernels"] == 1
     assert chain2["results"]["unfused"]["kernels"] == 2
     assert chain2["bytes_ratio"] == pytest.approx(5 / 3)  # x, y, out vs x, y, t, t, out
+    # a bare matmul has nothing to fuse: the plans are the same, and the verdict is not noise
+    same = {w["name"]: w["same_plan"] for w in res["workloads"]}
+    assert same == {"chain2": False, "softmax": False, "matmul_square": True}
+    assert res["workloads"][2]["speedup_ge_bytes_ratio"] is None
+    assert isinstance(res["workloads"][1]["speedup_ge_bytes_ratio"], bool)
 
 
 def test_markdown_report(report: dict[str, Any]) -> None:
@@ -90,6 +95,7 @@ def test_markdown_report(report: dict[str, Any]) -> None:
         assert len(r.split("|")) == len(header.split("|"))
     chain2 = rows[1]
     assert "1.67x" in chain2 and "% copy" in chain2
+    assert "| same plan |" in rows[3] and "same plan" not in chain2
 
 
 def test_charts(report: dict[str, Any]) -> None:
