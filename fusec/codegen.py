@@ -74,6 +74,16 @@ EPILOGUE_SEPARATE_K = 2048
 GEMV = os.environ.get("FUSEC_GEMV", "1") != "0"
 GEMV_M = 16
 GEMV_K_TILE = 256
+# Products with at most FEWCOL_N columns and at least FEWCOL_M rows (times the batch) on GPUs: a
+# row per FEWCOL_LANES threads walking K, each with FEWCOL_UNROLL loads of A in flight, and B staged
+# FEWCOL_LANES * FEWCOL_UNROLL rows at a time (FUSEC_FEWCOL=0: the 16x16 kernel, split along K).
+# On the H100, 4096x4096 @ 4096xN took 33 / 106 us for N = 1 / 8 (16x16 + split-K: 184 / 189);
+# 16 lanes or 16 loads in flight were faster for some N and slower for others (see _matmul_fewcol).
+FEWCOL = os.environ.get("FUSEC_FEWCOL", "1") != "0"
+FEWCOL_N = 16
+FEWCOL_M = 1024
+FEWCOL_LANES = 32
+FEWCOL_UNROLL = 8
 # threads per row of row kernels on GPUs (FUSEC_ROW_THREADS forces one; default: see row_threads)
 ROW_THREADS = int(os.environ.get("FUSEC_ROW_THREADS", 0))
 ROW_PER_THREAD = 16  # elements per thread row_threads aims at
@@ -96,6 +106,7 @@ def tuning() -> dict[str, Any]:
             "vec_per": VEC_PER_THREAD, "row_cache": ROW_CACHE, "row_threads": ROW_THREADS,
             "partial_unroll": PARTIAL_UNROLL,
             "gemv": (GEMV, GEMV_M, GEMV_K_TILE),
+            "fewcol": (FEWCOL, FEWCOL_N, FEWCOL_M, FEWCOL_LANES, FEWCOL_UNROLL),
             "matmul": (MATMUL_BLOCK, MATMUL_LARGE, MATMUL_SMALL, MATMUL_EPILOGUE)}
 
 
@@ -858,6 +869,53 @@ def _matmul_gemv(body: Program, names: dict[int, str], mm: Eqn) -> tuple[str, in
     return src, col_blocks * nb
 
 
+def _row_col_parts(body: Program, names: dict[int, str], mm: Eqn, load_indent: int,
+                   epilogue_indent: int, product: str
+                   ) -> tuple[str, str, str, str, list[str], list[str]]:
+    """For templates whose threads name their operands' elements A[bt, row, ka] and B[bt, kb, col]
+    and finish C[bt, row, col] held in ``product``: the loads and values of A and B, and the
+    epilogue's statements and stores (everything after the product, evaluated there)."""
+    a, b, batch, m, _, n, _ = _mm_dims(mm)
+    counter = [0]
+    load_a, va = _operand(body, names, a, batch, ("row", "ka"), " " * load_indent, counter)
+    load_b, vb = _operand(body, names, b, batch, ("kb", "col"), " " * load_indent, counter)
+    ee = Emitter(body, names, indent=" " * epilogue_indent, counter=counter)
+    bc = tuple(ee.coords(Idx(tuple(batch), flat="bt"))) if batch else ()
+    here = Idx(mm.out.shape, flat=ee.let(f"(bt * {m}u + row) * {n}u + col", "i"),
+               coords=bc + ("row", "col"))
+    ee.registers[id(mm.out)] = (_nonunit(bc + ("row", "col"), mm.out.shape), product)
+    stores = _epilogue_stores(body, mm, ee, here)
+    return load_a, va, load_b, vb, ee.lines, stores
+
+
+def _matmul_fewcol(body: Program, names: dict[int, str], mm: Eqn) -> tuple[str, int]:
+    """The few-column template. Measured on the H100 (us, by lanes x loads in flight; M x K x N):
+    4096x4096x8: 32x8 106, 32x16 180, 16x16 166. 16384x1024x16: 32x8 180, 16x16 151, 8x32 144.
+    65536x256x4: 32x8 45, 16x16 37. 4096x4096x1: 32x8 33, 16x16 40. torch: 64 / 88 / 128 / 38.
+    No one choice won everywhere; 32x8 is never far from the best, and its K tile of 256 keeps B's
+    tile within the workgroup array that the combine needs anyway."""
+    a, b, batch, m, k, n, nb = _mm_dims(mm)
+    lanes = FEWCOL_LANES
+    assert lanes & (lanes - 1) == 0, "the combine halves the lanes"
+    kt = lanes * FEWCOL_UNROLL
+    rows = WORKGROUP // lanes
+    row_blocks = -(-m // rows)
+    load_a, va, load_b, vb, epilogue, stores = _row_col_parts(body, names, mm, 16, 12, "prod")
+    dt = mm.out.dtype
+    strides = [1 << i for i in range(lanes.bit_length() - 2, -1, -1)]  # lanes/2 .. 1
+    src = _env().get_template("matmul_fewcol.wgsl.j2").render(
+        wg=WORKGROUP, lanes=lanes, rows=rows, kt=kt, m=m, n=n, k=k,
+        row_blocks=row_blocks, total=row_blocks * nb, ty=WGSL_TYPE[dt], zero=wgsl_literal(0, dt),
+        load_a=load_a, val_a=va, load_b=load_b, val_b=vb, strides=strides,
+        epilogue="\n".join(epilogue + ["    " + st for st in stores]))
+    return src, row_blocks * nb
+
+
+def use_fewcol(m: int, n: int, nb: int, target: str) -> bool:
+    """Few columns, many rows (counting the batch), on a GPU: the few-column template."""
+    return target == "gpu" and FEWCOL and n <= FEWCOL_N and m * nb >= FEWCOL_M
+
+
 def use_gemv(m: int, n: int, target: str) -> bool:
     """Few rows, many columns, on a GPU: the few-row template (see GEMV_M)."""
     return target == "gpu" and GEMV and m <= GEMV_M and n >= WORKGROUP
@@ -871,23 +929,16 @@ def _matmul(body: Program, names: dict[int, str], target: str = "gpu") -> tuple[
         return _matmul_rb(body, names, mm, cfg)
     if use_gemv(m, n, target):
         return _matmul_gemv(body, names, mm)
+    if use_fewcol(m, n, math.prod(mm.out.shape[:-2]), target):
+        return _matmul_fewcol(body, names, mm)
     a, b, batch, m, k, n, nb = _mm_dims(mm)
     tn, tm = -(-n // TILE), -(-m // TILE)
-    counter = [0]
-    load_a, va = _operand(body, names, a, batch, ("row", "ka"), " " * 12, counter)
-    load_b, vb = _operand(body, names, b, batch, ("kb", "col"), " " * 12, counter)
-    # the epilogue: everything after the product, evaluated where this thread's result lives
-    ee = Emitter(body, names, indent="        ", counter=counter)
-    bc = tuple(ee.coords(Idx(tuple(batch), flat="bt"))) if batch else ()
-    here = Idx(mm.out.shape, flat=ee.let(f"(bt * {m}u + row) * {n}u + col", "i"),
-               coords=bc + ("row", "col"))
-    ee.registers[id(mm.out)] = (_nonunit(bc + ("row", "col"), mm.out.shape), "acc")
-    stores = _epilogue_stores(body, mm, ee, here)
+    load_a, va, load_b, vb, epilogue, stores = _row_col_parts(body, names, mm, 12, 8, "acc")
     dt = mm.out.dtype
     src = _env().get_template("matmul.wgsl.j2").render(
         tile=TILE, m=m, n=n, k=k, tn=tn, tm=tm, total=tn * tm * nb, ty=WGSL_TYPE[dt],
         zero=wgsl_literal(0, dt), load_a=load_a, val_a=va, load_b=load_b, val_b=vb,
-        epilogue="\n".join(ee.lines),
+        epilogue="\n".join(epilogue),
         stores="\n".join(stores))
     return src, tn * tm * nb
 

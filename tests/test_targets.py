@@ -212,3 +212,31 @@ def test_few_row_matmuls(target: str, case: tuple[tuple[int, ...], int, int, int
     np.testing.assert_allclose(np.asarray(r), np.maximum(p64 + c, 0), **tol)
     gemv = any("Few-row matmul" in kc.wgsl for kc in f.lower(a, b, c).kernels)
     assert gemv == (target == "gpu")
+
+
+@pytest.mark.parametrize("case", [((), 1024, 4099, 8), ((2,), 700, 1000, 13), ((), 1031, 257, 16),
+                                  ((), 1500, 5, 1), ((3, 2), 171, 300, 4), ((), 1024, 64, 17),
+                                  ((), 1023, 64, 8)])
+def test_few_column_matmuls(target: str, case: tuple[tuple[int, ...], int, int, int],
+                            rng: np.random.Generator) -> None:
+    """Products with at most 16 columns and at least 1024 rows (batch included) take the
+    few-column template on the GPU target: batched, odd sizes, K shorter than a tile or ending in
+    a partial one, a last workgroup with rows to spare, a transposed operand, with an epilogue and
+    the bare product as a second output. 17 columns or 1023 rows do not take it."""
+    batch, m, k, n = case
+    a = rng.standard_normal(batch + (k, m)).astype(np.float32)  # used transposed
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    c = rng.standard_normal(n).astype(np.float32)
+    perm = tuple(range(len(batch))) + (len(batch) + 1, len(batch))
+    f = fusec.gpu_jit(lambda x, y, z: (nn.relu(fnp.transpose(x, perm) @ y + z),
+                                       fnp.transpose(x, perm) @ y))
+    r, p = f(a, b, c)
+    p64 = np.swapaxes(a, -1, -2).astype(np.float64) @ b
+    tol = dict(rtol=1e-5, atol=1e-5 * np.sqrt(k))
+    np.testing.assert_allclose(np.asarray(p), p64, **tol)
+    np.testing.assert_allclose(np.asarray(r), np.maximum(p64 + c, 0), **tol)
+    kernels = f.lower(a, b, c).kernels
+    fewcol = any("Few-column matmul" in kc.wgsl for kc in kernels)
+    assert fewcol == (target == "gpu" and n <= 16 and m * int(np.prod(batch)) >= 1024)
+    if fewcol:
+        assert len(kernels) == 1  # not split along K: the epilogue is in the same kernel
