@@ -41,9 +41,10 @@ VEC_PER_THREAD = int(os.environ.get("FUSEC_VEC_PER_THREAD", 2))
 ROW_CACHE = int(os.environ.get("FUSEC_ROW_CACHE", 64))
 # Register-blocked matmul on GPUs: (BM, BN, BK, TM, TN). Measured on the H200 at 4096^3 float32
 # (cuBLAS 50.9 TFLOP/s): 128x128x16 with 8x8 per thread 27.2 TFLOP/s, 128x128x8 25.2, 64x64x16
-# with 4x4 20.5. The large tile for large products, the small one where it would waste threads;
-# FUSEC_MATMUL_BLOCK="BM,BN,BK,TM,TN" forces one.
+# with 4x4 20.5. Which one a product gets: matmul_config. FUSEC_MATMUL_BLOCK="BM,BN,BK,TM,TN"
+# forces one.
 MATMUL_LARGE = (128, 128, 16, 8, 8)
+MATMUL_MEDIUM = (128, 64, 16, 8, 4)
 MATMUL_SMALL = (64, 64, 16, 4, 4)
 MATMUL_BLOCK: Optional[tuple[int, ...]] = (
     tuple(int(v) for v in os.environ["FUSEC_MATMUL_BLOCK"].split(","))
@@ -110,7 +111,7 @@ def tuning() -> dict[str, Any]:
             "partial_unroll": PARTIAL_UNROLL,
             "gemv": (GEMV, GEMV_M, GEMV_K_TILE, GEMV_UNROLL),
             "fewcol": (FEWCOL, FEWCOL_N, FEWCOL_M, FEWCOL_LANES, FEWCOL_UNROLL),
-            "matmul": (MATMUL_BLOCK, MATMUL_LARGE, MATMUL_SMALL, MATMUL_EPILOGUE)}
+            "matmul": (MATMUL_BLOCK, MATMUL_LARGE, MATMUL_MEDIUM, MATMUL_SMALL, MATMUL_EPILOGUE)}
 
 
 def _template_dir() -> Path:
@@ -692,13 +693,26 @@ def _partial(body: Program, names: dict[int, str], e: Eqn) -> tuple[str, int]:
     return code, -(-n_out * chunks // WORKGROUP) if columns else n_out * chunks
 
 
-def matmul_config(m: int, n: int, target: str) -> Optional[tuple[int, int, int, int, int]]:
-    """(BM, BN, BK, TM, TN) of the register-blocked template, or None for the 16x16 baseline."""
+def matmul_config(m: int, n: int, target: str, k: int = 0, batch: int = 1
+                  ) -> Optional[tuple[int, int, int, int, int]]:
+    """(BM, BN, BK, TM, TN) of the register-blocked template for a product of ``batch`` times
+    (M x K) @ (K x N), or None for the 16x16 baseline.
+
+    The large tile only where there are many of them and a long K to amortise each: measured on
+    the H100 (ms, large / 128x64 / small tile), 4096^3 5.05 / - / -; (4096x1024) @ (1024x4096)
+    1.37 / 1.40 / 1.67; (4096x4096) @ (4096x1024) 1.32 / 1.44 / 1.73; but (2048x1024) @
+    (1024x2816) 0.71 / 0.54 / 0.60, 8 x (2048x128) @ (128x2048) 0.48 / 0.39 / 0.43, 1024^3 0.22 /
+    0.14 / 0.14, (512x4096) @ (4096x512) 0.83 / 0.53 / 0.39."""
     if target != "gpu" or m < 32 or n < 32:
         return None
     if MATMUL_BLOCK is not None:
         return _check_matmul_block(MATMUL_BLOCK)
-    return _check_matmul_block(MATMUL_LARGE if m >= 128 and n >= 128 else MATMUL_SMALL)
+    if m < 128 or n < 128:
+        return _check_matmul_block(MATMUL_SMALL)
+    tiles = batch * -(-m // 128) * -(-n // 128)
+    if (tiles >= 1024 and k >= 1024) or (tiles >= 256 and k >= 4096):
+        return _check_matmul_block(MATMUL_LARGE)
+    return _check_matmul_block(MATMUL_MEDIUM if tiles >= 64 else MATMUL_SMALL)
 
 
 def epilogue_fuses(mm: Eqn, target: str) -> bool:
@@ -710,7 +724,7 @@ def epilogue_fuses(mm: Eqn, target: str) -> bool:
     1.35 / 1.33 / 1.32; but with K = 1024 (4096,1024,4096) 1.40 / 1.44 / 1.36."""
     a, b = mm.inputs
     m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
-    if matmul_config(m, n, target) is None:
+    if matmul_config(m, n, target, k, math.prod(mm.out.shape[:-2])) is None:
         return True
     if MATMUL_EPILOGUE == "auto":
         return k < EPILOGUE_SEPARATE_K
@@ -927,8 +941,8 @@ def use_gemv(m: int, n: int, target: str) -> bool:
 
 def _matmul(body: Program, names: dict[int, str], target: str = "gpu") -> tuple[str, int]:
     mm = next(e for e in body.eqns if e.op is Op.MATMUL)
-    m, n = mm.inputs[0].shape[-2], mm.inputs[1].shape[-1]
-    cfg = matmul_config(m, n, target)
+    m, k, n = mm.inputs[0].shape[-2], mm.inputs[0].shape[-1], mm.inputs[1].shape[-1]
+    cfg = matmul_config(m, n, target, k, math.prod(mm.out.shape[:-2]))
     if cfg is not None:
         return _matmul_rb(body, names, mm, cfg)
     if use_gemv(m, n, target):

@@ -360,3 +360,22 @@ def test_two_functions_with_the_same_kernel_share_its_pipeline():
     want = np.sin(x) * 3 - x
     np.testing.assert_allclose(np.asarray(r1), want, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(np.asarray(r2), want, rtol=1e-5, atol=1e-6)
+
+
+def test_matmul_tile_choice(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The 128x128 tile only for many tiles and a long K, 128x64 for fewer or shorter ones, 64x64
+    for few tiles or a side under 128; the 16x16 baseline on a software adapter or under 32."""
+    monkeypatch.setattr(codegen, "MATMUL_BLOCK", None)
+    large, medium, small = codegen.MATMUL_LARGE, codegen.MATMUL_MEDIUM, codegen.MATMUL_SMALL
+    assert codegen.matmul_config(4096, 4096, "gpu", 4096) == large
+    assert codegen.matmul_config(4096, 4096, "gpu", 1024) == large  # 1024 tiles
+    assert codegen.matmul_config(4096, 1024, "gpu", 4096) == large  # 256 tiles, long K
+    assert codegen.matmul_config(4096, 1024, "gpu", 2816) == medium
+    assert codegen.matmul_config(2048, 2048, "gpu", 128, batch=8) == medium  # short K
+    assert codegen.matmul_config(1024, 1024, "gpu", 1024) == medium  # 64 tiles
+    assert codegen.matmul_config(512, 512, "gpu", 4096) == small  # 16 tiles
+    assert codegen.matmul_config(4096, 100, "gpu", 4096) == small
+    assert codegen.matmul_config(4096, 4096, "cpu", 4096) is None
+    assert codegen.matmul_config(31, 4096, "gpu", 4096) is None
+    monkeypatch.setattr(codegen, "MATMUL_BLOCK", (64, 128, 16, 4, 8))
+    assert codegen.matmul_config(4096, 4096, "gpu", 4096) == (64, 128, 16, 4, 8)

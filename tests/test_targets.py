@@ -137,7 +137,7 @@ def test_matmul_block_configurations(block: tuple[int, ...], rng: np.random.Gene
 
 @pytest.mark.parametrize("mode", ["staged", "direct"])
 @pytest.mark.parametrize("block", [(128, 128, 16, 8, 8), (64, 64, 16, 4, 4), (64, 128, 16, 4, 8),
-                                   (128, 128, 8, 8, 8)])
+                                   (128, 64, 16, 8, 4), (128, 128, 8, 8, 8)])
 def test_matmul_epilogue_stores(mode: str, block: tuple[int, ...], rng: np.random.Generator,
                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """Both ways of storing a register-blocked product with an epilogue (staged through workgroup
