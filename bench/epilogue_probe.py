@@ -1,4 +1,5 @@
-"""Cost of fused matmul epilogues: fused (each way of storing the product) vs unfused GPU time.
+"""Cost of matmul epilogues: fused (each way of storing the product), in a kernel of their own
+(`separate`), and unfused, in GPU time.
 
     python bench/epilogue_probe.py [N]
 """
@@ -34,7 +35,7 @@ def main() -> None:
              "bias_gelu": lambda x, y, z: nn.gelu(x @ y + z)}
     for name, fn in cases.items():
         row = [f"unfused {gpu(fusec.gpu_jit(fn, fuse=False), (a, b, c)):.3f} ms"]
-        for mode in ("direct", "staged"):
+        for mode in ("direct", "staged", "separate"):
             codegen.MATMUL_EPILOGUE = mode  # new jitted functions generate code with it
             row.append(f"{mode} {gpu(fusec.gpu_jit(fn), (a, b, c)):.3f} ms")
         print(f"{n}^3 {name:10s} " + "  ".join(row))
