@@ -711,3 +711,19 @@ def test_split_k_products_match_numpy(mkn: tuple[int, int, int]) -> None:
         np.testing.assert_allclose(np.asarray(f(a, b, c)), want, rtol=1e-4, atol=1e-5 * np.sqrt(k))
     finally:
         fusec.config.set("target", None)
+
+
+def test_split_reduction_chunks() -> None:
+    """How reductions are cut into chunks: long rows into at most 1024 workgroups; columns on the
+    GPU target into about 2^18 threads, from 4 columns on even when they are long and few (64
+    columns of 2^20: 4096 chunks, not 128); fewer columns, or the CPU target, like long rows."""
+    from fusec.passes.split import _chunks
+
+    assert _chunks(1 << 26, 1, True, True, "gpu") == 1024  # a full sum: rows rule
+    assert _chunks(1 << 20, 64, True, False, "gpu") == 4096
+    assert _chunks(1 << 22, 16, True, False, "gpu") == 16384
+    assert _chunks(1 << 20, 64, True, False, "cpu") == 128
+    assert _chunks(1 << 24, 4, True, False, "gpu") == 65536
+    assert _chunks(1 << 25, 2, True, False, "gpu") == 1024  # under 4 columns: rows rule
+    assert _chunks(8192, 8192, True, False, "gpu") == 32  # many columns: 2^18 threads
+    assert _chunks(1 << 20, 64, False, True, "gpu") == 128  # 64 long rows: chunks of 8192

@@ -52,9 +52,10 @@ def test_row_kernels(target: str, shape: tuple[int, int], rng: np.random.Generat
 
 
 # column reductions (over leading axes): on the GPU target split along the columns into partial
-# kernels, a workgroup per (column, chunk) below 16 columns and a thread per (chunk, column) from 16
+# kernels, a workgroup per (column, chunk) below 4 columns and a thread per (chunk, column) from 4
 # on; odd column counts, prime row counts, chunks that do not divide the rows, a 3-D array
-@pytest.mark.parametrize("shape", [(70001, 4), (1031, 16), (997, 300), (4099, 2049), (129, 7, 5)])
+@pytest.mark.parametrize("shape", [(70001, 4), (1031, 16), (997, 300), (4099, 2049), (129, 7, 5),
+                                   (65537, 20), (70001, 2), (1031, 3)])
 def test_column_reductions(target: str, shape: tuple[int, ...], rng: np.random.Generator) -> None:
     x = rng.standard_normal(shape).astype(np.float32)
     k = rng.integers(-1000, 1000, size=shape).astype(np.int32)
