@@ -62,14 +62,16 @@ def _check_matmul_block(cfg: tuple[int, ...]) -> tuple[int, int, int, int, int]:
                          "BN = 16 TN, TM and TN multiples of 4, BM*BK and BK*BN multiples of 1024")
     return bm, bn, bk, tm, tn
 # How register-blocked matmuls treat an epilogue (FUSEC_MATMUL_EPILOGUE): "auto" fuses it, staged
-# through workgroup memory, when K < EPILOGUE_SEPARATE_K and leaves it to an elementwise kernel of
-# its own otherwise (see epilogue_fuses); "staged" or "direct" (from the registers) always fuse it;
+# through workgroup memory, when K < EPILOGUE_SEPARATE_K (128x128 tiles) or
+# EPILOGUE_SEPARATE_K_SMALL (smaller tiles) and leaves it to an elementwise kernel of its own
+# otherwise (see epilogue_fuses); "staged" or "direct" (from the registers) always fuse it;
 # "separate" never does. A bare product is stored straight from the registers.
 MATMUL_EPILOGUE = os.environ.get("FUSEC_MATMUL_EPILOGUE", "auto")
 if MATMUL_EPILOGUE not in ("auto", "staged", "direct", "separate"):
     raise ValueError("FUSEC_MATMUL_EPILOGUE must be auto, staged, direct or separate; "
                      f"got {MATMUL_EPILOGUE}")
 EPILOGUE_SEPARATE_K = 2048
+EPILOGUE_SEPARATE_K_SMALL = 256
 # Products with at most GEMV_M rows and at least 256 columns on GPUs: a thread per column, all rows
 # in registers, A staged GEMV_K_TILE values of K at a time (FUSEC_GEMV=0: the 16x16 kernel).
 GEMV = os.environ.get("FUSEC_GEMV", "1") != "0"
@@ -719,17 +721,23 @@ def matmul_config(m: int, n: int, target: str, k: int = 0, batch: int = 1
 
 def epilogue_fuses(mm: Eqn, target: str) -> bool:
     """May an elementwise epilogue fuse into the kernel of matmul ``mm``? (Asked by the fusion
-    pass.) Not for a register-blocked product with K >= EPILOGUE_SEPARATE_K under "auto": there
-    any epilogue code, staged or not, slowed the product's main loop by more than a round trip of
-    the product through memory costs. On the H100 (Vulkan), bias+gelu in ms, fused staged /
-    separate kernel / bare product: 4096x4096x4096 5.35 / 5.10 / 5.06; M,K,N = 4096,4096,1024
-    1.35 / 1.33 / 1.32; but with K = 1024 (4096,1024,4096) 1.40 / 1.44 / 1.36."""
+    pass.) Under "auto", not for a register-blocked product with K >= EPILOGUE_SEPARATE_K (the
+    128x128 tile) or K >= EPILOGUE_SEPARATE_K_SMALL (smaller tiles): there any epilogue code,
+    staged or not, slowed the product's main loop by more than a round trip of the product through
+    memory costs. On the H100 (Vulkan), bias+gelu in ms, fused staged / separate kernel / bare
+    product; 128x128 tiles, M,K,N = 4096,4096,4096: 5.35 / 5.10 / 5.06; 4096,1024,4096: 1.38 /
+    1.42 / 1.37. 128x64 tiles: 2048,1024,2816: 0.66 / 0.56 / 0.54; 4096,512,4096: 0.88 / 0.75 /
+    0.71; 2048,256,2048: 0.127 / 0.116 / 0.105; but 8 x 2048,128,2048: 0.428 / 0.487 / 0.393.
+    The transformer block of the benchmarks: 3.30 ms this way, 3.50 all staged, 3.30 all
+    separate; mlp 2.72, 2.75, 2.73."""
     a, b = mm.inputs
     m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
-    if matmul_config(m, n, target, k, math.prod(mm.out.shape[:-2])) is None:
+    cfg = matmul_config(m, n, target, k, math.prod(mm.out.shape[:-2]))
+    if cfg is None:
         return True
     if MATMUL_EPILOGUE == "auto":
-        return k < EPILOGUE_SEPARATE_K
+        large = cfg[0] * cfg[1] >= MATMUL_LARGE[0] * MATMUL_LARGE[1]
+        return k < (EPILOGUE_SEPARATE_K if large else EPILOGUE_SEPARATE_K_SMALL)
     return MATMUL_EPILOGUE != "separate"
 
 

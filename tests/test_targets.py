@@ -167,18 +167,23 @@ def test_matmul_epilogue_stores(mode: str, block: tuple[int, ...], rng: np.rando
         fusec.config.set("target", None)
 
 
-@pytest.mark.parametrize("mode,k,fused", [("auto", 2047, True), ("auto", 2048, False),
-                                          ("separate", 45, False), ("staged", 2048, True)])
-def test_matmul_epilogue_kernel_of_its_own(mode: str, k: int, fused: bool,
-                                           rng: np.random.Generator,
+LARGE = (128, 128, 16, 8, 8)
+
+
+@pytest.mark.parametrize("block,mode,k,fused", [
+    (None, "auto", 255, True), (None, "auto", 256, False), (LARGE, "auto", 2047, True),
+    (LARGE, "auto", 2048, False), (None, "separate", 45, False), (None, "staged", 2048, True)])
+def test_matmul_epilogue_kernel_of_its_own(block: tuple[int, ...] | None, mode: str, k: int,
+                                           fused: bool, rng: np.random.Generator,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """On the GPU target a register-blocked product with a long K leaves its epilogue to an
-    elementwise kernel of its own (``auto``, or always with ``separate``); the results are the same
-    either way."""
+    elementwise kernel of its own (``auto``: from K = 2048 with 128x128 tiles, from 256 with
+    smaller ones; always with ``separate``); the results are the same either way."""
     from fusec import codegen
 
     fusec.config.set("target", "gpu")
     monkeypatch.setattr(codegen, "MATMUL_EPILOGUE", mode)
+    monkeypatch.setattr(codegen, "MATMUL_BLOCK", block)
     try:
         a = rng.standard_normal((37, k)).astype(np.float32)
         b = rng.standard_normal((k, 70)).astype(np.float32)
