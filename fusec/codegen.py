@@ -61,17 +61,16 @@ def _check_matmul_block(cfg: tuple[int, ...]) -> tuple[int, int, int, int, int]:
         raise ValueError(f"matmul block {cfg} does not fit 16x16 threads: need BM = 16 TM, "
                          "BN = 16 TN, TM and TN multiples of 4, BM*BK and BK*BN multiples of 1024")
     return bm, bn, bk, tm, tn
-# How register-blocked matmuls treat an epilogue (FUSEC_MATMUL_EPILOGUE): "auto" fuses it, staged
-# through workgroup memory, when K < EPILOGUE_SEPARATE_K (128x128 tiles) or
-# EPILOGUE_SEPARATE_K_SMALL (smaller tiles) and leaves it to an elementwise kernel of its own
-# otherwise (see epilogue_fuses); "staged" or "direct" (from the registers) always fuse it;
-# "separate" never does. A bare product is stored straight from the registers.
+# How register-blocked matmuls treat an epilogue (FUSEC_MATMUL_EPILOGUE): "auto" fuses it on
+# 128x128 tiles, staged through workgroup memory, when K < EPILOGUE_SEPARATE_K and leaves it to an
+# elementwise kernel of its own otherwise (see epilogue_fuses), and on smaller tiles computes it
+# straight from the registers (see _staged_rows); "staged" or "direct" always fuse it, the one way
+# or the other; "separate" never does. A bare product is stored straight from the registers.
 MATMUL_EPILOGUE = os.environ.get("FUSEC_MATMUL_EPILOGUE", "auto")
 if MATMUL_EPILOGUE not in ("auto", "staged", "direct", "separate"):
     raise ValueError("FUSEC_MATMUL_EPILOGUE must be auto, staged, direct or separate; "
                      f"got {MATMUL_EPILOGUE}")
 EPILOGUE_SEPARATE_K = 2048
-EPILOGUE_SEPARATE_K_SMALL = 256
 # Products with at most GEMV_M rows and at least 256 columns on GPUs: a thread per column, all rows
 # in registers, A staged GEMV_K_TILE values of K at a time (FUSEC_GEMV=0: the 16x16 kernel).
 GEMV = os.environ.get("FUSEC_GEMV", "1") != "0"
@@ -721,24 +720,24 @@ def matmul_config(m: int, n: int, target: str, k: int = 0, batch: int = 1
 
 def epilogue_fuses(mm: Eqn, target: str) -> bool:
     """May an elementwise epilogue fuse into the kernel of matmul ``mm``? (Asked by the fusion
-    pass.) Under "auto", not for a register-blocked product with K >= EPILOGUE_SEPARATE_K (the
-    128x128 tile) or K >= EPILOGUE_SEPARATE_K_SMALL (smaller tiles): there any epilogue code,
-    staged or not, slowed the product's main loop by more than a round trip of the product through
-    memory costs. On the H100 (Vulkan), bias+gelu in ms, fused staged / separate kernel / bare
-    product; 128x128 tiles, M,K,N = 4096,4096,4096: 5.35 / 5.10 / 5.06; 4096,1024,4096: 1.38 /
-    1.42 / 1.37. 128x64 tiles: 2048,1024,2816: 0.66 / 0.56 / 0.54; 4096,512,4096: 0.88 / 0.75 /
-    0.71; 2048,256,2048: 0.127 / 0.116 / 0.105; but 8 x 2048,128,2048: 0.428 / 0.487 / 0.393.
-    The transformer block of the benchmarks: 3.30 ms this way, 3.50 all staged, 3.30 all
-    separate; mlp 2.72, 2.75, 2.73."""
+    pass.) Under "auto", not for a product on 128x128 tiles with K >= EPILOGUE_SEPARATE_K: there
+    the staged epilogue slowed the product's main loop by more than a round trip of the product
+    through memory costs. On the H100 (Vulkan), bias+gelu in ms, fused staged / separate kernel /
+    bare product: 4096x4096x4096 5.35 / 5.10 / 5.06; M,K,N = 4096,4096,1024 1.35 / 1.33 / 1.32;
+    but with K = 1024 (4096,1024,4096) 1.38 / 1.42 / 1.37. Smaller tiles compute their epilogue
+    straight from the registers (see _staged_rows) and always fuse it."""
     a, b = mm.inputs
     m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
     cfg = matmul_config(m, n, target, k, math.prod(mm.out.shape[:-2]))
     if cfg is None:
         return True
     if MATMUL_EPILOGUE == "auto":
-        large = cfg[0] * cfg[1] >= MATMUL_LARGE[0] * MATMUL_LARGE[1]
-        return k < (EPILOGUE_SEPARATE_K if large else EPILOGUE_SEPARATE_K_SMALL)
+        return k < EPILOGUE_SEPARATE_K or not _large_tile(cfg)
     return MATMUL_EPILOGUE != "separate"
+
+
+def _large_tile(cfg: tuple[int, int, int, int, int]) -> bool:
+    return cfg[0] * cfg[1] >= MATMUL_LARGE[0] * MATMUL_LARGE[1]
 
 
 def _epilogue_stores(body: Program, mm: Eqn, ee: Emitter, here: Idx) -> list[str]:
@@ -853,13 +852,17 @@ def _render_rb(mm: Eqn, cfg: tuple[int, int, int, int, int], m: int, n: int, k: 
 def _staged_rows(body: Program, cfg: tuple[int, int, int, int, int]) -> int:
     """Rows of each thread's block per round of a staged epilogue, or 0 to store directly.
 
-    Staging pays where there is an epilogue. Computed straight from the registers, an epilogue
-    changed how NVIDIA's compiler built the whole kernel, erratically: at 4096^3 on the H200 the
-    bare product took 5.05 ms, with a bias 7.21, bias+relu 5.05, bias+gelu 5.71 (unfused 5.09 to
-    5.46). Staged, every epilogue took 5.34-5.37 ms; a bare product is stored directly. A round
-    must fit the tiles' workgroup memory and give every thread the same number of vec4s."""
+    Staging pays on 128x128 tiles where there is an epilogue. Computed straight from the
+    registers, an epilogue changed how NVIDIA's compiler built the whole kernel, erratically: at
+    4096^3 on the H200 the bare product took 5.05 ms, with a bias 7.21, bias+relu 5.05,
+    bias+gelu 5.71 (unfused 5.09 to 5.46). Staged, every epilogue took 5.34-5.37 ms; a bare
+    product is stored directly. On smaller tiles staging cost more than computing from the
+    registers (H100, ms, staged / direct / bare, bias, relu, gelu: 2048x1024 @ 1024x2816 0.64 /
+    0.55 / 0.54, 0.64 / 0.57, 0.66 / 0.57; 4096x512 @ 512x4096 0.83 / 0.71 / 0.71, 0.84 / 0.71,
+    0.88 / 0.83), so they do the latter. A round must fit the tiles' workgroup memory and give
+    every thread the same number of vec4s."""
     mode = MATMUL_EPILOGUE
-    if mode == "direct" or (mode != "staged" and len(body.eqns) == 1):
+    if mode == "direct" or (mode != "staged" and (len(body.eqns) == 1 or not _large_tile(cfg))):
         return 0
     bm, bn, bk, tm, tn = cfg
     for rr in range(tm, 0, -1):
