@@ -887,7 +887,12 @@ class Chain:
         r = rows  # the current number of rows (gram makes it n)
         nb = len(batch)
         perm = tuple(range(nb)) + (nb + 1, nb)  # swap the last two axes
+        # log_softmax's outputs are not O(1) but about -ln(n): the layers after it (a mean, a
+        # centring) round values that large, whatever the size of their own outputs
+        magnitude = 1.0
         for k, (layer, m) in enumerate(zip(layers, widths[1:])):
+            if layer == "log_softmax":
+                magnitude *= 1.0 + math.log(n)
             line, ws = LAYERS[layer]
             for wname, spec in ws:
                 dims = {"n": n, "m": m}
@@ -903,7 +908,7 @@ class Chain:
         self.out_width = n
         # normalising a near-constant row can amplify the errors coming in by up to 1/sqrt(eps) =
         # 10 (the layers use eps = 1e-2); a row sum adds up n elements' errors (randomly: sqrt(n))
-        g = 10.0 ** sum(layer in NORMS for layer in layers)
+        g = 10.0 ** sum(layer in NORMS for layer in layers) * magnitude
         self.gains = [g, g * (math.sqrt(n) if tail == "row_sum" else 1.0)]
 
     def source(self) -> str:
@@ -953,7 +958,8 @@ def test_reduction_matmul_chains(chain: Chain) -> None:
 
     Tolerance: ``1e-5 * S * gain + 1e-4 |want|`` with S = max(1, max|want|) (for a row sum,
     max|terms|: float32 and the GPU both miss a cancelling sum by ~n u max|terms|). Activations
-    stay O(1) (weights scaled by 1/sqrt(fan-in), Gram matrices averaged, softmax rows sum to 1);
+    stay O(1) (weights scaled by 1/sqrt(fan-in), Gram matrices averaged, softmax rows sum to 1)
+    except after log_softmax, whose outputs are about -ln(n): gain 1 + ln(n) for each;
     per layer, float32 rounding over K <= 300 terms is ~8 sqrt(K) u ~ 1e-5 relative (see _Val)
     and tanh/exp/log add ~2e-5 (fusec.ops); softmax, tanh and gelu are Lipschitz ~1. Normalising a
     near-constant row can amplify the error coming in by up to 1/sqrt(eps) = 10 (the layers use
