@@ -79,6 +79,7 @@ GEMV_K_TILE = 256
 # loads of B each thread has in flight (divides GEMV_K_TILE). On the H100, 8x4096 @ 4096x4096
 # took 104 us with 1, 72 with 4, 71 with 8 or 16 (torch 61); 1x4096 @ 4096x4096 82, 46, 46 (46).
 GEMV_UNROLL = 8
+assert GEMV_K_TILE % GEMV_UNROLL == 0, "the K tile is walked in whole steps of GEMV_UNROLL"
 # Products with at most FEWCOL_N columns and at least FEWCOL_M rows (times the batch) on GPUs: a
 # row per FEWCOL_LANES threads walking K, each with FEWCOL_UNROLL loads of A in flight, and B staged
 # FEWCOL_LANES * FEWCOL_UNROLL rows at a time (FUSEC_FEWCOL=0: the 16x16 kernel, split along K).
@@ -894,9 +895,8 @@ def _matmul_gemv(body: Program, names: dict[int, str], mm: Eqn) -> tuple[str, in
     dt = mm.out.dtype
     src = _env().get_template("matmul_gemv.wgsl.j2").render(
         wg=WORKGROUP, kt=kt, unroll=GEMV_UNROLL, m=m, n=n, k=k, col_blocks=col_blocks,
-        total=col_blocks * nb,
-        ty=WGSL_TYPE[dt], zero=wgsl_literal(0, dt), load_a=load_a, val_a=va, load_b=load_b,
-        val_b=vb, epilogue="\n".join(blocks))
+        total=col_blocks * nb, ty=WGSL_TYPE[dt], zero=wgsl_literal(0, dt), load_a=load_a,
+        val_a=va, load_b=load_b, val_b=vb, epilogue="\n".join(blocks))
     return src, col_blocks * nb
 
 
@@ -925,7 +925,7 @@ def _matmul_fewcol(body: Program, names: dict[int, str], mm: Eqn) -> tuple[str, 
     65536x256x4: 32x8 45, 16x16 37. 4096x4096x1: 32x8 33, 16x16 40. torch: 64 / 88 / 128 / 38.
     No one choice won everywhere; 32x8 is never far from the best, and its K tile of 256 keeps B's
     tile within the workgroup array that the combine needs anyway."""
-    a, b, batch, m, k, n, nb = _mm_dims(mm)
+    _, _, _, m, k, n, nb = _mm_dims(mm)
     lanes = FEWCOL_LANES
     assert lanes & (lanes - 1) == 0, "the combine halves the lanes"
     kt = lanes * FEWCOL_UNROLL
