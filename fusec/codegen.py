@@ -719,6 +719,12 @@ def matmul_config(m: int, n: int, target: str, k: int = 0, batch: int = 1
     return _check_matmul_block(MATMUL_MEDIUM if tiles >= 64 else MATMUL_SMALL)
 
 
+def mm_config(mm: Eqn, target: str) -> Optional[tuple[int, int, int, int, int]]:
+    """``matmul_config`` of the product computed by equation ``mm``."""
+    _, _, _, m, k, n, nb = _mm_dims(mm)
+    return matmul_config(m, n, target, k, nb)
+
+
 def epilogue_fuses(mm: Eqn, target: str) -> bool:
     """May an elementwise epilogue fuse into the kernel of matmul ``mm``? (Asked by the fusion
     pass.) Under "auto", not for a product on 128x128 tiles with K >= EPILOGUE_SEPARATE_K: there
@@ -727,13 +733,11 @@ def epilogue_fuses(mm: Eqn, target: str) -> bool:
     bare product: 4096x4096x4096 5.35 / 5.10 / 5.06; M,K,N = 4096,4096,1024 1.35 / 1.33 / 1.32;
     but with K = 1024 (4096,1024,4096) 1.38 / 1.42 / 1.37. Smaller tiles compute their epilogue
     straight from the registers (see _staged_rows) and always fuse it."""
-    a, b = mm.inputs
-    m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
-    cfg = matmul_config(m, n, target, k, math.prod(mm.out.shape[:-2]))
+    cfg = mm_config(mm, target)
     if cfg is None:
         return True
     if MATMUL_EPILOGUE == "auto":
-        return k < EPILOGUE_SEPARATE_K or not _large_tile(cfg)
+        return mm.inputs[0].shape[-1] < EPILOGUE_SEPARATE_K or not _large_tile(cfg)
     return MATMUL_EPILOGUE != "separate"
 
 
@@ -752,6 +756,22 @@ def _epilogue_stores(body: Program, mm: Eqn, ee: Emitter, here: Idx) -> list[str
     return stores
 
 
+def _batch_coords(em: Emitter, batch: list[int]) -> tuple[str, ...]:
+    """The batch coordinates of flat batch index ``bt``."""
+    return tuple(em.coords(Idx(tuple(batch), flat="bt"))) if batch else ()
+
+
+def _epilogue_at(body: Program, mm: Eqn, ee: Emitter, bc: tuple[str, ...], row: str,
+                 col: str, product: str) -> list[str]:
+    """The epilogue's stores for C[bt, row, col] (batch coordinates ``bc``), whose product is
+    held in ``product``; the statements before them go to ``ee.lines``."""
+    *_, m, n = mm.out.shape
+    here = Idx(mm.out.shape, flat=ee.let(f"(bt * {m}u + {row}) * {n}u + {col}", "i"),
+               coords=bc + (row, col))
+    ee.registers[id(mm.out)] = (_nonunit(bc + (row, col), mm.out.shape), product)
+    return _epilogue_stores(body, mm, ee, here)
+
+
 def _mm_dims(mm: Eqn) -> tuple[Var, Var, list[int], int, int, int, int]:
     """Operands, batch dims, M, K, N and batch size of a matmul equation."""
     a, b = mm.inputs
@@ -764,8 +784,7 @@ def _operand(body: Program, names: dict[int, str], x: Var, batch: list[int],
              at: tuple[str, str], indent: str, counter: list[int]) -> tuple[str, str]:
     """The statements loading matmul operand ``x`` at (batch ``bt``, ``at``), and its value."""
     em = Emitter(body, names, indent=indent, counter=counter)
-    bc = tuple(em.coords(Idx(tuple(batch), flat="bt"))) if batch else ()
-    val = em.value(x, Idx(x.shape, coords=bc + at))
+    val = em.value(x, Idx(x.shape, coords=_batch_coords(em, batch) + at))
     return "\n".join(em.lines), val
 
 
@@ -800,11 +819,7 @@ def _matmul_rb(body: Program, names: dict[int, str], mm: Eqn,
         for lane in range(4):
             ee = Emitter(body, names, indent="            ", counter=counter)
             c = ee.let(f"ec + {lane}u", "c")
-            bc = tuple(ee.coords(Idx(tuple(batch), flat="bt"))) if batch else ()
-            here = Idx(mm.out.shape, flat=ee.let(f"(bt * {m}u + er) * {n}u + {c}", "i"),
-                       coords=bc + ("er", c))
-            ee.registers[id(mm.out)] = (_nonunit(bc + ("er", c), mm.out.shape), f"s4[{lane}]")
-            stores = _epilogue_stores(body, mm, ee, here)
+            stores = _epilogue_at(body, mm, ee, _batch_coords(ee, batch), "er", c, f"s4[{lane}]")
             lanes.append("        {\n" + "\n".join(ee.lines) + f"\n            if (er < {m}u && "
                          f"{c} < {n}u) {{\n" + "\n".join("        " + st for st in stores)
                          + "\n            }\n        }")
@@ -817,16 +832,12 @@ def _matmul_rb(body: Program, names: dict[int, str], mm: Eqn,
     ee = Emitter(body, names, indent="    ", counter=counter)
     rows = [ee.let(f"row0 + ty * {tm}u + {i}u", "r") for i in range(tm)]
     cols = [ee.let(f"col0 + tx * {tn}u + {j}u", "c") for j in range(tn)]
-    bc = tuple(ee.coords(Idx(tuple(batch), flat="bt"))) if batch else ()
+    bc = _batch_coords(ee, batch)
     blocks = []
     for i in range(tm):
         for j in range(tn):
             r, c = rows[i], cols[j]
-            here = Idx(mm.out.shape, flat=ee.let(f"(bt * {m}u + {r}) * {n}u + {c}", "i"),
-                       coords=bc + (r, c))
-            ee.registers[id(mm.out)] = (_nonunit(bc + (r, c), mm.out.shape),
-                                        f"acc{i}_{j // 4}[{j % 4}]")
-            stores = _epilogue_stores(body, mm, ee, here)
+            stores = _epilogue_at(body, mm, ee, bc, r, c, f"acc{i}_{j // 4}[{j % 4}]")
             blocks.extend(ee.lines)
             ee.lines = []
             blocks.append(f"    if ({r} < {m}u && {c} < {n}u) {{\n"
@@ -881,13 +892,10 @@ def _matmul_gemv(body: Program, names: dict[int, str], mm: Eqn) -> tuple[str, in
     load_a, va = _operand(body, names, a, batch, ("row", "ka"), " " * 16, counter)
     load_b, vb = _operand(body, names, b, batch, ("kb", "col"), " " * 20, counter)
     ee = Emitter(body, names, indent="    ", counter=counter)
-    bc = tuple(ee.coords(Idx(tuple(batch), flat="bt"))) if batch else ()
+    bc = _batch_coords(ee, batch)
     blocks = []
     for i in range(m):
-        here = Idx(mm.out.shape, flat=ee.let(f"(bt * {m}u + {i}u) * {n}u + col", "i"),
-                   coords=bc + (f"{i}u", "col"))
-        ee.registers[id(mm.out)] = (_nonunit(bc + (f"{i}u", "col"), mm.out.shape), f"acc{i}")
-        stores = _epilogue_stores(body, mm, ee, here)
+        stores = _epilogue_at(body, mm, ee, bc, f"{i}u", "col", f"acc{i}")
         blocks.extend(ee.lines)
         ee.lines = []
         blocks.append(f"    if (col < {n}u) {{\n" + "\n".join("    " + st[4:] for st in stores)
@@ -906,16 +914,12 @@ def _row_col_parts(body: Program, names: dict[int, str], mm: Eqn, load_indent: i
     """For templates whose threads name their operands' elements A[bt, row, ka] and B[bt, kb, col]
     and finish C[bt, row, col] held in ``product``: the loads and values of A and B, and the
     epilogue's statements and stores (everything after the product, evaluated there)."""
-    a, b, batch, m, _, n, _ = _mm_dims(mm)
+    a, b, batch, *_ = _mm_dims(mm)
     counter = [0]
     load_a, va = _operand(body, names, a, batch, ("row", "ka"), " " * load_indent, counter)
     load_b, vb = _operand(body, names, b, batch, ("kb", "col"), " " * load_indent, counter)
     ee = Emitter(body, names, indent=" " * epilogue_indent, counter=counter)
-    bc = tuple(ee.coords(Idx(tuple(batch), flat="bt"))) if batch else ()
-    here = Idx(mm.out.shape, flat=ee.let(f"(bt * {m}u + row) * {n}u + col", "i"),
-               coords=bc + ("row", "col"))
-    ee.registers[id(mm.out)] = (_nonunit(bc + ("row", "col"), mm.out.shape), product)
-    stores = _epilogue_stores(body, mm, ee, here)
+    stores = _epilogue_at(body, mm, ee, _batch_coords(ee, batch), "row", "col", product)
     return load_a, va, load_b, vb, ee.lines, stores
 
 
@@ -954,15 +958,14 @@ def use_gemv(m: int, n: int, target: str) -> bool:
 
 def _matmul(body: Program, names: dict[int, str], target: str = "gpu") -> tuple[str, int]:
     mm = next(e for e in body.eqns if e.op is Op.MATMUL)
-    m, k, n = mm.inputs[0].shape[-2], mm.inputs[0].shape[-1], mm.inputs[1].shape[-1]
-    cfg = matmul_config(m, n, target, k, math.prod(mm.out.shape[:-2]))
+    _, _, _, m, k, n, nb = _mm_dims(mm)
+    cfg = matmul_config(m, n, target, k, nb)
     if cfg is not None:
         return _matmul_rb(body, names, mm, cfg)
     if use_gemv(m, n, target):
         return _matmul_gemv(body, names, mm)
-    if use_fewcol(m, n, math.prod(mm.out.shape[:-2]), target):
+    if use_fewcol(m, n, nb, target):
         return _matmul_fewcol(body, names, mm)
-    a, b, batch, m, k, n, nb = _mm_dims(mm)
     tn, tm = -(-n // TILE), -(-m // TILE)
     load_a, va, load_b, vb, epilogue, stores = _row_col_parts(body, names, mm, 12, 8, "acc")
     dt = mm.out.dtype

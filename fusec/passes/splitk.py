@@ -41,7 +41,7 @@ def _chunks(e: Eqn, target: str) -> int:
     if len(a.shape) != 2 or len(b.shape) != 2:
         return 1
     (m, k), n = a.shape, b.shape[1]
-    return chunks_for(m, k, n, target) if codegen.matmul_config(m, n, target, k) is None else 1
+    return chunks_for(m, k, n, target) if codegen.mm_config(e, target) is None else 1
 
 
 def split_k(prog: Program, target: str) -> Program:
