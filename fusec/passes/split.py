@@ -33,13 +33,12 @@ def _chunks(r: int, n_out: int, leading: bool, trailing: bool, target: str) -> i
     chunk, at most MAX_CHUNKS), 64 columns of 2^20 got 8192 threads and took 658 us on the H100,
     against 99 us now (see codegen.PARTIAL_COLUMNS_MIN for fewer columns)."""
     columns = target == "gpu" and leading and not trailing and n_out < COLUMN_THREADS
+    column_chunks = max(1, min(-(-COLUMN_THREADS // n_out), r // COLUMN_MIN)) if columns else 1
     if columns and n_out >= codegen.PARTIAL_COLUMNS_MIN:
-        return max(1, min(-(-COLUMN_THREADS // n_out), r // COLUMN_MIN))
+        return column_chunks
     if r >= SPLIT_MIN and n_out <= SPLIT_MAX_OUTPUTS:
         return min(-(-r // CHUNK), MAX_CHUNKS)
-    if columns:
-        return max(1, min(-(-COLUMN_THREADS // n_out), r // COLUMN_MIN))
-    return 1
+    return column_chunks
 
 
 def split_reductions(prog: Program, target: str = "gpu") -> Program:
