@@ -19,6 +19,7 @@ os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")  # quiets Mesa/lavapipe on head
 os.environ["FUSEC_CACHE_DIR"] = "off"
 
 import secrets  # noqa: E402
+from collections.abc import Iterator  # noqa: E402
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
@@ -61,6 +62,18 @@ def gpu_device() -> object:
             pytrace=False,
         )
     return dev
+
+
+@pytest.fixture
+def gpu_target() -> Iterator[None]:
+    """Code generation for the ``gpu`` target whatever the adapter, reset afterwards."""
+    import fusec
+
+    fusec.config.set("target", "gpu")
+    try:
+        yield
+    finally:
+        fusec.config.set("target", None)
 
 
 @pytest.fixture

@@ -696,21 +696,18 @@ def test_split_k_before_after_printed():
 
 @requires_gpu
 @pytest.mark.parametrize("mkn", [(8, 2048, 1000), (1000, 1536, 3), (1, 1024, 37)])
+@pytest.mark.usefixtures("gpu_target")
 def test_split_k_products_match_numpy(mkn: tuple[int, int, int]) -> None:
     """Split products on the GPU target: a matmul kernel over the chunks, then a reduce kernel
     that sums them and runs the epilogue."""
     m, k, n = mkn
-    fusec.config.set("target", "gpu")
-    try:
-        a, b, c = gpu_args((m, k), (k, n), (n,))
-        f = fusec.gpu_jit(lambda x, y, z: nn.gelu(x @ y + z))
-        kinds = [kc.kind for kc in f.lower(a, b, c).kernels]
-        assert kinds == ["matmul", "reduce"]
-        h = a.astype(np.float64) @ b + c
-        want = 0.5 * h * (1 + np.tanh(np.sqrt(2 / np.pi) * (h + 0.044715 * h ** 3)))
-        np.testing.assert_allclose(np.asarray(f(a, b, c)), want, rtol=1e-4, atol=1e-5 * np.sqrt(k))
-    finally:
-        fusec.config.set("target", None)
+    a, b, c = gpu_args((m, k), (k, n), (n,))
+    f = fusec.gpu_jit(lambda x, y, z: nn.gelu(x @ y + z))
+    kinds = [kc.kind for kc in f.lower(a, b, c).kernels]
+    assert kinds == ["matmul", "reduce"]
+    h = a.astype(np.float64) @ b + c
+    want = 0.5 * h * (1 + np.tanh(np.sqrt(2 / np.pi) * (h + 0.044715 * h ** 3)))
+    np.testing.assert_allclose(np.asarray(f(a, b, c)), want, rtol=1e-4, atol=1e-5 * np.sqrt(k))
 
 
 def test_split_reduction_chunks() -> None:

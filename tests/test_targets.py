@@ -114,31 +114,29 @@ def test_matmul_kernels(target: str, mkn: tuple[int, int, int], rng: np.random.G
 
 
 @pytest.mark.parametrize("block", [(128, 128, 16, 8, 8), (64, 128, 16, 4, 8), (128, 64, 8, 8, 4)])
+@pytest.mark.usefixtures("gpu_target")
 def test_matmul_block_configurations(block: tuple[int, ...], rng: np.random.Generator,
                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """Every valid register-blocked configuration computes the product; an invalid one (tiles
     that 256 threads cannot load in whole rounds) is refused, never run."""
     from fusec import codegen
 
-    fusec.config.set("target", "gpu")
     monkeypatch.setattr(codegen, "MATMUL_BLOCK", block)
-    try:
-        a = rng.standard_normal((150, 70)).astype(np.float32)
-        b = rng.standard_normal((70, 200)).astype(np.float32)
-        f = fusec.gpu_jit(lambda x, y: x @ y)
-        if block == (128, 64, 8, 8, 4):
-            with pytest.raises(ValueError, match="does not fit"):
-                f.lower(a, b)
-            return
-        np.testing.assert_allclose(np.asarray(f(a, b)), a.astype(np.float64) @ b, rtol=1e-4,
-                                   atol=1e-4 * np.sqrt(70))
-    finally:
-        fusec.config.set("target", None)
+    a = rng.standard_normal((150, 70)).astype(np.float32)
+    b = rng.standard_normal((70, 200)).astype(np.float32)
+    f = fusec.gpu_jit(lambda x, y: x @ y)
+    if block == (128, 64, 8, 8, 4):
+        with pytest.raises(ValueError, match="does not fit"):
+            f.lower(a, b)
+        return
+    np.testing.assert_allclose(np.asarray(f(a, b)), a.astype(np.float64) @ b, rtol=1e-4,
+                               atol=1e-4 * np.sqrt(70))
 
 
 @pytest.mark.parametrize("mode", ["staged", "direct"])
 @pytest.mark.parametrize("block", [(128, 128, 16, 8, 8), (64, 64, 16, 4, 4), (64, 128, 16, 4, 8),
                                    (128, 64, 16, 8, 4), (128, 128, 8, 8, 8)])
+@pytest.mark.usefixtures("gpu_target")
 def test_matmul_epilogue_stores(mode: str, block: tuple[int, ...], rng: np.random.Generator,
                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """Both ways of storing a register-blocked product with an epilogue (staged through workgroup
@@ -146,25 +144,21 @@ def test_matmul_epilogue_stores(mode: str, block: tuple[int, ...], rng: np.rando
     with partial edge tiles, a batch, a bias, a row-broadcast operand and two outputs."""
     from fusec import codegen
 
-    fusec.config.set("target", "gpu")
     monkeypatch.setattr(codegen, "MATMUL_BLOCK", block)
     monkeypatch.setattr(codegen, "MATMUL_EPILOGUE", mode)
-    try:
-        a = rng.standard_normal((2, 131, 45)).astype(np.float32)
-        b = rng.standard_normal((45, 257)).astype(np.float32)
-        c = rng.standard_normal(257).astype(np.float32)
-        r = rng.standard_normal((2, 131, 1)).astype(np.float32)
-        f = fusec.gpu_jit(lambda x, y, z, s: (x @ y, nn.gelu(x @ y + z) * s))
-        wgsl = f.lower(a, b, c, r).kernels[0].wgsl
-        assert ("The epilogue, staged" in wgsl) == (mode == "staged")
-        p, g = f(a, b, c, r)
-        p64 = a.astype(np.float64) @ b
-        h = p64 + c
-        want = 0.5 * h * (1 + np.tanh(np.sqrt(2 / np.pi) * (h + 0.044715 * h ** 3))) * r
-        np.testing.assert_allclose(np.asarray(p), p64, rtol=1e-4, atol=1e-4 * np.sqrt(45))
-        np.testing.assert_allclose(np.asarray(g), want, rtol=1e-4, atol=2e-4 * np.sqrt(45))
-    finally:
-        fusec.config.set("target", None)
+    a = rng.standard_normal((2, 131, 45)).astype(np.float32)
+    b = rng.standard_normal((45, 257)).astype(np.float32)
+    c = rng.standard_normal(257).astype(np.float32)
+    r = rng.standard_normal((2, 131, 1)).astype(np.float32)
+    f = fusec.gpu_jit(lambda x, y, z, s: (x @ y, nn.gelu(x @ y + z) * s))
+    wgsl = f.lower(a, b, c, r).kernels[0].wgsl
+    assert ("The epilogue, staged" in wgsl) == (mode == "staged")
+    p, g = f(a, b, c, r)
+    p64 = a.astype(np.float64) @ b
+    h = p64 + c
+    want = 0.5 * h * (1 + np.tanh(np.sqrt(2 / np.pi) * (h + 0.044715 * h ** 3))) * r
+    np.testing.assert_allclose(np.asarray(p), p64, rtol=1e-4, atol=1e-4 * np.sqrt(45))
+    np.testing.assert_allclose(np.asarray(g), want, rtol=1e-4, atol=2e-4 * np.sqrt(45))
 
 
 LARGE = (128, 128, 16, 8, 8)
@@ -173,6 +167,7 @@ LARGE = (128, 128, 16, 8, 8)
 @pytest.mark.parametrize("block,mode,k,fused", [
     (None, "auto", 2048, True), (LARGE, "auto", 2047, True), (LARGE, "auto", 2048, False),
     (None, "separate", 45, False), (None, "staged", 2048, True), (LARGE, "direct", 2048, True)])
+@pytest.mark.usefixtures("gpu_target")
 def test_matmul_epilogue_kernel_of_its_own(block: tuple[int, ...] | None, mode: str, k: int,
                                            fused: bool, rng: np.random.Generator,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
@@ -181,24 +176,20 @@ def test_matmul_epilogue_kernel_of_its_own(block: tuple[int, ...] | None, mode: 
     tiles keep it, computed from the registers; the results are the same either way."""
     from fusec import codegen
 
-    fusec.config.set("target", "gpu")
     monkeypatch.setattr(codegen, "MATMUL_EPILOGUE", mode)
     monkeypatch.setattr(codegen, "MATMUL_BLOCK", block)
-    try:
-        a = rng.standard_normal((37, k)).astype(np.float32)
-        b = rng.standard_normal((k, 70)).astype(np.float32)
-        c = rng.standard_normal(70).astype(np.float32)
-        f = fusec.gpu_jit(lambda x, y, z: nn.relu(x @ y + z))
-        kernels = f.lower(a, b, c).kernels
-        assert len(kernels) == (1 if fused else 2)
-        assert ("max(" in kernels[0].wgsl) == fused  # relu inside the matmul kernel, or not
-        staged = "The epilogue, staged" in kernels[0].wgsl
-        assert staged == (mode == "staged" or (mode == "auto" and block == LARGE and fused))
-        want = np.maximum(a.astype(np.float64) @ b + c, 0)
-        np.testing.assert_allclose(np.asarray(f(a, b, c)), want, rtol=1e-4,
-                                   atol=1e-4 * np.sqrt(k))
-    finally:
-        fusec.config.set("target", None)
+    a = rng.standard_normal((37, k)).astype(np.float32)
+    b = rng.standard_normal((k, 70)).astype(np.float32)
+    c = rng.standard_normal(70).astype(np.float32)
+    f = fusec.gpu_jit(lambda x, y, z: nn.relu(x @ y + z))
+    kernels = f.lower(a, b, c).kernels
+    assert len(kernels) == (1 if fused else 2)
+    assert ("max(" in kernels[0].wgsl) == fused  # relu inside the matmul kernel, or not
+    staged = "The epilogue, staged" in kernels[0].wgsl
+    assert staged == (mode == "staged" or (mode == "auto" and block == LARGE and fused))
+    want = np.maximum(a.astype(np.float64) @ b + c, 0)
+    np.testing.assert_allclose(np.asarray(f(a, b, c)), want, rtol=1e-4,
+                               atol=1e-4 * np.sqrt(k))
 
 
 @pytest.mark.parametrize("case", [((2,), 7, 50, 300), ((), 16, 33, 256), ((), 1, 1000, 513),
