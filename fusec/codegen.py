@@ -61,16 +61,15 @@ def _check_matmul_block(cfg: tuple[int, ...]) -> tuple[int, int, int, int, int]:
         raise ValueError(f"matmul block {cfg} does not fit 16x16 threads: need BM = 16 TM, "
                          "BN = 16 TN, TM and TN multiples of 4, BM*BK and BK*BN multiples of 1024")
     return bm, bn, bk, tm, tn
-# How register-blocked matmuls treat an epilogue (FUSEC_MATMUL_EPILOGUE): "auto" fuses it on
-# 128x128 tiles, staged through workgroup memory, when K < EPILOGUE_SEPARATE_K and leaves it to an
-# elementwise kernel of its own otherwise (see epilogue_fuses), and on smaller tiles computes it
-# straight from the registers (see _staged_rows); "staged" or "direct" always fuse it, the one way
-# or the other; "separate" never does. A bare product is stored straight from the registers.
+# How register-blocked matmuls treat an epilogue (FUSEC_MATMUL_EPILOGUE): "auto" leaves it to an
+# elementwise kernel of its own on 128x128 tiles (see epilogue_fuses) and on smaller tiles computes
+# it straight from the registers (see _staged_rows); "staged" or "direct" always fuse it, staged
+# through workgroup memory or straight from the registers; "separate" never does. A bare product
+# is stored straight from the registers.
 MATMUL_EPILOGUE = os.environ.get("FUSEC_MATMUL_EPILOGUE", "auto")
 if MATMUL_EPILOGUE not in ("auto", "staged", "direct", "separate"):
     raise ValueError("FUSEC_MATMUL_EPILOGUE must be auto, staged, direct or separate; "
                      f"got {MATMUL_EPILOGUE}")
-EPILOGUE_SEPARATE_K = 2048
 # Products with at most GEMV_M rows and at least 256 columns on GPUs: a thread per column, all rows
 # in registers, A staged GEMV_K_TILE values of K at a time (FUSEC_GEMV=0: the 16x16 kernel).
 GEMV = os.environ.get("FUSEC_GEMV", "1") != "0"
@@ -702,11 +701,14 @@ def matmul_config(m: int, n: int, target: str, k: int = 0, batch: int = 1
     """(BM, BN, BK, TM, TN) of the register-blocked template for a product of ``batch`` times
     (M x K) @ (K x N), or None for the 16x16 baseline.
 
-    The large tile only where there are many of them and a long K to amortise each: measured on
-    the H100 (ms, large / 128x64 / small tile), 4096^3 5.05 / - / -; (4096x1024) @ (1024x4096)
-    1.37 / 1.40 / 1.67; (4096x4096) @ (4096x1024) 1.32 / 1.44 / 1.73; but (2048x1024) @
-    (1024x2816) 0.71 / 0.54 / 0.60, 8 x (2048x128) @ (128x2048) 0.48 / 0.39 / 0.43, 1024^3 0.22 /
-    0.14 / 0.14, (512x4096) @ (4096x512) 0.83 / 0.53 / 0.39."""
+    The large tile only where there are many of them and a long K to amortise each. Measured on
+    the H100 (trusted modules, ms, bare product on the large / 128x64 / small tile; M, K, N):
+    4096, 4096, 4096 4.58 / 4.76 / 5.57; 2048, 2048, 2048 0.61 / 0.76 / 0.73; 4096, 2048, 1024
+    0.62 / 0.76 / 0.74; 4096, 4096, 1024 1.19 / 1.49 / 1.42; but with K = 1024 4096, 1024, 4096
+    1.21 / 1.20 / 1.41 and 8192, 1024, 4096 2.40 / 2.37 / 2.78 (with bias+gelu, the large tile's
+    epilogue in a kernel of its own: 1.26 / 1.20, 2.49 / 2.38); 2048, 1024, 2816 0.65 / 0.46 /
+    0.54; 8 x (2048, 2048, 128) 0.45 / 0.35 / 0.38; 1024^3 0.20 / 0.10 / 0.11; 512, 4096, 512
+    0.71 / 0.36 / 0.25."""
     if target != "gpu" or m < 32 or n < 32:
         return None
     if MATMUL_BLOCK is not None:
@@ -714,7 +716,7 @@ def matmul_config(m: int, n: int, target: str, k: int = 0, batch: int = 1
     if m < 128 or n < 128:
         return _check_matmul_block(MATMUL_SMALL)
     tiles = batch * -(-m // 128) * -(-n // 128)
-    if (tiles >= 1024 and k >= 1024) or (tiles >= 256 and k >= 4096):
+    if tiles >= 256 and k >= 2048:
         return _check_matmul_block(MATMUL_LARGE)
     return _check_matmul_block(MATMUL_MEDIUM if tiles >= 64 else MATMUL_SMALL)
 
@@ -727,17 +729,18 @@ def mm_config(mm: Eqn, target: str) -> Optional[tuple[int, int, int, int, int]]:
 
 def epilogue_fuses(mm: Eqn, target: str) -> bool:
     """May an elementwise epilogue fuse into the kernel of matmul ``mm``? (Asked by the fusion
-    pass.) Under "auto", not for a product on 128x128 tiles with K >= EPILOGUE_SEPARATE_K: there
-    the staged epilogue slowed the product's main loop by more than a round trip of the product
-    through memory costs. On the H100 (Vulkan), bias+gelu in ms, fused staged / separate kernel /
-    bare product: 4096x4096x4096 5.35 / 5.10 / 5.06; M,K,N = 4096,4096,1024 1.35 / 1.33 / 1.32;
-    but with K = 1024 (4096,1024,4096) 1.38 / 1.42 / 1.37. Smaller tiles compute their epilogue
-    straight from the registers (see _staged_rows) and always fuse it."""
+    pass.) Under "auto", not for a product on 128x128 tiles: any epilogue code in that kernel
+    slowed its main loop by more than a round trip of the product through memory costs. On the
+    H100 (trusted modules, ms), 4096^3 with a bias / bias+relu / bias+gelu: staged 5.37 / 5.61 /
+    5.65, direct from the registers 6.48 / 4.71 / 4.79, in a kernel of its own 4.63 / 4.64 / 4.63,
+    unfused 4.62 / 4.68 / 5.14, bare product 4.58; (4096x4096) @ (4096x1024) staged 1.38 / 1.45 /
+    1.46, direct 1.63 / 1.24 / 1.22, own kernel 1.20 / 1.20 / 1.20, bare 1.19. Smaller tiles
+    compute their epilogue straight from the registers (see _staged_rows) and always fuse it."""
     cfg = mm_config(mm, target)
     if cfg is None:
         return True
     if MATMUL_EPILOGUE == "auto":
-        return mm.inputs[0].shape[-1] < EPILOGUE_SEPARATE_K or not _large_tile(cfg)
+        return not _large_tile(cfg)
     return MATMUL_EPILOGUE != "separate"
 
 
@@ -864,14 +867,15 @@ def _render_rb(mm: Eqn, cfg: tuple[int, int, int, int, int], m: int, n: int, k: 
 def _staged_rows(body: Program, cfg: tuple[int, int, int, int, int]) -> int:
     """Rows of each thread's block per round of a staged epilogue, or 0 to store directly.
 
-    Staging pays on 128x128 tiles where there is an epilogue. Computed straight from the
-    registers, an epilogue changed how NVIDIA's compiler built the whole kernel, erratically: at
-    4096^3 on the H200 the bare product took 5.05 ms, with a bias 7.21, bias+relu 5.05,
-    bias+gelu 5.71 (unfused 5.09 to 5.46). Staged, every epilogue took 5.34-5.37 ms; a bare
-    product is stored directly. On smaller tiles staging cost more than computing from the
-    registers (H100, ms, staged / direct / bare, bias, relu, gelu: 2048x1024 @ 1024x2816 0.64 /
-    0.55 / 0.54, 0.64 / 0.57, 0.66 / 0.57; 4096x512 @ 512x4096 0.83 / 0.71 / 0.71, 0.84 / 0.71,
-    0.88 / 0.83), so they do the latter. A round must fit the tiles' workgroup memory and give
+    On 128x128 tiles "auto" fuses no epilogue (see epilogue_fuses); where one is fused there
+    anyway ("staged", or a forced block) it is staged: computed straight from the registers, an
+    epilogue changed how NVIDIA's compiler built the whole kernel, erratically (4096^3 on the
+    H100, trusted modules: a bias 6.48 ms, bias+relu 4.71, bias+gelu 4.79, bare product 4.58),
+    where staged every epilogue took 5.37-5.65 ms. A bare product is stored directly. On smaller
+    tiles computing from the registers is the steadier (H100, 128x64 tiles, ms, staged / direct,
+    bias, relu, gelu: 2048x1024 @ 1024x2816 0.53 / 0.46, 0.53 / 0.46, 0.48 / 0.46; 4096x512 @
+    512x4096 0.61 / 0.64, 0.61 / 0.64, 0.70 / 0.64; 4096x4096 @ 4096x1024 1.49 / 1.50, 1.49 /
+    1.50, 1.82 / 1.74), so they do that. A round must fit the tiles' workgroup memory and give
     every thread the same number of vec4s."""
     mode = MATMUL_EPILOGUE
     if mode == "direct" or (mode != "staged" and (len(body.eqns) == 1 or not _large_tile(cfg))):

@@ -11,6 +11,8 @@ FUSEC_RETRACE_WARN          warn once when one function has been traced this man
 FUSEC_TARGET   gpu | cpu: which kernel strategies codegen picks (default: cpu on a software
                adapter such as lavapipe, gpu otherwise); the tests use it to run GPU kernels on
                lavapipe
+FUSEC_SHADER_CHECKS  1: compile kernels with wgpu's runtime checks (every array index clamped,
+               every loop bounded); default 0: fusec's kernels are compiled as trusted modules
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ _ENV = {
     "explain_cache_misses": ("FUSEC_EXPLAIN_CACHE_MISSES", 0),
     "record_signatures": ("FUSEC_RECORD_SIGNATURES", None),
     "retrace_warn": ("FUSEC_RETRACE_WARN", 10),
+    "shader_checks": ("FUSEC_SHADER_CHECKS", 0),
 }
 _CASE_INSENSITIVE = {"backend", "target"}
 

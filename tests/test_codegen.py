@@ -363,14 +363,17 @@ def test_two_functions_with_the_same_kernel_share_its_pipeline():
 
 
 def test_matmul_tile_choice(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The 128x128 tile only for many tiles and a long K, 128x64 for fewer or shorter ones, 64x64
-    for few tiles or a side under 128; the 16x16 baseline on a software adapter or under 32."""
+    """The 128x128 tile only for many tiles (256) and a long K (2048), 128x64 for fewer or shorter
+    ones, 64x64 for few tiles or a side under 128; the 16x16 baseline on a software adapter or
+    under 32."""
     monkeypatch.setattr(codegen, "MATMUL_BLOCK", None)
     large, medium, small = codegen.MATMUL_LARGE, codegen.MATMUL_MEDIUM, codegen.MATMUL_SMALL
     assert codegen.matmul_config(4096, 4096, "gpu", 4096) == large
-    assert codegen.matmul_config(4096, 4096, "gpu", 1024) == large  # 1024 tiles
+    assert codegen.matmul_config(2048, 2048, "gpu", 2048) == large  # 256 tiles, K 2048
     assert codegen.matmul_config(4096, 1024, "gpu", 4096) == large  # 256 tiles, long K
-    assert codegen.matmul_config(4096, 1024, "gpu", 2816) == medium
+    assert codegen.matmul_config(2048, 2048, "gpu", 2047) == medium  # K just short
+    assert codegen.matmul_config(4096, 4096, "gpu", 1024) == medium  # 1024 tiles, K 1024
+    assert codegen.matmul_config(2048, 1024, "gpu", 2816) == medium  # 128 tiles
     assert codegen.matmul_config(2048, 2048, "gpu", 128, batch=8) == medium  # short K
     assert codegen.matmul_config(1024, 1024, "gpu", 1024) == medium  # 64 tiles
     assert codegen.matmul_config(512, 512, "gpu", 4096) == small  # 16 tiles
