@@ -39,13 +39,15 @@ VEC_PER_THREAD = int(os.environ.get("FUSEC_VEC_PER_THREAD", 2))
 # 136.7 vs 137.3 us, layer_norm 142.5 vs 137.7), nor did a two-level shared-memory combine in
 # place of the tree (140.2 vs 137.6), nor subgroup operations in place of it (see row_threads).
 ROW_CACHE = int(os.environ.get("FUSEC_ROW_CACHE", 64))
-# Register-blocked matmul on GPUs: (BM, BN, BK, TM, TN). Measured on the H200 at 4096^3 float32
-# (cuBLAS 50.9 TFLOP/s): 128x128x16 with 8x8 per thread 27.2 TFLOP/s, 128x128x8 25.2, 64x64x16
-# with 4x4 20.5. Which one a product gets: matmul_config. FUSEC_MATMUL_BLOCK="BM,BN,BK,TM,TN"
-# forces one.
+# Register-blocked matmul on GPUs: (BM, BN, BK, TM, TN). Measured on the H100 at 4096^3 float32
+# (trusted modules, cuBLAS 50.2 TFLOP/s; ms): 128x128x16 with 8x8 per thread 4.59, BK 8 5.20, BK
+# 32 5.44; 128x64x16 4.76, BK 32 4.96; 64x64x16 5.57, BK 32 5.45. On the small tile BK = 32 was
+# faster on every product measured (us, BK 16 / 32: 512x4096x512 247 / 213, 64x4096x4096 307 /
+# 236, 100x1000x300 67 / 59, 32 x 128^3 14.7 / 13.9). Which one a product gets: matmul_config.
+# FUSEC_MATMUL_BLOCK="BM,BN,BK,TM,TN" forces one.
 MATMUL_LARGE = (128, 128, 16, 8, 8)
 MATMUL_MEDIUM = (128, 64, 16, 8, 4)
-MATMUL_SMALL = (64, 64, 16, 4, 4)
+MATMUL_SMALL = (64, 64, 32, 4, 4)
 MATMUL_BLOCK: Optional[tuple[int, ...]] = (
     tuple(int(v) for v in os.environ["FUSEC_MATMUL_BLOCK"].split(","))
     if os.environ.get("FUSEC_MATMUL_BLOCK") else None)
@@ -79,16 +81,14 @@ GEMV_K_TILE = 256
 # took 104 us with 1, 72 with 4, 71 with 8 or 16 (torch 61); 1x4096 @ 4096x4096 82, 46, 46 (46).
 GEMV_UNROLL = 8
 assert GEMV_K_TILE % GEMV_UNROLL == 0, "the K tile is walked in whole steps of GEMV_UNROLL"
-# Products with at most FEWCOL_N columns and at least FEWCOL_M rows (times the batch) on GPUs: a
-# row per FEWCOL_LANES threads walking K, each with FEWCOL_UNROLL loads of A in flight, and B staged
-# FEWCOL_LANES * FEWCOL_UNROLL rows at a time (FUSEC_FEWCOL=0: the 16x16 kernel, split along K).
-# On the H100, 4096x4096 @ 4096xN took 33 / 106 us for N = 1 / 8 (16x16 + split-K: 184 / 189);
-# 16 lanes or 16 loads in flight were faster for some N and slower for others (see _matmul_fewcol).
+# Products with few columns (see use_fewcol) and at least FEWCOL_M rows (times the batch) on GPUs:
+# a row per few threads walking K (fewcol_lanes), B staged FEWCOL_K_TILE rows at a time, each
+# thread with FEWCOL_K_TILE / lanes loads of A in flight (FUSEC_FEWCOL=0: the 16x16 kernel, split
+# along K). Others take the 16x16 kernel split along K, which with trusted shader modules runs
+# these products in 75-90 us on the H100 whatever N (see use_fewcol for the table).
 FEWCOL = os.environ.get("FUSEC_FEWCOL", "1") != "0"
-FEWCOL_N = 16
 FEWCOL_M = 1024
-FEWCOL_LANES = 32
-FEWCOL_UNROLL = 8
+FEWCOL_K_TILE = 256
 # threads per row of row kernels on GPUs (FUSEC_ROW_THREADS forces one; default: see row_threads)
 ROW_THREADS = int(os.environ.get("FUSEC_ROW_THREADS", 0))
 ROW_PER_THREAD = 16  # elements per thread row_threads aims at
@@ -113,7 +113,7 @@ def tuning() -> dict[str, Any]:
             "vec_per": VEC_PER_THREAD, "row_cache": ROW_CACHE, "row_threads": ROW_THREADS,
             "partial_unroll": PARTIAL_UNROLL,
             "gemv": (GEMV, GEMV_M, GEMV_K_TILE, GEMV_UNROLL),
-            "fewcol": (FEWCOL, FEWCOL_N, FEWCOL_M, FEWCOL_LANES, FEWCOL_UNROLL),
+            "fewcol": (FEWCOL, FEWCOL_M, FEWCOL_K_TILE),
             "matmul": (MATMUL_BLOCK, MATMUL_LARGE, MATMUL_MEDIUM, MATMUL_SMALL, MATMUL_EPILOGUE)}
 
 
@@ -928,15 +928,12 @@ def _row_col_parts(body: Program, names: dict[int, str], mm: Eqn, load_indent: i
 
 
 def _matmul_fewcol(body: Program, names: dict[int, str], mm: Eqn) -> tuple[str, int]:
-    """The few-column template. Measured on the H100 (us, by lanes x loads in flight; M x K x N):
-    4096x4096x8: 32x8 106, 32x16 180, 16x16 166. 16384x1024x16: 32x8 180, 16x16 151, 8x32 144.
-    65536x256x4: 32x8 45, 16x16 37. 4096x4096x1: 32x8 33, 16x16 40. torch: 64 / 88 / 128 / 38.
-    No one choice won everywhere; 32x8 is never far from the best, and its K tile of 256 keeps B's
-    tile within the workgroup array that the combine needs anyway."""
+    """The few-column template: ``fewcol_lanes`` threads per row, the K tile FEWCOL_K_TILE, which
+    also keeps B's tile within the workgroup array that the combine needs anyway."""
     _, _, _, m, k, n, nb = _mm_dims(mm)
-    lanes = FEWCOL_LANES
+    lanes = fewcol_lanes(n, k)
     assert lanes & (lanes - 1) == 0, "the combine halves the lanes"
-    kt = lanes * FEWCOL_UNROLL
+    kt = FEWCOL_K_TILE
     rows = WORKGROUP // lanes
     row_blocks = -(-m // rows)
     load_a, va, load_b, vb, epilogue, stores = _row_col_parts(body, names, mm, 16, 12, "prod")
@@ -950,9 +947,25 @@ def _matmul_fewcol(body: Program, names: dict[int, str], mm: Eqn) -> tuple[str, 
     return src, row_blocks * nb
 
 
-def use_fewcol(m: int, n: int, nb: int, target: str) -> bool:
-    """Few columns, many rows (counting the batch), on a GPU: the few-column template."""
-    return target == "gpu" and FEWCOL and n <= FEWCOL_N and m * nb >= FEWCOL_M
+def use_fewcol(m: int, n: int, k: int, nb: int, target: str) -> bool:
+    """Few columns, many rows (counting the batch), on a GPU: the few-column template. Measured on
+    the H100 (trusted modules, us; 2^24-element A, M x K x N; lanes 8 / 16 / 32, then the 16x16
+    kernel split along K, then torch): 65536x256x4 37 / 35 / 42, 76, 58; x8 45 / 53 / 80, 76, 57;
+    x12 62 / 80 / 127, 77; x16 81 / 111 / 183, 76; 16384x1024x1 33 / 29 / 30, 88, 41; x8 61 / 80 /
+    73, 88, 78; x12 69 / 92 / 114, 88; x16 124 / 140 / 169, 88; 8192x2048x4 44 / 37 / 34, 80;
+    x8 103 / 79 / 88, 81; 4096x4096x1 62 / 39 / 34, 79, 45; x4 67 / 45 / 38, 80; x8 195 / 140 /
+    87, 81, 63; x16 213 / 169 / 205, 81. So: up to 4 columns always, up to 12 with K <= 1024."""
+    return (target == "gpu" and FEWCOL and m * nb >= FEWCOL_M
+            and (n <= 4 or (n <= 12 and k <= 1024)))
+
+
+def fewcol_lanes(n: int, k: int) -> int:
+    """Threads per row of the few-column template (the table in use_fewcol): more columns means
+    more sums per thread and B's tile staged for fewer rows, so fewer lanes per row and more rows
+    per workgroup; up to 4 columns, a long K wants more lanes to split it."""
+    if n > 4:
+        return 8
+    return 32 if k >= 2048 else 16
 
 
 def use_gemv(m: int, n: int, target: str) -> bool:
@@ -968,7 +981,7 @@ def _matmul(body: Program, names: dict[int, str], target: str = "gpu") -> tuple[
         return _matmul_rb(body, names, mm, cfg)
     if use_gemv(m, n, target):
         return _matmul_gemv(body, names, mm)
-    if use_fewcol(m, n, nb, target):
+    if use_fewcol(m, n, k, nb, target):
         return _matmul_fewcol(body, names, mm)
     tn, tm = -(-n // TILE), -(-m // TILE)
     load_a, va, load_b, vb, epilogue, stores = _row_col_parts(body, names, mm, 12, 8, "acc")

@@ -671,7 +671,7 @@ def test_literal_outputs_survive_the_pipeline():
 
 def test_split_k_before_after_printed():
     """A product with few rows becomes a batched product over chunks of K and a sum over them,
-    on the GPU target only; wide products (the register-blocked template's) stay as they are."""
+    on the GPU target only; products with workgroups enough stay as they are."""
     from fusec.passes.splitk import chunks_for, split_k
 
     traced = trace(lambda a, b: a @ b, S((8, 2048)), S((2048, 512)))
@@ -685,17 +685,39 @@ def test_split_k_before_after_printed():
             g:f32[8,512] = sum axes=(0,) f
           in (g) }""")
     assert str(split_k(traced.ir, "cpu")) == str(traced.ir)
-    wide = trace(lambda a, b: a @ b, S((256, 2048)), S((2048, 256)))
+    wide = trace(lambda a, b: a @ b, S((4096, 1024)), S((1024, 4096)))
     assert str(split_k(wide.ir, "gpu")) == str(wide.ir)
     # K that halves only a few times, and K too short to split
     assert chunks_for(3, 1536, 7) == 8 and chunks_for(1000, 4096, 8) == 32
-    # few columns and rows enough for the few-column template: no split
-    assert chunks_for(4096, 4096, 8) == 1 and chunks_for(1024, 4096, 16) == 1
+    # few columns and rows enough for the few-column template: no split (8 columns only with
+    # K up to 1024; with a longer K they are split)
+    assert chunks_for(4096, 1024, 8) == 1 and chunks_for(1024, 4096, 4) == 1
+    assert chunks_for(4096, 4096, 8) == 16 and chunks_for(1024, 4096, 16) == 32
     assert chunks_for(8, 200, 8) == 1 and chunks_for(8, 4097, 8) == 1
 
 
+def test_split_k_on_the_register_blocked_template() -> None:
+    """Products on the register-blocked template with K of at least 2048 and fewer than 256
+    workgroups are split into chunks of K of at least 512, as few as give 256 workgroups (the
+    chunks may take another tile than the whole product)."""
+    from fusec.passes.splitk import rb_chunks_for
+
+    assert rb_chunks_for(512, 4096, 512) == 8  # 64 small tiles; 8 chunks: 256 medium ones
+    assert rb_chunks_for(64, 4096, 4096) == 4  # 64 small tiles; 4 chunks: 256
+    assert rb_chunks_for(64, 2048, 96) == 4  # chunks of 512 at most
+    assert rb_chunks_for(4096, 1024, 4096) == 1  # 512 medium tiles
+    assert rb_chunks_for(256, 512, 256) == 1  # K too short to cut
+    assert rb_chunks_for(512, 1024, 1024) == 1  # 128 workgroups, but K under 2048
+    assert rb_chunks_for(128, 8192, 128) == 16
+    traced = trace(lambda a, b: a @ b, S((512, 4096)), S((4096, 512)))
+    from fusec.passes.splitk import split_k
+
+    assert "f:f32[8,512,512] = matmul d e" in str(split_k(traced.ir, "gpu"))
+
+
 @requires_gpu
-@pytest.mark.parametrize("mkn", [(8, 2048, 1000), (1000, 1536, 3), (1, 1024, 37)])
+@pytest.mark.parametrize("mkn", [(8, 2048, 1000), (1000, 1536, 3), (1, 1024, 37),
+                                 (64, 2048, 96), (63, 4100, 130)])
 @pytest.mark.usefixtures("gpu_target")
 def test_split_k_products_match_numpy(mkn: tuple[int, int, int]) -> None:
     """Split products on the GPU target: a matmul kernel over the chunks, then a reduce kernel

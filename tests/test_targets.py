@@ -175,9 +175,11 @@ def test_matmul_epilogue_kernel_of_its_own(block: tuple[int, ...] | None, mode: 
     of its own (``auto``, whatever K; any tile with ``separate``); smaller tiles keep it, computed
     from the registers; the results are the same either way."""
     from fusec import codegen
+    from fusec.passes import splitk
 
     monkeypatch.setattr(codegen, "MATMUL_EPILOGUE", mode)
     monkeypatch.setattr(codegen, "MATMUL_BLOCK", block)
+    monkeypatch.setattr(splitk, "RB_GROUPS", 0)  # one product kernel, not split along K
     a = rng.standard_normal((37, k)).astype(np.float32)
     b = rng.standard_normal((k, 70)).astype(np.float32)
     c = rng.standard_normal(70).astype(np.float32)
@@ -213,16 +215,20 @@ def test_few_row_matmuls(target: str, case: tuple[tuple[int, ...], int, int, int
     assert gemv == (target == "gpu")
 
 
-@pytest.mark.parametrize("case", [((), 1024, 4099, 8), ((2,), 700, 1000, 13), ((), 1031, 257, 16),
-                                  ((), 1500, 5, 1), ((3, 2), 171, 300, 4), ((), 1024, 64, 17),
-                                  ((), 1023, 64, 8)])
-def test_few_column_matmuls(target: str, case: tuple[tuple[int, ...], int, int, int],
+# (batch, M, K, N, kernels of the GPU target's plan with the few-column template, or 0 for none)
+@pytest.mark.parametrize("case", [((), 1024, 4099, 3, 1), ((2,), 700, 1000, 9, 1),
+                                  ((), 1031, 257, 12, 1), ((), 1500, 5, 1, 1),
+                                  ((3, 2), 171, 300, 4, 1), ((), 1024, 64, 13, 0),
+                                  ((), 1023, 64, 8, 0), ((), 1031, 2048, 8, 2)])
+def test_few_column_matmuls(target: str, case: tuple[tuple[int, ...], int, int, int, int],
                             rng: np.random.Generator) -> None:
-    """Products with at most 16 columns and at least 1024 rows (batch included) take the
-    few-column template on the GPU target: batched, odd sizes, K shorter than a tile or ending in
-    a partial one, a last workgroup with rows to spare, a transposed operand, with an epilogue and
-    the bare product as a second output. 17 columns or 1023 rows do not take it."""
-    batch, m, k, n = case
+    """Products with at least 1024 rows (batch included) and at most 4 columns, or at most 12
+    with K up to 1024, take the few-column template on the GPU target (8, 16 or 32 threads per
+    row): batched, odd sizes, K shorter than a tile or ending in a partial one, a last workgroup
+    with rows to spare, a transposed operand, with an epilogue and the bare product as a second
+    output. 13 columns or 1023 rows do not take it; 8 columns with K = 2048 are first split
+    along K, and the chunks take it (the epilogue then runs in the sum's kernel)."""
+    batch, m, k, n, want_kernels = case
     a = rng.standard_normal(batch + (k, m)).astype(np.float32)  # used transposed
     b = rng.standard_normal((k, n)).astype(np.float32)
     c = rng.standard_normal(n).astype(np.float32)
@@ -236,6 +242,6 @@ def test_few_column_matmuls(target: str, case: tuple[tuple[int, ...], int, int, 
     np.testing.assert_allclose(np.asarray(r), np.maximum(p64 + c, 0), **tol)
     kernels = f.lower(a, b, c).kernels
     fewcol = any("Few-column matmul" in kc.wgsl for kc in kernels)
-    assert fewcol == (target == "gpu" and n <= 16 and m * int(np.prod(batch)) >= 1024)
+    assert fewcol == (target == "gpu" and want_kernels > 0)
     if fewcol:
-        assert len(kernels) == 1  # not split along K: the epilogue is in the same kernel
+        assert len(kernels) == want_kernels

@@ -1,9 +1,10 @@
-"""Split-K for skinny matmuls. A product with few rows or few columns (a batch of 8 rows through a
-layer, or a layer with 8 outputs) gives the 16x16 tiled kernel only a few hundred workgroups, each
-walking the whole of K in sequence: about 5% of the memory bandwidth on the H200. Cutting K into S
-chunks turns it into a batched product of S partial results, (S, M, N), and a sum over them:
-S times more workgroups, for a partial-results buffer of S * M * N elements. Later passes treat the
-two like any matmul and reduction (an epilogue fuses into the sum).
+"""Split-K for matmuls with few workgroups. A product with few rows or few columns (a batch of 8
+rows through a layer, or a layer with 8 outputs) gives the 16x16 tiled kernel only a few hundred
+workgroups, each walking the whole of K in sequence: about 5% of the memory bandwidth on the H200;
+a small product with a long K leaves most of the GPU idle on the register-blocked template too.
+Cutting K into S chunks turns it into a batched product of S partial results, (S, M, N), and a
+sum over them: S times more workgroups, for a partial-results buffer of S * M * N elements. Later
+passes treat the two like any matmul and reduction (an epilogue fuses into the sum).
 """
 
 from __future__ import annotations
@@ -14,11 +15,21 @@ from ..ir import Eqn, Op, Program, Var
 TILE_LIMIT = 1024  # products with fewer 16x16 output tiles than this are split...
 GROUPS = 4096  # ...into at most this many workgroups...
 MIN_CHUNK = 128  # ...each walking at least this much of K
+# Products on the register-blocked template with K of at least RB_MIN_K and fewer workgroups than
+# RB_GROUPS (an H100 has 132 SMs) are split too, into chunks of K of at least RB_MIN_CHUNK. On the
+# H100 (trusted modules; us, unsplit / split by this rule, M x K x N): 512x4096x512 223 / 95 (8
+# chunks), 64x4096x4096 237 / 109 (4), 256x4096x1024 220 / 98 (8), 128x8192x128 418 / 35 (16),
+# 2048x4096x256 242 / 188 (4), 512x2048x2048 198 / 180 (2), 1024x2048x1024 189 / 183 (2). With
+# K = 1024 a split gained 0-3% (512x1024x1024 60 / 58, 1024^3 97 / 96) for a second kernel, so
+# those stay whole.
+RB_GROUPS = 256
+RB_MIN_K = 2048
+RB_MIN_CHUNK = 512
 
 
 def chunks_for(m: int, k: int, n: int, target: str = "gpu") -> int:
     """How many chunks to cut K into (1: leave the product alone)."""
-    if codegen.use_fewcol(m, n, 1, target):  # parallel enough along M already
+    if codegen.use_fewcol(m, n, k, 1, target):  # parallel enough along M already
         return 1
     if codegen.use_gemv(m, n, target):  # a workgroup per 256 columns
         tiles = -(-n // codegen.WORKGROUP)
@@ -32,16 +43,36 @@ def chunks_for(m: int, k: int, n: int, target: str = "gpu") -> int:
     return s
 
 
+def rb_chunks_for(m: int, k: int, n: int, target: str = "gpu") -> int:
+    """How many chunks to cut K into for a product on the register-blocked template: with K of at
+    least RB_MIN_K, the fewest (a power of two) that give RB_GROUPS workgroups, as far as chunks
+    of RB_MIN_CHUNK allow. The chunks form a batch, which may take another tile than the whole
+    product would."""
+    def groups(s: int) -> int:
+        cfg = codegen.matmul_config(m, n, target, k // s, s)
+        assert cfg is not None, "a product on the register-blocked template stays on it"
+        return s * -(-m // cfg[0]) * -(-n // cfg[1])
+
+    if k < RB_MIN_K:
+        return 1
+    s = 1
+    while groups(s) < RB_GROUPS and k % (2 * s) == 0 and k // (2 * s) >= RB_MIN_CHUNK:
+        s *= 2
+    return s
+
+
 def _chunks(e: Eqn, target: str) -> int:
-    """Chunks to cut this equation's K into: 1 unless it is a 2-D product that the register-blocked
-    template would not take (that one has parallelism enough)."""
+    """Chunks to cut this equation's K into: 1 unless it is a 2-D product with too few
+    workgroups for its template."""
     if e.op is not Op.MATMUL:
         return 1
     a, b = e.inputs
     if len(a.shape) != 2 or len(b.shape) != 2:
         return 1
     (m, k), n = a.shape, b.shape[1]
-    return chunks_for(m, k, n, target) if codegen.mm_config(e, target) is None else 1
+    if codegen.mm_config(e, target) is None:
+        return chunks_for(m, k, n, target)
+    return rb_chunks_for(m, k, n, target)
 
 
 def split_k(prog: Program, target: str) -> Program:
