@@ -262,13 +262,13 @@ class Runtime:
 
 def _shader_module(device: Any, wgsl: str, label: str, checked: bool) -> Any:
     """Compile ``wgsl``. Unless ``checked``, as a trusted module: wgpu then adds no bounds check to
-    array indices and no iteration bound to loops. Every kernel fusec generates proves its own
+    array indices and no iteration bound to loops. Every kernel fusec generates keeps its own
     indices in range: each load and store of a buffer is behind a test of the index against the
-    array's static size (or the grid is exactly the array), workgroup and register arrays are
-    indexed by the thread's id within sizes the templates fix, and no index comes from data (there
-    is no gather). Every loop counts up to a static bound. The checks cost matmuls 6-10% and
-    few-row products 30% on the H100 (FUSEC_SHADER_CHECKS=1 puts them back). Where the wgpu
-    build lacks wgpuDeviceCreateShaderModuleTrusted the module is compiled checked."""
+    array's static size, workgroup and register arrays are indexed by the thread's id within
+    sizes the templates fix, and no index comes from data (there is no gather). Every loop counts
+    up to a static bound. The checks cost 5-17% of the time of matmul-heavy workloads and 16-31%
+    of skinny products' on the H100 (FUSEC_SHADER_CHECKS=1 puts them back). Where the wgpu build
+    lacks wgpuDeviceCreateShaderModuleTrusted the module is compiled checked."""
     if not checked:
         try:
             from wgpu.backends.wgpu_native import _api
