@@ -41,9 +41,15 @@ VEC_PER_THREAD = int(os.environ.get("FUSEC_VEC_PER_THREAD", 2))
 ROW_CACHE = int(os.environ.get("FUSEC_ROW_CACHE", 64))
 # Register-blocked matmul on GPUs: (BM, BN, BK, TM, TN). Measured on the H100 at 4096^3 float32
 # (trusted modules, cuBLAS 50.2 TFLOP/s; ms): 128x128x16 with 8x8 per thread 4.59, BK 8 5.20, BK
-# 32 5.44; 128x64x16 4.76, BK 32 4.96; 64x64x16 5.57, BK 32 5.45. On the small tile BK = 32 was
-# faster on every product measured (us, BK 16 / 32: 512x4096x512 247 / 213, 64x4096x4096 307 /
-# 236, 100x1000x300 67 / 59, 32 x 128^3 14.7 / 13.9). Which one a product gets: matmul_config.
+# 32 5.44; 128x64x16 4.76, BK 32 4.96; 64x64x16 5.57, BK 32 5.45. A thread's 8 columns of the
+# 128x128 tile as two runs of 4, 64 apart (no bank conflicts reading B) in place of 8 neighbours:
+# 4.58 -> 4.53 ms; 2048^3 0.62 -> 0.59, 4096x2048x4096 2.33 -> 2.21, 8192x2048x2048 2.37 -> 2.22.
+# The A tile's rows padded by one vec4 (no bank conflicts storing A): 4096^3 4.45 -> 3.97 ms,
+# 4096x2048x4096 2.27 -> 2.00; 128x64 tiles 4096x1024x4096 1.27 -> 1.02, 2048x1024x2816 0.47 ->
+# 0.37; 64x64 tiles 512x4096x512 (split along K) 91 -> 78 us.
+# On the small tile BK = 32 was faster on every product measured (us, BK 16 / 32: 512x4096x512
+# 247 / 213, 64x4096x4096 307 / 236, 100x1000x300 67 / 59, 32 x 128^3 14.7 / 13.9). Which one a
+# product gets: matmul_config.
 # FUSEC_MATMUL_BLOCK="BM,BN,BK,TM,TN" forces one.
 MATMUL_LARGE = (128, 128, 16, 8, 8)
 MATMUL_MEDIUM = (128, 64, 16, 8, 4)
@@ -702,13 +708,13 @@ def matmul_config(m: int, n: int, target: str, k: int = 0, batch: int = 1
     (M x K) @ (K x N), or None for the 16x16 baseline.
 
     The large tile only where there are many of them and a long K to amortise each. Measured on
-    the H100 (trusted modules, ms, bare product on the large / 128x64 / small tile; M, K, N):
-    4096, 4096, 4096 4.58 / 4.76 / 5.57; 2048, 2048, 2048 0.61 / 0.76 / 0.73; 4096, 2048, 1024
-    0.62 / 0.76 / 0.74; 4096, 4096, 1024 1.19 / 1.49 / 1.42; but with K = 1024 4096, 1024, 4096
-    1.21 / 1.20 / 1.41 and 8192, 1024, 4096 2.40 / 2.37 / 2.78 (with bias+gelu, the large tile's
-    epilogue in a kernel of its own: 1.26 / 1.20, 2.49 / 2.38); 2048, 1024, 2816 0.65 / 0.46 /
-    0.54; 8 x (2048, 2048, 128) 0.45 / 0.35 / 0.38; 1024^3 0.20 / 0.10 / 0.11; 512, 4096, 512
-    0.71 / 0.36 / 0.25."""
+    the H100 (trusted modules, padded A tile; ms, bare product on the large / 128x64 / small tile;
+    M, K, N): 4096, 4096, 4096 3.93 / 4.24 / 5.23; 2048, 2048, 2048 0.53 / 0.65 / 0.65; 4096,
+    2048, 1024 0.53 / 0.64 / 0.65; 4096, 4096, 1024 1.03 / 1.29 / 1.33; but with K = 1024 a tie:
+    4096, 1024, 4096 1.01 / 1.02 / 1.25 and 8192, 1024, 4096 1.99 / 1.99 / 2.49 (the large tile's
+    epilogue runs in a kernel of its own: the medium one); 2048, 1024, 2816 0.53 / 0.37 / 0.50;
+    8 x (2048, 128, 2048) 0.35 / 0.30 / 0.35; 1024^3 0.16 / 0.08 / 0.08; 512, 4096, 512 (not split
+    along K) 0.62 / 0.30 / 0.18."""
     if target != "gpu" or m < 32 or n < 32:
         return None
     if MATMUL_BLOCK is not None:
@@ -729,13 +735,14 @@ def mm_config(mm: Eqn, target: str) -> Optional[tuple[int, int, int, int, int]]:
 
 def epilogue_fuses(mm: Eqn, target: str) -> bool:
     """May an elementwise epilogue fuse into the kernel of matmul ``mm``? (Asked by the fusion
-    pass.) Under "auto", not for a product on 128x128 tiles: any epilogue code in that kernel
-    slowed its main loop by more than a round trip of the product through memory costs. On the
-    H100 (trusted modules, ms), 4096^3 with a bias / bias+relu / bias+gelu: staged 5.37 / 5.61 /
-    5.65, direct from the registers 6.48 / 4.71 / 4.79, in a kernel of its own 4.63 / 4.64 / 4.63,
-    unfused 4.62 / 4.68 / 5.14, bare product 4.58; (4096x4096) @ (4096x1024) staged 1.38 / 1.45 /
-    1.46, direct 1.63 / 1.24 / 1.22, own kernel 1.20 / 1.20 / 1.20, bare 1.19. Smaller tiles
-    compute their epilogue straight from the registers (see _staged_rows) and always fuse it."""
+    pass.) Under "auto", not for a product on 128x128 tiles: an epilogue in that kernel slowed
+    its main loop, erratically, by more than a round trip of the product through memory costs. On
+    the H100 (trusted modules, padded A tile; ms), 4096^3 with a bias / bias+relu / bias+gelu:
+    staged 5.04 / 5.13 / 5.08, direct from the registers 6.18 / 4.00 / 4.25, in a kernel of its
+    own 4.00 / 4.01 / 4.01, bare product 3.95; 4096x2048x4096 staged 2.53 / 2.47 / 2.55, direct
+    3.05 / 2.01 / 2.13, own kernel 2.04 / 2.05 / 2.05, bare 2.00. (Direct from the registers cost
+    a relu 0-1%, a gelu 5-7% and a bias alone 50%.) Smaller tiles compute their epilogue straight
+    from the registers (see _staged_rows) and always fuse it."""
     cfg = mm_config(mm, target)
     if cfg is None:
         return True
@@ -834,7 +841,8 @@ def _matmul_rb(body: Program, names: dict[int, str], mm: Eqn,
     # once per row or column, not once per element.
     ee = Emitter(body, names, indent="    ", counter=counter)
     rows = [ee.let(f"row0 + ty * {tm}u + {i}u", "r") for i in range(tm)]
-    cols = [ee.let(f"col0 + tx * {tn}u + {j}u", "c") for j in range(tn)]
+    # a thread's columns: runs of 4, 64 apart (see the template)
+    cols = [ee.let(f"col0 + {(j // 4) * 64 + j % 4}u + tx * 4u", "c") for j in range(tn)]
     bc = _batch_coords(ee, batch)
     blocks = []
     for i in range(tm):
@@ -870,8 +878,8 @@ def _staged_rows(body: Program, cfg: tuple[int, int, int, int, int]) -> int:
     On 128x128 tiles "auto" fuses no epilogue (see epilogue_fuses); where one is fused there
     anyway ("staged", or a forced block) it is staged: computed straight from the registers, an
     epilogue changed how NVIDIA's compiler built the whole kernel, erratically (4096^3 on the
-    H100, trusted modules: a bias 6.48 ms, bias+relu 4.71, bias+gelu 4.79, bare product 4.58),
-    where staged every epilogue took 5.37-5.65 ms. A bare product is stored directly. On smaller
+    H100: a bias 6.18 ms, bias+relu 4.00, bias+gelu 4.25, bare product 3.95), where staged
+    every epilogue took 5.04-5.13 ms. A bare product is stored directly. On smaller
     tiles computing from the registers is the steadier (H100, 128x64 tiles, ms, staged / direct,
     bias, relu, gelu: 2048x1024 @ 1024x2816 0.53 / 0.46, 0.53 / 0.46, 0.48 / 0.46; 4096x512 @
     512x4096 0.61 / 0.64, 0.61 / 0.64, 0.70 / 0.64; 4096x4096 @ 4096x1024 1.49 / 1.50, 1.49 /
