@@ -46,7 +46,8 @@ ROW_CACHE = int(os.environ.get("FUSEC_ROW_CACHE", 64))
 # 4.58 -> 4.53 ms; 2048^3 0.62 -> 0.59, 4096x2048x4096 2.33 -> 2.21, 8192x2048x2048 2.37 -> 2.22.
 # The A tile's rows padded by one vec4 (no bank conflicts storing A): 4096^3 4.45 -> 3.97 ms,
 # 4096x2048x4096 2.27 -> 2.00; 128x64 tiles 4096x1024x4096 1.27 -> 1.02, 2048x1024x2816 0.47 ->
-# 0.37; 64x64 tiles 512x4096x512 (split along K) 91 -> 78 us.
+# 0.37; 64x64 tiles 512x4096x512 (split along K) 91 -> 78 us. The padded 128x128 and 64x64x32
+# tiles pass 16 KiB, so those swizzle instead (see _a_pad_fits): 4096^3 4.16 ms.
 # On the small tile BK = 32 was faster on every product measured (us, BK 16 / 32: 512x4096x512
 # 247 / 213, 64x4096x4096 307 / 236, 100x1000x300 67 / 59, 32 x 128^3 14.7 / 13.9). Which one a
 # product gets: matmul_config.
@@ -111,6 +112,7 @@ if PARTIAL_UNROLL < 1:
 # against 696, 4 195 against 351, but 2 275 against 179 and 1 616 against 97
 PARTIAL_COLUMNS_MIN = 4
 MAX_GROUPS = 65535  # workgroups per grid dimension (WebGPU limit)
+WORKGROUP_STORAGE = 16384  # bytes of workgroup memory every WebGPU device offers
 
 
 def tuning() -> dict[str, Any]:
@@ -868,8 +870,17 @@ def _render_rb(mm: Eqn, cfg: tuple[int, int, int, int, int], m: int, n: int, k: 
         bm=bm, bn=bn, bk=bk, tm=tm, tn=tn, m=m, n=n, k=k, tm_tiles=tm_tiles, tn_tiles=tn_tiles,
         total=tm_tiles * tn_tiles * nb, ty=WGSL_TYPE[dt], zero=wgsl_literal(0, dt),
         a_loads=a_groups, b_loads=b_groups, load_a=load_a, val_a=val_a,
-        load_b=load_b, val_b=val_b, **epilogue)
+        load_b=load_b, val_b=val_b, swizzle=not _a_pad_fits(cfg), **epilogue)
     return src, tm_tiles * tn_tiles * nb
+
+
+def _a_pad_fits(cfg: tuple[int, int, int, int, int]) -> bool:
+    """Do the tiles fit WORKGROUP_STORAGE with the A tile's rows padded by one vec4? If not, the
+    template swizzles them instead (vec4 c of row k at c ^ (k % 8)): no extra memory, but the
+    index arithmetic cost 5-8% on the H100 where padding fits (4096x2048x4096 on the 128x128
+    tile: 2.10 ms swizzled, 1.99 padded; 2048x1024x2816 on 128x64 tiles 0.40, 0.37)."""
+    bm, bn, bk, _, _ = cfg
+    return 16 * bk * (bm // 4 + 1 + bn // 4) <= WORKGROUP_STORAGE
 
 
 def _staged_rows(body: Program, cfg: tuple[int, int, int, int, int]) -> int:

@@ -382,3 +382,75 @@ def test_matmul_tile_choice(monkeypatch: pytest.MonkeyPatch) -> None:
     assert codegen.matmul_config(31, 4096, "gpu", 4096) is None
     monkeypatch.setattr(codegen, "MATMUL_BLOCK", (64, 128, 16, 4, 8))
     assert codegen.matmul_config(4096, 4096, "gpu", 4096) == (64, 128, 16, 4, 8)
+
+
+# --- workgroup memory ---------------------------------------------------------------------------
+
+WEBGPU_MIN_WORKGROUP_STORAGE = 16384  # bytes every WebGPU device offers
+
+
+def _wgsl_type_bytes(ty: str) -> int:
+    ty = ty.strip()
+    m = re.fullmatch(r"array<(.+),\s*(\d+)>", ty)
+    if m:
+        return _wgsl_type_bytes(m.group(1)) * int(m.group(2))
+    m = re.fullmatch(r"vec(\d)<(\w+)>", ty)
+    if m:
+        return int(m.group(1)) * _wgsl_type_bytes(m.group(2))
+    assert ty in ("f32", "i32", "u32"), ty
+    return 4
+
+
+def workgroup_bytes(wgsl: str) -> int:
+    decls = re.findall(r"var<workgroup>\s+\w+\s*:\s*(.+?);", code_of(wgsl))
+    return sum(_wgsl_type_bytes(d) for d in decls)
+
+
+def test_workgroup_bytes_parser() -> None:
+    assert workgroup_bytes("var<workgroup> t: array<vec4<f32>, 1024>;") == 16384
+    assert workgroup_bytes("var<workgroup> a: array<array<f32, 16>, 16>;\n"
+                           "var<workgroup> b: array<u32, 8>; // c") == 1024 + 32
+
+
+@pytest.mark.parametrize("block", [None, (128, 128, 16, 8, 8), (128, 64, 16, 8, 4),
+                                   (64, 64, 32, 4, 4), (64, 128, 16, 4, 8), (128, 128, 8, 8, 8)])
+@pytest.mark.parametrize("mode", ["auto", "staged"])
+@pytest.mark.usefixtures("gpu_target")
+def test_kernels_fit_the_smallest_workgroup_storage(block: tuple[int, ...] | None, mode: str,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every kernel's workgroup arrays fit in 16 KiB, the least a WebGPU device offers (lavapipe
+    and the H100 offer more, so running there would not show an overflow): matmul tiles of every
+    configuration, staged or not, row kernels, partial reductions, few-row and few-column
+    products."""
+    monkeypatch.setattr(codegen, "MATMUL_BLOCK", block)
+    monkeypatch.setattr(codegen, "MATMUL_EPILOGUE", mode)
+    from fusec import nn
+
+    programs = [
+        (lambda a, b, c: nn.gelu(a @ b + c), [S((300, 4096)), S((4096, 300)), S((300,))]),
+        (lambda a, b: a @ b, [S((8, 4096)), S((4096, 4096))]),
+        (lambda a, b: a @ b, [S((4096, 256)), S((256, 12))]),
+        (lambda a, b: a @ b, [S((20, 70)), S((70, 30))]),
+        (lambda x: nn.softmax(x), [S((64, 16384))]),
+        (lambda x: (x.sum(axis=0), x.sum()), [S((100003, 7))]),
+    ]
+    for fn, specs in programs:
+        for k in fusec.gpu_jit(fn).lower(*specs).kernels:
+            assert 0 <= workgroup_bytes(k.wgsl) <= WEBGPU_MIN_WORKGROUP_STORAGE, (
+                k.name, workgroup_bytes(k.wgsl))
+
+
+@pytest.mark.parametrize("block,padded", [((128, 128, 16, 8, 8), False),
+                                          ((128, 64, 16, 8, 4), True),
+                                          ((64, 64, 32, 4, 4), False),
+                                          ((128, 128, 8, 8, 8), True)])
+@pytest.mark.usefixtures("gpu_target")
+def test_a_tile_padded_where_it_fits_else_swizzled(block: tuple[int, ...], padded: bool,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The register-blocked A tile avoids bank conflicts by padding its rows when the tiles still
+    fit 16 KiB, by an XOR swizzle otherwise."""
+    monkeypatch.setattr(codegen, "MATMUL_BLOCK", block)
+    k = only_kernel(lambda a, b: a @ b, S((300, 200)), S((200, 300)))
+    body = main_body(k.wgsl)
+    assert ("& 7u)" in body) == (not padded)
+    assert workgroup_bytes(k.wgsl) == 16 * block[2] * (block[0] // 4 + padded + block[1] // 4)
