@@ -364,7 +364,8 @@ def lower(traced: Traced) -> Lowered:
                            f"{1e3 * (time.perf_counter() - t0):.1f} ms")
     else:
         prog = run_pipeline(traced.program, traced.options)
-        kernels = [codegen.generate(e, traced.options.target) for e in prog.eqns
+        kernels = [codegen.generate(e, traced.options.target, traced.options.workgroup_storage)
+                   for e in prog.eqns
                    if e.op is Op.KERNEL]
         cache.STATS.lowerings += 1
         if key:
@@ -483,7 +484,8 @@ class JitFunction:
         donated = tuple(i for i, p in enumerate(paths)
                         if p.split("[")[0].split(".")[0] in self._donated_names)
         return Options(fuse=self.fuse, max_bindings=rt.max_bindings if rt is not None else 8,
-                       donated=donated, target=rt.target if rt is not None else "gpu")
+                       donated=donated, target=rt.target if rt is not None else "gpu",
+                       workgroup_storage=rt.max_workgroup_storage if rt is not None else 16384)
 
     def _signature(self, args: tuple[Any, ...], kwargs: dict[str, Any]
                    ) -> tuple[Signature, list[tuple[str, Any]], TreeDef, tuple[Any, ...]]:

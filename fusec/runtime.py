@@ -115,6 +115,11 @@ class Runtime:
         return int(self.info.limits.get("max-storage-buffer-binding-size", 1 << 27))
 
     @property
+    def max_workgroup_storage(self) -> int:
+        """Bytes of workgroup memory one kernel may use (WebGPU guarantees 16384)."""
+        return int(self.info.limits.get("max-compute-workgroup-storage-size", 16384))
+
+    @property
     def max_bindings(self) -> int:
         override = os.environ.get("FUSEC_MAX_STORAGE_BUFFERS")
         real = int(self.info.limits.get("max-storage-buffers-per-shader-stage", 8))

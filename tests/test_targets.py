@@ -161,6 +161,29 @@ def test_matmul_epilogue_stores(mode: str, block: tuple[int, ...], rng: np.rando
     np.testing.assert_allclose(np.asarray(g), want, rtol=1e-4, atol=2e-4 * np.sqrt(45))
 
 
+@pytest.mark.parametrize("mode", ["staged", "direct"])
+@pytest.mark.parametrize("block", [(128, 128, 16, 8, 8), (64, 64, 32, 4, 4)])
+@pytest.mark.usefixtures("gpu_target")
+def test_matmul_swizzled_a_tile(mode: str, block: tuple[int, ...], rng: np.random.Generator,
+                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a device with only 16 KiB of workgroup memory (the WebGPU minimum; lavapipe offers 32)
+    the 128x128 and 64x64x32 tiles swizzle the A tile instead of padding it: products with
+    partial edge tiles, a batch and an epilogue still come out right."""
+    from fusec import codegen
+    from fusec.runtime import Runtime
+
+    monkeypatch.setattr(Runtime, "max_workgroup_storage", property(lambda self: 16384))
+    monkeypatch.setattr(codegen, "MATMUL_BLOCK", block)
+    monkeypatch.setattr(codegen, "MATMUL_EPILOGUE", mode)
+    a = rng.standard_normal((2, 131, 45)).astype(np.float32)
+    b = rng.standard_normal((45, 257)).astype(np.float32)
+    c = rng.standard_normal(257).astype(np.float32)
+    f = fusec.gpu_jit(lambda x, y, z: nn.relu(x @ y + z))
+    assert "& 7u)" in f.lower(a, b, c).kernels[0].wgsl
+    want = np.maximum(a.astype(np.float64) @ b + c, 0)
+    np.testing.assert_allclose(np.asarray(f(a, b, c)), want, rtol=1e-4, atol=1e-4 * np.sqrt(45))
+
+
 LARGE = (128, 128, 16, 8, 8)
 
 

@@ -25,6 +25,7 @@ class Options:
     max_bindings: int = 8  # storage buffers one kernel may bind (device limit)
     donated: tuple[int, ...] = ()  # program inputs whose buffers the caller donates
     target: str = "gpu"  # "cpu" for a software adapter: codegen picks other strategies
+    workgroup_storage: int = 16384  # bytes of workgroup memory a kernel may use (device limit)
 
 
 Pass = Callable[[Program, Options], Program]
