@@ -47,7 +47,7 @@ ROW_CACHE = int(os.environ.get("FUSEC_ROW_CACHE", 64))
 # The A tile's rows padded by one vec4 (no bank conflicts storing A): 4096^3 4.45 -> 3.97 ms,
 # 4096x2048x4096 2.27 -> 2.00; 128x64 tiles 4096x1024x4096 1.27 -> 1.02, 2048x1024x2816 0.47 ->
 # 0.37; 64x64 tiles 512x4096x512 (split along K) 91 -> 78 us. On devices that give a kernel
-# only 16 KiB, the 128x128 and 64x64x32 tiles swizzle instead (see _a_pad_fits): 4096^3 4.16 ms.
+# only 16 KiB, the 128x128 and 64x64x32 tiles swizzle instead (see _a_pitch): 4096^3 4.16 ms.
 # On the small tile BK = 32 was faster on every product measured (us, BK 16 / 32: 512x4096x512
 # 247 / 213, 64x4096x4096 307 / 236, 100x1000x300 67 / 59, 32 x 128^3 14.7 / 13.9). Which one a
 # product gets: matmul_config.
@@ -805,7 +805,7 @@ def _operand(body: Program, names: dict[int, str], x: Var, batch: list[int],
 def _matmul_rb(body: Program, names: dict[int, str], mm: Eqn,
                cfg: tuple[int, int, int, int, int], workgroup_storage: int) -> tuple[str, int]:
     bm, bn, bk, tm, tn = cfg
-    swizzle = not _a_pad_fits(cfg, workgroup_storage)
+    ap = _a_pitch(cfg, workgroup_storage)
     a, b, batch, m, k, n, nb = _mm_dims(mm)
     tn_tiles, tm_tiles = -(-n // bn), -(-m // bm)
     counter = [0]
@@ -839,7 +839,7 @@ def _matmul_rb(body: Program, names: dict[int, str], mm: Eqn,
                          f"{c} < {n}u) {{\n" + "\n".join("        " + st for st in stores)
                          + "\n            }\n        }")
         return _render_rb(mm, cfg, m, n, k, tm_tiles, tn_tiles, nb, a_groups, b_groups, load_a,
-                          val_a, load_b, val_b, swizzle, epilogue="", rounds=rounds, rr=rr,
+                          val_a, load_b, val_b, ap, epilogue="", rounds=rounds, rr=rr,
                           per_thread=per_thread, lanes="\n".join(lanes))
     # The epilogue, once per element of the thread's block, where its accumulator lives. One
     # emitter for the whole block: what depends only on the row or the column (a bias) is loaded
@@ -859,33 +859,36 @@ def _matmul_rb(body: Program, names: dict[int, str], mm: Eqn,
             blocks.append(f"    if ({r} < {m}u && {c} < {n}u) {{\n"
                           + "\n".join("    " + st[4:] for st in stores) + "\n    }")
     return _render_rb(mm, cfg, m, n, k, tm_tiles, tn_tiles, nb, a_groups, b_groups, load_a,
-                      val_a, load_b, val_b, swizzle, epilogue="\n".join(blocks), rounds=0, rr=0,
+                      val_a, load_b, val_b, ap, epilogue="\n".join(blocks), rounds=0, rr=0,
                       per_thread=0, lanes="")
 
 
 def _render_rb(mm: Eqn, cfg: tuple[int, int, int, int, int], m: int, n: int, k: int,
                tm_tiles: int, tn_tiles: int, nb: int, a_groups: int, b_groups: int,
                load_a: list[list[str]], val_a: list[list[str]], load_b: list[list[str]],
-               val_b: list[list[str]], swizzle: bool, **epilogue: Any) -> tuple[str, int]:
+               val_b: list[list[str]], ap: int, **epilogue: Any) -> tuple[str, int]:
     bm, bn, bk, tm, tn = cfg
     dt = mm.out.dtype
     src = _env().get_template("matmul_rb.wgsl.j2").render(
         bm=bm, bn=bn, bk=bk, tm=tm, tn=tn, m=m, n=n, k=k, tm_tiles=tm_tiles, tn_tiles=tn_tiles,
         total=tm_tiles * tn_tiles * nb, ty=WGSL_TYPE[dt], zero=wgsl_literal(0, dt),
         a_loads=a_groups, b_loads=b_groups, load_a=load_a, val_a=val_a,
-        load_b=load_b, val_b=val_b, swizzle=swizzle, **epilogue)
+        load_b=load_b, val_b=val_b, ap=ap, **epilogue)
     return src, tm_tiles * tn_tiles * nb
 
 
-def _a_pad_fits(cfg: tuple[int, int, int, int, int], workgroup_storage: int) -> bool:
-    """Do the tiles fit the device's workgroup memory with the A tile's rows padded by one vec4?
-    If not, the template swizzles them instead (vec4 c of row k at c ^ (k % 8)): no extra memory,
-    but the index arithmetic cost 5-8% on the H100 where padding fits (4096^3 on the 128x128
-    tile: 4.16 ms swizzled, 3.96 padded; 4096x2048x4096 2.10, 1.99; 2048x1024x2816 on 128x64
-    tiles 0.40, 0.37). Padded, the 128x128 and 64x64x32 tiles pass 16 KiB, the least a WebGPU
-    device offers; lavapipe offers 32 KiB, desktop GPUs as much or more."""
+def _a_pitch(cfg: tuple[int, int, int, int, int], workgroup_storage: int) -> int:
+    """Vec4s between rows of the k-major A tile: one more than a row holds (padding: threads
+    storing neighbouring k write to different banks) where the tiles then still fit the device's
+    workgroup memory; else exactly a row, and the template swizzles it instead (vec4 c of row k at
+    c ^ (k % 8)): no extra memory, but the index arithmetic cost 5-8% on the H100 where padding
+    fits (4096^3 on the 128x128 tile: 4.16 ms swizzled, 3.96 padded; 4096x2048x4096 2.10, 1.99;
+    2048x1024x2816 on 128x64 tiles 0.40, 0.37). Padded, the 128x128 and 64x64x32 tiles pass
+    16 KiB, the least a WebGPU device offers; lavapipe offers 32 KiB, desktop GPUs as much or
+    more."""
     bm, bn, bk, _, _ = cfg
-    return 16 * bk * (bm // 4 + 1 + bn // 4) <= workgroup_storage
+    padded = bm // 4 + 1
+    return padded if 16 * bk * (padded + bn // 4) <= workgroup_storage else bm // 4
 
 
 def _staged_rows(body: Program, cfg: tuple[int, int, int, int, int]) -> int:

@@ -485,7 +485,8 @@ class JitFunction:
                         if p.split("[")[0].split(".")[0] in self._donated_names)
         return Options(fuse=self.fuse, max_bindings=rt.max_bindings if rt is not None else 8,
                        donated=donated, target=rt.target if rt is not None else "gpu",
-                       workgroup_storage=rt.max_workgroup_storage if rt is not None else 16384)
+                       workgroup_storage=(rt.max_workgroup_storage if rt is not None
+                                          else codegen.WORKGROUP_STORAGE))
 
     def _signature(self, args: tuple[Any, ...], kwargs: dict[str, Any]
                    ) -> tuple[Signature, list[tuple[str, Any]], TreeDef, tuple[Any, ...]]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .. import config
+from .. import codegen, config
 from ..ir import Program
 from .cse import cse
 from .dce import dce, used_inputs
@@ -25,7 +25,8 @@ class Options:
     max_bindings: int = 8  # storage buffers one kernel may bind (device limit)
     donated: tuple[int, ...] = ()  # program inputs whose buffers the caller donates
     target: str = "gpu"  # "cpu" for a software adapter: codegen picks other strategies
-    workgroup_storage: int = 16384  # bytes of workgroup memory a kernel may use (device limit)
+    # bytes of workgroup memory a kernel may use (device limit; at least WebGPU's minimum)
+    workgroup_storage: int = codegen.WORKGROUP_STORAGE
 
 
 Pass = Callable[[Program, Options], Program]
