@@ -49,10 +49,13 @@ ROW_CACHE = int(os.environ.get("FUSEC_ROW_CACHE", 64))
 # 0.37; 64x64 tiles 512x4096x512 (split along K) 91 -> 78 us. On devices that give a kernel
 # only 16 KiB, the 128x128 and 64x64x32 tiles swizzle instead (see _a_pitch): 4096^3 4.16 ms.
 # On the small tile BK = 32 was faster on every product measured (us, BK 16 / 32: 512x4096x512
-# 247 / 213, 64x4096x4096 307 / 236, 100x1000x300 67 / 59, 32 x 128^3 14.7 / 13.9). Which one a
-# product gets: matmul_config.
+# 247 / 213, 64x4096x4096 307 / 236, 100x1000x300 67 / 59, 32 x 128^3 14.7 / 13.9). The 128x128
+# tile is pipelined (two sets of tiles, see _pipelined): 4096^3 3.96 -> 3.37 ms with BK 8, 3.24
+# with BK 16, which it keeps where the device holds two such sets (32 KiB; BK 8 below that, see
+# _fit_storage). Which tile a product gets: matmul_config.
 # FUSEC_MATMUL_BLOCK="BM,BN,BK,TM,TN" forces one.
 MATMUL_LARGE = (128, 128, 16, 8, 8)
+LARGE_TILES = 128  # products with at least this many 128x128 tiles take them (see matmul_config)
 MATMUL_MEDIUM = (128, 64, 16, 8, 4)
 MATMUL_SMALL = (64, 64, 32, 4, 4)
 MATMUL_BLOCK: Optional[tuple[int, ...]] = (
@@ -70,11 +73,10 @@ def _check_matmul_block(cfg: tuple[int, ...]) -> tuple[int, int, int, int, int]:
         raise ValueError(f"matmul block {cfg} does not fit 16x16 threads: need BM = 16 TM, "
                          "BN = 16 TN, TM and TN multiples of 4, BM*BK and BK*BN multiples of 1024")
     return bm, bn, bk, tm, tn
-# How register-blocked matmuls treat an epilogue (FUSEC_MATMUL_EPILOGUE): "auto" leaves it to an
-# elementwise kernel of its own on 128x128 tiles (see epilogue_fuses) and on smaller tiles computes
-# it straight from the registers (see _staged_rows); "staged" or "direct" always fuse it, staged
-# through workgroup memory or straight from the registers; "separate" never does. A bare product
-# is stored straight from the registers.
+# How register-blocked matmuls treat an epilogue (FUSEC_MATMUL_EPILOGUE): "auto" and "direct"
+# fuse it and compute it straight from the registers (see epilogue_fuses); "staged" fuses it and
+# computes it through workgroup memory, a band of rows at a time; "separate" leaves it to an
+# elementwise kernel of its own. A bare product is stored straight from the registers.
 MATMUL_EPILOGUE = os.environ.get("FUSEC_MATMUL_EPILOGUE", "auto")
 if MATMUL_EPILOGUE not in ("auto", "staged", "direct", "separate"):
     raise ValueError("FUSEC_MATMUL_EPILOGUE must be auto, staged, direct or separate; "
@@ -397,7 +399,11 @@ def generate(kernel: Eqn, target: str = "gpu",
     kind = kernel.params["kind"]
     name = kernel.params["name"]
     inplace = tuple(kernel.params.get("inplace", ()))
-    vec = _vector_buffers(body, inplace) if kind == "elementwise" and target == "gpu" else set()
+    vec: set[str] = set()
+    if kind == "elementwise" and target == "gpu":
+        vec = _vector_buffers(body, inplace)
+    elif kind == "matmul":
+        vec = _matmul_vector_buffers(body, inplace, target)
     binds, names = _bindings(body, inplace, vec)
     if kind == "elementwise":
         wgsl, groups = (_elementwise_vec4(body, names, vec) if vec
@@ -405,7 +411,7 @@ def generate(kernel: Eqn, target: str = "gpu",
     elif kind == "reduce":
         wgsl, groups = _reduce(body, names, target)
     else:
-        wgsl, groups = _matmul(body, names, target, workgroup_storage)
+        wgsl, groups = _matmul(body, names, target, workgroup_storage, vec)
     header = _env().get_template("bindings.wgsl.j2").render(bindings=binds)
     full = header + _helpers(wgsl) + wgsl
     key = hashlib.sha256(full.encode()).hexdigest()  # the WGSL is a pure function of the kernel IR
@@ -711,14 +717,13 @@ def matmul_config(m: int, n: int, target: str, k: int = 0, batch: int = 1
     """(BM, BN, BK, TM, TN) of the register-blocked template for a product of ``batch`` times
     (M x K) @ (K x N), or None for the 16x16 baseline.
 
-    The large tile only where there are many of them and a long K to amortise each. Measured on
-    the H100 (trusted modules, padded A tile; ms, bare product on the large / 128x64 / small tile;
-    M, K, N): 4096, 4096, 4096 3.93 / 4.24 / 5.23; 2048, 2048, 2048 0.53 / 0.65 / 0.65; 4096,
-    2048, 1024 0.53 / 0.64 / 0.65; 4096, 4096, 1024 1.03 / 1.29 / 1.33; but with K = 1024 a tie:
-    4096, 1024, 4096 1.01 / 1.02 / 1.25 and 8192, 1024, 4096 1.99 / 1.99 / 2.49 (the large tile's
-    epilogue runs in a kernel of its own: the medium one); 2048, 1024, 2816 0.53 / 0.37 / 0.50;
-    8 x (2048, 128, 2048) 0.35 / 0.30 / 0.35; 1024^3 0.16 / 0.08 / 0.08; 512, 4096, 512 (not split
-    along K) 0.62 / 0.30 / 0.18."""
+    The large tile wherever there are enough of them to fill the GPU. Measured on the H100
+    (trusted modules, pipelined 128x128 tile, B read as vec4s; ms, bare product on the large /
+    128x64 / 64x64 tile; batch x M x N x K): 4096^3 3.24 / 3.89 / 4.93; 4096x4096x1024 0.89 /
+    0.97 / 1.17; 4096x1024x4096 0.83 / 1.23 / 1.25; 2048^3 0.43 / 0.61 / 0.61; 2048x2816x1024
+    0.36 / 0.36 / 0.48; 2048x1024x2816 (128 tiles) 0.33 / 0.37 / 0.43; 2048x1024x1024 (128) 0.11
+    / 0.13 / 0.15; 8x2048x128x2048 (128) 0.23 / 0.29 / 0.33; 8x2048x2048x128 0.29 / 0.29 / 0.33;
+    but 1024^3 (64 tiles) 0.11 / 0.08 / 0.08."""
     if target != "gpu" or m < 32 or n < 32:
         return None
     if MATMUL_BLOCK is not None:
@@ -726,7 +731,7 @@ def matmul_config(m: int, n: int, target: str, k: int = 0, batch: int = 1
     if m < 128 or n < 128:
         return _check_matmul_block(MATMUL_SMALL)
     tiles = batch * -(-m // 128) * -(-n // 128)
-    if tiles >= 256 and k >= 2048:
+    if tiles >= LARGE_TILES:
         return _check_matmul_block(MATMUL_LARGE)
     return _check_matmul_block(MATMUL_MEDIUM if tiles >= 64 else MATMUL_SMALL)
 
@@ -739,19 +744,15 @@ def mm_config(mm: Eqn, target: str) -> Optional[tuple[int, int, int, int, int]]:
 
 def epilogue_fuses(mm: Eqn, target: str) -> bool:
     """May an elementwise epilogue fuse into the kernel of matmul ``mm``? (Asked by the fusion
-    pass.) Under "auto", not for a product on 128x128 tiles: an epilogue in that kernel slowed
-    its main loop, erratically, by more than a round trip of the product through memory costs. On
-    the H100 (trusted modules, padded A tile; ms), 4096^3 with a bias / bias+relu / bias+gelu:
-    staged 5.04 / 5.13 / 5.08, direct from the registers 6.18 / 4.00 / 4.25, in a kernel of its
-    own 4.00 / 4.01 / 4.01, bare product 3.95; 4096x2048x4096 staged 2.53 / 2.47 / 2.55, direct
-    3.05 / 2.01 / 2.13, own kernel 2.04 / 2.05 / 2.05, bare 2.00. (Direct from the registers cost
-    a relu 0-1%, a gelu 5-7% and a bias alone 50%.) Smaller tiles compute their epilogue straight
-    from the registers (see _staged_rows) and always fuse it."""
-    cfg = mm_config(mm, target)
-    if cfg is None:
+    pass.) Yes unless FUSEC_MATMUL_EPILOGUE is "separate". On the pipelined 128x128 tile an
+    epilogue computed from the registers costs the main loop nothing measurable, where a kernel of
+    its own costs a round trip of the product through memory (H100, ms, bare / fused from the
+    registers / staged / own kernel: 4096^3 + bias + gelu 3.25 / 3.26 / 3.37 / 3.29; 4096x4096x1024
+    + bias + gelu 0.887 / 0.889 / 0.906 / 0.936; 4096x1024x4096 + bias 0.830 / 0.831 / 0.866 /
+    0.845; 4096x1024x1024 + bias + relu 0.236 / 0.236 / 0.240 / 0.250). (The single-buffered
+    kernel before it was slowed erratically by an epilogue, a bias alone by 50%.)"""
+    if mm_config(mm, target) is None:
         return True
-    if MATMUL_EPILOGUE == "auto":
-        return not _large_tile(cfg)
     return MATMUL_EPILOGUE != "separate"
 
 
@@ -802,10 +803,51 @@ def _operand(body: Program, names: dict[int, str], x: Var, batch: list[int],
     return "\n".join(em.lines), val
 
 
+def _b_source(body: Program, mm: Eqn) -> Optional[Var]:
+    """The input buffer matmul ``mm`` reads B from, if B can be read as vec4s (four adjacent
+    columns in one 16-byte load; 4096x4096 @ 4096x1024 on the H100's 128x64 tile: 0.96 against
+    1.02 ms): an input, or one broadcast along the batch axes only, that nothing else in the
+    kernel reads, with N a multiple of 4 so that every row starts on a vec4."""
+    a, b, batch, m, k, n, nb = _mm_dims(mm)
+    if n % 4 or b.dtype == "bool":
+        return None
+    producer = {id(o): e for e in body.eqns for o in e.outs}
+    src, readers = b, [mm]
+    if id(b) in producer:
+        e = producer[id(b)]
+        if e.op is not Op.BROADCAST or not isinstance(e.inputs[0], Var):
+            return None
+        src, readers = e.inputs[0], [mm, e]
+        if src.shape[-2:] != (k, n):
+            return None
+    if not any(v is src for v in body.inputs) or any(o is src or o is b for o in body.outputs):
+        return None
+    if any(x is src or x is b for e in body.eqns if not any(e is r for r in readers)
+           for x in e.inputs) or src is a:
+        return None
+    return src
+
+
+def _matmul_vector_buffers(body: Program, inplace: tuple[tuple[int, int], ...],
+                           target: str) -> set[str]:
+    """The binding a register-blocked matmul reads B through as vec4s (see _b_source)."""
+    mm = next(e for e in body.eqns if e.op is Op.MATMUL)
+    _, _, _, m, k, n, nb = _mm_dims(mm)
+    src = _b_source(body, mm) if matmul_config(m, n, target, k, nb) is not None else None
+    aliased = dict(inplace)
+    for i, v in enumerate(body.inputs):
+        if v is src and i not in aliased:
+            return {f"in{i}"}
+    return set()
+
+
 def _matmul_rb(body: Program, names: dict[int, str], mm: Eqn,
-               cfg: tuple[int, int, int, int, int], workgroup_storage: int) -> tuple[str, int]:
+               cfg: tuple[int, int, int, int, int], workgroup_storage: int,
+               vec: set[str]) -> tuple[str, int]:
+    cfg = _fit_storage(cfg, workgroup_storage)
     bm, bn, bk, tm, tn = cfg
-    ap = _a_pitch(cfg, workgroup_storage)
+    pipelined = _pipelined(cfg, workgroup_storage)
+    ap = _a_pitch(cfg, workgroup_storage, 2 if pipelined else 1)
     a, b, batch, m, k, n, nb = _mm_dims(mm)
     tn_tiles, tm_tiles = -(-n // bn), -(-m // bm)
     counter = [0]
@@ -822,11 +864,24 @@ def _matmul_rb(body: Program, names: dict[int, str], mm: Eqn,
                  for _ in range(4)]
         load_a.append([p[0] for p in pairs])
         val_a.append([p[1] for p in pairs])
+    src = _b_source(body, mm) if vec else None
+    bvec = names[id(src)] if src is not None and names.get(id(src)) in vec else ""
+    load_bv: list[str] = []
+    at_bv: list[str] = []
     for _ in range(b_groups):
+        if src is not None and bvec:  # one vec4 load at the flat index of B[bt, kb, col]
+            em = Emitter(body, names, indent=indent, counter=counter)
+            here = Idx(b.shape, coords=_batch_coords(em, batch) + ("kb", "col"))
+            at_bv.append(em.flat(em.unbroadcast(here, src.shape)))
+            load_bv.append("\n".join(em.lines))
+            continue
         pairs = [_operand(body, names, b, batch, ("kb", "col"), indent, counter)
                  for _ in range(4)]
         load_b.append([p[0] for p in pairs])
         val_b.append([p[1] for p in pairs])
+    loads = dict(a_loads=a_groups, b_loads=b_groups, load_a=load_a, val_a=val_a, load_b=load_b,
+                 val_b=val_b, vec_b=bool(bvec), bvec=bvec, load_bv=load_bv, at_bv=at_bv,
+                 pipelined=pipelined, ap=ap)
     staged = _staged_rows(body, cfg)
     if staged:
         rounds, rr, per_thread = tm // staged, staged, (16 * staged * bn // 4) // 256
@@ -838,9 +893,8 @@ def _matmul_rb(body: Program, names: dict[int, str], mm: Eqn,
             lanes.append("        {\n" + "\n".join(ee.lines) + f"\n            if (er < {m}u && "
                          f"{c} < {n}u) {{\n" + "\n".join("        " + st for st in stores)
                          + "\n            }\n        }")
-        return _render_rb(mm, cfg, m, n, k, tm_tiles, tn_tiles, nb, a_groups, b_groups, load_a,
-                          val_a, load_b, val_b, ap, epilogue="", rounds=rounds, rr=rr,
-                          per_thread=per_thread, lanes="\n".join(lanes))
+        return _render_rb(mm, cfg, m, n, k, tm_tiles, tn_tiles, nb, loads, epilogue="",
+                          rounds=rounds, rr=rr, per_thread=per_thread, lanes="\n".join(lanes))
     # The epilogue, once per element of the thread's block, where its accumulator lives. One
     # emitter for the whole block: what depends only on the row or the column (a bias) is loaded
     # once per row or column, not once per element.
@@ -858,26 +912,24 @@ def _matmul_rb(body: Program, names: dict[int, str], mm: Eqn,
             ee.lines = []
             blocks.append(f"    if ({r} < {m}u && {c} < {n}u) {{\n"
                           + "\n".join("    " + st[4:] for st in stores) + "\n    }")
-    return _render_rb(mm, cfg, m, n, k, tm_tiles, tn_tiles, nb, a_groups, b_groups, load_a,
-                      val_a, load_b, val_b, ap, epilogue="\n".join(blocks), rounds=0, rr=0,
-                      per_thread=0, lanes="")
+    return _render_rb(mm, cfg, m, n, k, tm_tiles, tn_tiles, nb, loads,
+                      epilogue="\n".join(blocks), rounds=0, rr=0, per_thread=0, lanes="")
 
 
 def _render_rb(mm: Eqn, cfg: tuple[int, int, int, int, int], m: int, n: int, k: int,
-               tm_tiles: int, tn_tiles: int, nb: int, a_groups: int, b_groups: int,
-               load_a: list[list[str]], val_a: list[list[str]], load_b: list[list[str]],
-               val_b: list[list[str]], ap: int, **epilogue: Any) -> tuple[str, int]:
+               tm_tiles: int, tn_tiles: int, nb: int, loads: dict[str, Any],
+               **epilogue: Any) -> tuple[str, int]:
     bm, bn, bk, tm, tn = cfg
     dt = mm.out.dtype
     src = _env().get_template("matmul_rb.wgsl.j2").render(
         bm=bm, bn=bn, bk=bk, tm=tm, tn=tn, m=m, n=n, k=k, tm_tiles=tm_tiles, tn_tiles=tn_tiles,
-        total=tm_tiles * tn_tiles * nb, ty=WGSL_TYPE[dt], zero=wgsl_literal(0, dt),
-        a_loads=a_groups, b_loads=b_groups, load_a=load_a, val_a=val_a,
-        load_b=load_b, val_b=val_b, ap=ap, **epilogue)
+        total=tm_tiles * tn_tiles * nb, ty=WGSL_TYPE[dt], zero=wgsl_literal(0, dt), **loads,
+        **epilogue)
     return src, tm_tiles * tn_tiles * nb
 
 
-def _a_pitch(cfg: tuple[int, int, int, int, int], workgroup_storage: int) -> int:
+def _a_pitch(cfg: tuple[int, int, int, int, int], workgroup_storage: int,
+             sets: int = 1) -> int:
     """Vec4s between rows of the k-major A tile: one more than a row holds (padding: threads
     storing neighbouring k write to different banks) where the tiles then still fit the device's
     workgroup memory; else exactly a row, and the template swizzles it instead (vec4 c of row k at
@@ -888,24 +940,37 @@ def _a_pitch(cfg: tuple[int, int, int, int, int], workgroup_storage: int) -> int
     more."""
     bm, bn, bk, _, _ = cfg
     padded = bm // 4 + 1
-    return padded if 16 * bk * (padded + bn // 4) <= workgroup_storage else bm // 4
+    return padded if sets * 16 * bk * (padded + bn // 4) <= workgroup_storage else bm // 4
+
+
+def _fit_storage(cfg: tuple[int, int, int, int, int],
+                 workgroup_storage: int) -> tuple[int, int, int, int, int]:
+    """The large tile steps K by 8 where the device cannot hold two sets of its 16-deep tiles
+    (32 KiB swizzled), so that it stays pipelined (two sets of 8-deep tiles take 16 KiB, which
+    every WebGPU device offers). A block forced by FUSEC_MATMUL_BLOCK is kept as it is."""
+    if MATMUL_BLOCK is None and cfg == MATMUL_LARGE and not _pipelined(cfg, workgroup_storage):
+        return _check_matmul_block((cfg[0], cfg[1], 8, cfg[3], cfg[4]))
+    return cfg
+
+
+def _pipelined(cfg: tuple[int, int, int, int, int], workgroup_storage: int) -> bool:
+    """Does the product's kernel keep two sets of tiles, loading the next K step's values while it
+    computes on the current ones (see the template)? On the 128x128 tile, where the device holds
+    two sets (swizzled if padding does not fit). On the H100, 4096^3 3.24 ms against 3.96 single-
+    buffered; on the 128x64 tile it measured slower (2048x2816x1024: 0.41 against 0.37 ms)."""
+    bm, bn, bk, _, _ = cfg
+    return _large_tile(cfg) and 2 * 16 * bk * (bm + bn) // 4 <= workgroup_storage
 
 
 def _staged_rows(body: Program, cfg: tuple[int, int, int, int, int]) -> int:
-    """Rows of each thread's block per round of a staged epilogue, or 0 to store directly.
-
-    On 128x128 tiles "auto" fuses no epilogue (see epilogue_fuses); where one is fused there
-    anyway ("staged", or a forced block) it is staged: computed straight from the registers, an
-    epilogue changed how NVIDIA's compiler built the whole kernel, erratically (4096^3 on the
-    H100: a bias 6.18 ms, bias+relu 4.00, bias+gelu 4.25, bare product 3.95), where staged
-    every epilogue took 5.04-5.13 ms. A bare product is stored directly. On smaller
-    tiles computing from the registers is the steadier (H100, 128x64 tiles, ms, staged / direct,
-    bias, relu, gelu: 2048x1024 @ 1024x2816 0.53 / 0.46, 0.53 / 0.46, 0.48 / 0.46; 4096x512 @
-    512x4096 0.61 / 0.64, 0.61 / 0.64, 0.70 / 0.64; 4096x4096 @ 4096x1024 1.49 / 1.50, 1.49 /
-    1.50, 1.82 / 1.74), so they do that. A round must fit the tiles' workgroup memory and give
-    every thread the same number of vec4s."""
-    mode = MATMUL_EPILOGUE
-    if mode == "direct" or (mode != "staged" and (len(body.eqns) == 1 or not _large_tile(cfg))):
+    """Rows of each thread's block per round of a staged epilogue ("staged"), or 0 to compute
+    the epilogue straight from the registers (the rest; see epilogue_fuses). Staged measured no
+    faster overall (H100, 128x64 tiles, ms, staged / direct, bias, relu, gelu: 2048x1024 @
+    1024x2816 0.53 / 0.46, 0.53 / 0.46, 0.48 / 0.46; 4096x512 @ 512x4096 0.61 / 0.64, 0.61 /
+    0.64, 0.70 / 0.64; 4096x4096 @ 4096x1024 1.49 / 1.50, 1.49 / 1.50, 1.82 / 1.74), and slower
+    on the pipelined 128x128 tile (see epilogue_fuses). A round must fit the tiles' workgroup
+    memory and give every thread the same number of vec4s."""
+    if MATMUL_EPILOGUE != "staged" or len(body.eqns) == 1:
         return 0
     bm, bn, bk, tm, tn = cfg
     for rr in range(tm, 0, -1):
@@ -1001,12 +1066,13 @@ def use_gemv(m: int, n: int, target: str) -> bool:
 
 
 def _matmul(body: Program, names: dict[int, str], target: str = "gpu",
-            workgroup_storage: int = WORKGROUP_STORAGE) -> tuple[str, int]:
+            workgroup_storage: int = WORKGROUP_STORAGE, vec: Optional[set[str]] = None
+            ) -> tuple[str, int]:
     mm = next(e for e in body.eqns if e.op is Op.MATMUL)
     _, _, _, m, k, n, nb = _mm_dims(mm)
     cfg = matmul_config(m, n, target, k, nb)
     if cfg is not None:
-        return _matmul_rb(body, names, mm, cfg, workgroup_storage)
+        return _matmul_rb(body, names, mm, cfg, workgroup_storage, vec or set())
     if use_gemv(m, n, target):
         return _matmul_gemv(body, names, mm)
     if use_fewcol(m, n, k, nb, target):

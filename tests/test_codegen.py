@@ -363,19 +363,22 @@ def test_two_functions_with_the_same_kernel_share_its_pipeline():
 
 
 def test_matmul_tile_choice(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The 128x128 tile only for many tiles (256) and a long K (2048), 128x64 for fewer or shorter
-    ones, 64x64 for few tiles or a side under 128; the 16x16 baseline on a software adapter or
-    under 32."""
+    """The 128x128 tile from 128 such tiles on (batch included, whatever K), 128x64 for fewer
+    (from 64), 64x64 for fewer still or a side under 128; the 16x16 baseline on a software adapter
+    or under 32."""
     monkeypatch.setattr(codegen, "MATMUL_BLOCK", None)
     large, medium, small = codegen.MATMUL_LARGE, codegen.MATMUL_MEDIUM, codegen.MATMUL_SMALL
     assert codegen.matmul_config(4096, 4096, "gpu", 4096) == large
-    assert codegen.matmul_config(2048, 2048, "gpu", 2048) == large  # 256 tiles, K 2048
-    assert codegen.matmul_config(4096, 1024, "gpu", 4096) == large  # 256 tiles, long K
-    assert codegen.matmul_config(2048, 2048, "gpu", 2047) == medium  # K just short
-    assert codegen.matmul_config(4096, 4096, "gpu", 1024) == medium  # 1024 tiles, K 1024
-    assert codegen.matmul_config(2048, 1024, "gpu", 2816) == medium  # 128 tiles
-    assert codegen.matmul_config(2048, 2048, "gpu", 128, batch=8) == medium  # short K
+    assert codegen.matmul_config(2048, 2048, "gpu", 2047) == large  # 256 tiles
+    assert codegen.matmul_config(4096, 4096, "gpu", 1024) == large  # 1024 tiles, K 1024
+    assert codegen.matmul_config(2048, 1024, "gpu", 2816) == large  # 128 tiles
+    assert codegen.matmul_config(2048, 1024, "gpu", 128) == large  # 128 tiles, short K
+    assert codegen.matmul_config(2048, 2048, "gpu", 128, batch=8) == large  # batch counts
+    assert codegen.matmul_config(1920, 1000, "gpu", 1024) == medium  # 15 x 8 = 120 tiles
     assert codegen.matmul_config(1024, 1024, "gpu", 1024) == medium  # 64 tiles
+    assert codegen.matmul_config(1024, 1024, "gpu", 4096) == medium  # 64 tiles, long K
+    assert codegen.matmul_config(1000, 1000, "gpu", 1024) == medium  # 8 x 8 = 64 tiles
+    assert codegen.matmul_config(896, 1000, "gpu", 1024) == small  # 7 x 8 = 56 tiles
     assert codegen.matmul_config(512, 512, "gpu", 4096) == small  # 16 tiles
     assert codegen.matmul_config(4096, 100, "gpu", 4096) == small
     assert codegen.matmul_config(4096, 4096, "cpu", 4096) is None
@@ -450,6 +453,21 @@ def test_kernels_fit_the_workgroup_storage(block: tuple[int, ...] | None, mode: 
             assert 0 <= workgroup_bytes(k.wgsl) <= storage, (k.name, workgroup_bytes(k.wgsl))
 
 
+@pytest.mark.parametrize("storage,bk,padded", [(16384, 8, False), (32768, 16, False),
+                                               (49152, 16, True)])
+def test_large_tile_stays_pipelined_on_small_devices(storage: int, bk: int, padded: bool,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The default 128x128 tile keeps two sets of tiles on every device: 16 deep where two such
+    sets fit (padded where that fits too), 8 deep on a device with the WebGPU minimum of 16 KiB."""
+    monkeypatch.setattr(codegen, "MATMUL_BLOCK", None)
+    (eqn,) = _kernel_eqns(lambda a, b: a @ b, S((2048, 64)), S((64, 1024)))
+    k = codegen.generate(eqn, "gpu", storage)
+    body = main_body(k.wgsl)
+    assert "let cur = " in body and f"k0 += {bk}u" in body
+    assert ("& 7u)" in body) == (not padded)
+    assert workgroup_bytes(k.wgsl) == 2 * 16 * bk * (128 // 4 + padded + 128 // 4) <= storage
+
+
 @pytest.mark.parametrize("storage", [16384, 32768])
 @pytest.mark.parametrize("block", [(128, 128, 16, 8, 8), (128, 64, 16, 8, 4), (64, 64, 32, 4, 4),
                                    (128, 128, 8, 8, 8)])
@@ -457,12 +475,15 @@ def test_a_tile_padded_where_it_fits_else_swizzled(block: tuple[int, int, int, i
                                                    storage: int,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """The register-blocked A tile avoids bank conflicts by padding its rows when the tiles still
-    fit the device's workgroup memory, by an XOR swizzle otherwise; both compute the product."""
+    fit the device's workgroup memory, by an XOR swizzle otherwise; both compute the product. The
+    128x128 tile keeps two sets of tiles (pipelined) where two swizzled sets fit."""
     monkeypatch.setattr(codegen, "MATMUL_BLOCK", block)
     bm, bn, bk = block[:3]
-    padded_bytes = 16 * bk * (bm // 4 + 1 + bn // 4)
+    sets = 2 if bm * bn >= 128 * 128 and 2 * 16 * bk * (bm + bn) // 4 <= storage else 1
+    padded_bytes = sets * 16 * bk * (bm // 4 + 1 + bn // 4)
     (eqn,) = _kernel_eqns(lambda a, b: a @ b, S((300, 200)), S((200, 300)))
     k = codegen.generate(eqn, "gpu", storage)
     padded = padded_bytes <= storage
     assert ("& 7u)" in main_body(k.wgsl)) == (not padded)
-    assert workgroup_bytes(k.wgsl) == (padded_bytes if padded else padded_bytes - 16 * bk)
+    assert ("let cur = " in main_body(k.wgsl)) == (sets == 2)
+    assert workgroup_bytes(k.wgsl) == (padded_bytes if padded else padded_bytes - sets * 16 * bk)

@@ -184,19 +184,62 @@ def test_matmul_swizzled_a_tile(mode: str, block: tuple[int, ...], rng: np.rando
     np.testing.assert_allclose(np.asarray(f(a, b, c)), want, rtol=1e-4, atol=1e-4 * np.sqrt(45))
 
 
+@pytest.mark.parametrize("storage", [16384, 32768])
+@pytest.mark.parametrize("block", [(128, 128, 8, 8, 8), (128, 128, 16, 8, 8), (128, 64, 16, 8, 4),
+                                   (64, 64, 32, 4, 4)])
+@pytest.mark.usefixtures("gpu_target")
+def test_matmul_pipelined_tiles_and_vec4_b(block: tuple[int, ...], storage: int,
+                                           rng: np.random.Generator,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The 128x128 tile keeps two sets of tiles where two fit the device's workgroup memory, and
+    every register-blocked tile reads B as vec4s where B is an input of its own with N a multiple
+    of 4: batched and broadcast operands, partial edge tiles and a K that is no multiple of BK
+    (the last step's prefetch reads nothing), with and without an epilogue; B also read by the
+    epilogue, or B the same buffer as A, keep scalar loads."""
+    from fusec import codegen
+    from fusec.runtime import Runtime
+
+    monkeypatch.setattr(Runtime, "max_workgroup_storage", property(lambda self: storage))
+    monkeypatch.setattr(codegen, "MATMUL_BLOCK", block)
+    bm, bn, bk = block[:3]
+    pipelined = bm * bn >= 128 * 128 and 2 * 16 * bk * (bm + bn) // 4 <= storage
+    a = rng.standard_normal((2, 131, 45)).astype(np.float32)
+    b = rng.standard_normal((2, 45, 260)).astype(np.float32)
+    b2 = rng.standard_normal((45, 260)).astype(np.float32)
+    c = rng.standard_normal(260).astype(np.float32)
+    s, s2 = (rng.standard_normal((148, 148)).astype(np.float32) for _ in range(2))
+    a64, b64, b264, s64, s264 = (x.astype(np.float64) for x in (a, b, b2, s, s2))
+    cases = [
+        (lambda x, y: x @ y, (a, b), a64 @ b64, True),
+        (lambda x, y, z: nn.relu(x @ y + z), (a, b2, c), np.maximum(a64 @ b264 + c, 0), True),
+        (lambda x, y: x @ y, (a[0], b2), a64[0] @ b264, True),
+        (lambda x, y: x @ y, (a, b[:, :, :45].copy()), a64 @ b64[:, :, :45], False),  # N = 45
+        (lambda x: x @ x, (s,), s64 @ s64, False),
+        (lambda x, y: x @ y + y, (s, s2), s64 @ s264 + s264, False),  # the epilogue reads y
+    ]
+    for fn, args, want, vec in cases:
+        f = fusec.gpu_jit(fn)
+        mm = next(k for k in f.lower(*args).kernels if k.kind == "matmul")
+        assert ("let cur = " in mm.wgsl) == pipelined
+        assert ("array<vec4<f32>>" in mm.wgsl) == vec
+        scale = np.sqrt(args[0].shape[-1]) * max(1.0, float(np.abs(want).max()) / 50)
+        np.testing.assert_allclose(np.asarray(f(*args)), want, rtol=1e-4, atol=1e-4 * scale)
+
+
 LARGE = (128, 128, 16, 8, 8)
 
 
 @pytest.mark.parametrize("block,mode,k,fused", [
-    (None, "auto", 2048, True), (LARGE, "auto", 45, False), (LARGE, "auto", 2048, False),
-    (None, "separate", 45, False), (None, "staged", 2048, True), (LARGE, "direct", 2048, True)])
+    (None, "auto", 2048, True), (LARGE, "auto", 45, True), (LARGE, "auto", 2048, True),
+    (None, "separate", 45, False), (LARGE, "separate", 2048, False), (None, "staged", 2048, True),
+    (LARGE, "direct", 2048, True)])
 @pytest.mark.usefixtures("gpu_target")
 def test_matmul_epilogue_kernel_of_its_own(block: tuple[int, ...] | None, mode: str, k: int,
                                            fused: bool, rng: np.random.Generator,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    """On the GPU target a product on 128x128 tiles leaves its epilogue to an elementwise kernel
-    of its own (``auto``, whatever K; any tile with ``separate``); smaller tiles keep it, computed
-    from the registers; the results are the same either way."""
+    """On the GPU target an epilogue fuses into the product's kernel on every tile, computed from
+    the registers (``auto``, ``direct``) or staged (``staged``); ``separate`` leaves it to an
+    elementwise kernel of its own; the results are the same every way."""
     from fusec import codegen
     from fusec.passes import splitk
 
