@@ -16,9 +16,8 @@ absorb their elementwise prologues from the start. Then groups merge:
   reading the same array: one kernel whose reductions run one after another; rows longer than
   ``ROW_MAX`` stop here, giving a two-kernel plan (statistics, then the elementwise pass);
 * an elementwise group of the matmul's shape reading its result: the matmul's epilogue (bias,
-  activation, residual), unless codegen says the product runs faster without one
-  (:func:`fusec.codegen.epilogue_fuses`: products on the register-blocked template's 128x128
-  tiles).
+  activation, residual), unless codegen says no (:func:`fusec.codegen.epilogue_fuses`: only
+  under ``FUSEC_MATMUL_EPILOGUE=separate``).
 
 A merge is made only if it creates no cycle between kernels, binds no more storage buffers than the
 device allows, and codegen can index it (a register holding a row's reduction can only be read for
