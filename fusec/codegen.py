@@ -820,10 +820,12 @@ def _b_source(body: Program, mm: Eqn) -> Optional[Var]:
         src, readers = e.inputs[0], [mm, e]
         if src.shape[-2:] != (k, n):
             return None
-    if not any(v is src for v in body.inputs) or any(o is src or o is b for o in body.outputs):
+    if src is a or not any(v is src for v in body.inputs):
+        return None
+    if any(o is src or o is b for o in body.outputs):
         return None
     if any(x is src or x is b for e in body.eqns if not any(e is r for r in readers)
-           for x in e.inputs) or src is a:
+           for x in e.inputs):
         return None
     return src
 
@@ -864,12 +866,13 @@ def _matmul_rb(body: Program, names: dict[int, str], mm: Eqn,
                  for _ in range(4)]
         load_a.append([p[0] for p in pairs])
         val_a.append([p[1] for p in pairs])
-    src = _b_source(body, mm) if vec else None
-    bvec = names[id(src)] if src is not None and names.get(id(src)) in vec else ""
+    # the input bound as vec4s for B (_matmul_vector_buffers), if any
+    src = next((v for v in body.inputs if names.get(id(v)) in vec), None)
+    bvec = names[id(src)] if src is not None else ""
     load_bv: list[str] = []
     at_bv: list[str] = []
     for _ in range(b_groups):
-        if src is not None and bvec:  # one vec4 load at the flat index of B[bt, kb, col]
+        if src is not None:  # one vec4 load at the flat index of B[bt, kb, col]
             em = Emitter(body, names, indent=indent, counter=counter)
             here = Idx(b.shape, coords=_batch_coords(em, batch) + ("kb", "col"))
             at_bv.append(em.flat(em.unbroadcast(here, src.shape)))
