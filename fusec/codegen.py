@@ -113,6 +113,22 @@ if PARTIAL_UNROLL < 1:
 # workgroup per (column, chunk) of at most 1024 chunks: 16 columns 106 against 730 us, 8 144
 # against 696, 4 195 against 351, but 2 275 against 179 and 1 616 against 97
 PARTIAL_COLUMNS_MIN = 4
+# ...but up to this many columns (FUSEC_FLAT_COLUMNS, at most a workgroup; 0: never), on GPUs,
+# the partial kernel reads its chunk of rows as one contiguous run, a workgroup per chunk (see
+# partial_layout). Column sums on the H100 (us, this way against the two above; a full sum of the
+# same bytes beside it): 2^26 float32 in 2 columns 95.8 / 179.7 (full 96.3), 3 105.2 / 278.2, 4
+# 96.2 / 145.6, 7 103.7 / 132.4, 8 95.7 / 117.9, 16 96.0 / 104.8, 64 96.6 / 98.9, 128 96.9 /
+# 100.4, 200 106.8 / 106.6, 256 98.4 / 97.7; 2^24 in 4 columns 30.9 / 52.4 (full 31.1), 2^22
+# 11.1 / 14.6 (11.1), 2^20 12.4 / 14.6 (11.3)
+FLAT_COLUMNS = int(os.environ.get("FUSEC_FLAT_COLUMNS", 128))
+if not 0 <= FLAT_COLUMNS <= WORKGROUP:
+    raise ValueError(f"FUSEC_FLAT_COLUMNS must be from 0 to {WORKGROUP}; got {FLAT_COLUMNS}")
+# Software adapters (Mesa's llvmpipe, under lavapipe) end a shader invocation's loops after 65535
+# iterations in all, every loop of the shader counting towards the one limit, and the kernel
+# carries on with wrong results. Kernels for the "cpu" target stay within LOOP_BUDGET iterations
+# (see loop_copies; the split pass cuts long reductions).
+SOFTWARE_LOOP_LIMIT = 65535
+LOOP_BUDGET = 65000
 MAX_GROUPS = 65535  # workgroups per grid dimension (WebGPU limit)
 WORKGROUP_STORAGE = 16384  # bytes of workgroup memory every WebGPU device offers
 
@@ -121,7 +137,7 @@ def tuning() -> dict[str, Any]:
     """Every setting that changes generated code: part of the persistent cache's key."""
     return {"workgroup": WORKGROUP, "tile": TILE, "elems": ELEMS_PER_THREAD, "vec_min": VEC_MIN,
             "vec_per": VEC_PER_THREAD, "row_cache": ROW_CACHE, "row_threads": ROW_THREADS,
-            "partial_unroll": PARTIAL_UNROLL,
+            "partial_unroll": PARTIAL_UNROLL, "flat_columns": FLAT_COLUMNS,
             "gemv": (GEMV, GEMV_M, GEMV_K_TILE, GEMV_UNROLL),
             "fewcol": (FEWCOL, FEWCOL_M, FEWCOL_K_TILE),
             "matmul": (MATMUL_BLOCK, MATMUL_LARGE, MATMUL_MEDIUM, MATMUL_SMALL, MATMUL_EPILOGUE)}
@@ -500,7 +516,7 @@ def _reduce(body: Program, names: dict[int, str], target: str = "gpu") -> tuple[
         if e.inputs[0].shape != shape or tuple(e.params["axes"]) != axes or e.op is Op.PARTIAL:
             raise Unaligned("reductions over different rows cannot share a kernel")
     if first.op is Op.PARTIAL:
-        return _partial(body, names, first)
+        return _partial(body, names, first, target)
     kept = [k for k in range(len(shape)) if k not in axes]
     out_shape = tuple(shape[k] for k in kept)
     n_out = math.prod(out_shape)
@@ -515,14 +531,27 @@ def _reduce(body: Program, names: dict[int, str], target: str = "gpu") -> tuple[
     cached = strategy == "workgroup" and target == "gpu" and trailing and per_thread <= ROW_CACHE
     row_cache: dict[int, tuple[str, str, int]] = {}
     indent = "            "
-    if cached:
-        loop_open, loop_close = "", ""  # unrolled: see unrolled() below
-    elif strategy == "workgroup":
-        loop_open = f"    for (var r = t; r < {r}u; r += {threads}u) {{\n        {{\n"
-        loop_close = "        }\n    }"
-    else:
-        loop_open = f"    for (var r = 0u; r < {r}u; r += 1u) {{\n        {{\n"
-        loop_close = "        }\n    }"
+    # passes over the row that are loops (not unrolled from the register cache): one per
+    # reduction and one for row-shaped outputs; each thread's loop steps by ``step``
+    step = threads if strategy == "workgroup" else 1
+    row_pass = any(isinstance(o, Var) and o.shape == shape for o in body.outputs)
+    copies = 1 if cached else loop_copies(
+        target, len(reds) + row_pass, -(-r // step),
+        len(reds) * (threads.bit_length() - 1) if strategy == "workgroup" else 0)
+
+    def loop(inner: str) -> str:
+        """A loop over this thread's elements of the row, each running ``inner`` (which reads
+        the element's index as ``r``): ``copies`` elements per iteration."""
+        start = "t" if strategy == "workgroup" else "0u"
+        if copies == 1:
+            return (f"    for (var r = {start}; r < {r}u; r += {step}u) {{\n        {{\n{inner}\n"
+                    "        }\n    }")
+        blocks = [f"        {{\n            let r = r0;\n{inner}\n        }}"]
+        blocks += [f"        if (r0 + {c * step}u < {r}u) {{\n"
+                   f"            let r = r0 + {c * step}u;\n{inner}\n        }}"
+                   for c in range(1, copies)]
+        return (f"    for (var r0 = {start}; r0 < {r}u; r0 += {copies * step}u) {{\n"
+                + "\n".join(blocks) + "\n    }")
 
     def stage_emitter() -> Emitter:
         em = Emitter(body, names, indent=indent, registers=registers, counter=counter)
@@ -585,7 +614,8 @@ def _reduce(body: Program, names: dict[int, str], target: str = "gpu") -> tuple[
             code = "\n".join(em.lines)
         stages.append({
             "acc": acc, "ty": WGSL_TYPE[dt], "identity": wgsl_literal(info.identity(dt), dt),
-            "body": code, "combine": info.combine(acc, val) if val else "", "cached": cached,
+            "body": code, "cached": cached,
+            "loop": "" if cached else loop(f"{code}\n{indent}{acc} = {info.combine(acc, val)};"),
             "shared": f"sdata{k}",
             "combine_shared": info.combine(f"sdata{k}[lid]", f"sdata{k}[lid + s]"),
             "result": f"red{k}", "after": ""})
@@ -625,12 +655,23 @@ def _reduce(body: Program, names: dict[int, str], target: str = "gpu") -> tuple[
     src = _env().get_template("reduce.wgsl.j2").render(
         strategy=strategy, wg=WORKGROUP, n_out=n_out, r=r, stages=stages, threads=threads,
         rows_per_group=rows_per_group, groups=groups,
-        loop_open=loop_open, loop_close=loop_close, per_thread=per_thread,
+        row_loop=loop(f"{row_body}\n" + "\n".join(row_stores)) if row_stores and not cached
+        else "", per_thread=per_thread,
         caches=[{"name": n, "ty": t} for n, t, _ in row_cache.values()],
         prelude="\n".join(prelude.lines), row_body=row_body, cached=cached,
         row_stores="\n".join(row_stores), scalar_body="\n".join(scalar_em.lines),
         scalar_stores="\n".join(scalar_stores))
     return src, groups
+
+
+def loop_copies(target: str, passes: int, iterations: int, fixed: int = 0) -> int:
+    """Copies of a loop's body per iteration (a power of two) that keep a kernel for the "cpu"
+    target within LOOP_BUDGET loop iterations per invocation: ``passes`` loops of ``iterations``
+    each, plus ``fixed`` iterations of other loops. 1 on the "gpu" target."""
+    copies = 1
+    while target == "cpu" and passes * -(-iterations // copies) + fixed > LOOP_BUDGET:
+        copies *= 2
+    return copies
 
 
 def row_threads(r: int) -> int:
@@ -679,10 +720,29 @@ def _hoist(body: Program, names: dict[int, str], registers: dict[int, tuple[tupl
     return "\n".join(lines)
 
 
-def _partial(body: Program, names: dict[int, str], e: Eqn) -> tuple[str, int]:
-    """First stage of a multi-stage reduction: chunk g of row o into one partial result. Over
-    trailing axes (rows), workgroup (o, g) reduces it; over leading axes only (columns), a thread
-    does, with neighbouring threads on neighbouring columns so that their loads coalesce."""
+def partial_layout(leading: bool, trailing: bool, n_out: int, target: str) -> str:
+    """How the first stage of a split reduction (``reduce_partial``) reads its chunks (asked by the
+    split pass too, which sizes the chunks to match):
+
+    - "flat": over leading axes only, at most FLAT_COLUMNS columns, GPU target: a workgroup per
+      chunk of rows, read as one contiguous run of elements; a thread takes every T-th element,
+      T a multiple of the column count, so all it reads is of one column, and a warp's loads are
+      neighbours. Column sums then run as fast as a full sum of the same bytes (see FLAT_COLUMNS);
+      the two layouts below took up to 2.9x as long with 2-8 columns, where each warp's loads
+      were scattered over many rows.
+    - "columns": over leading axes, from PARTIAL_COLUMNS_MIN columns: a thread per (chunk, column),
+      neighbouring threads on neighbouring columns.
+    - "rows": the rest: a workgroup per (row, chunk)."""
+    if target == "gpu" and leading and not trailing and n_out <= FLAT_COLUMNS:
+        return "flat"
+    if leading and not trailing and n_out >= PARTIAL_COLUMNS_MIN:
+        return "columns"
+    return "rows"
+
+
+def _partial(body: Program, names: dict[int, str], e: Eqn, target: str) -> tuple[str, int]:
+    """First stage of a multi-stage reduction: chunk g of row o into one partial result, laid
+    out as ``partial_layout`` says."""
     src = e.inputs[0]
     shape, axes, chunks = src.shape, tuple(e.params["axes"]), int(e.params["chunks"])
     kept = [k for k in range(len(shape)) if k not in axes]
@@ -692,24 +752,39 @@ def _partial(body: Program, names: dict[int, str], e: Eqn) -> tuple[str, int]:
     size = -(-r // chunks)
     info = REDUCTIONS[Op(e.params["reduce"])]
     dt = e.out.dtype
+    layout = partial_layout(*reduced_ends(len(shape), axes), n_out, target)
     em = Emitter(body, names, indent="            ")
-    oc = em.coords(Idx(out_shape, flat="o"))
-    rc = em.coords(Idx(tuple(shape[k] for k in axes), flat="r"))
-    coords = [""] * len(shape)
-    for k, c in zip(kept, oc):
-        coords[k] = c
-    for k, c in zip(axes, rc):
-        coords[k] = c
-    val = em.value(src, Idx(shape, coords=tuple(coords)))
-    columns = reduced_ends(len(shape), axes)[0] and n_out >= PARTIAL_COLUMNS_MIN and len(kept) > 0
+    if layout == "flat":
+        # leading axes reduced: the source's flat index is row * n_out + column
+        val = em.value(src, Idx(shape, flat="r"))
+    else:
+        oc = em.coords(Idx(out_shape, flat="o"))
+        rc = em.coords(Idx(tuple(shape[k] for k in axes), flat="r"))
+        coords = [""] * len(shape)
+        for k, c in zip(kept, oc):
+            coords[k] = c
+        for k, c in zip(axes, rc):
+            coords[k] = c
+        val = em.value(src, Idx(shape, coords=tuple(coords)))
+    # "flat": threads lid < stride read (stride a multiple of the columns); then the threads of
+    # each column combine theirs in a tree over lid / n_out, a level per step
+    stride = WORKGROUP // n_out * n_out
+    levels = []
+    s = 1 << max(0, (stride // n_out - 1).bit_length() - 1)
+    while layout == "flat" and stride > n_out and s >= 1:
+        levels.append({"d": s * n_out, "combine": info.combine(
+            "sdata[lid]", f"sdata[lid + {s * n_out}u]")})
+        s //= 2
     code = _env().get_template("partial.wgsl.j2").render(
-        layout="columns" if columns else "rows", unroll=PARTIAL_UNROLL,
+        layout=layout, unroll=PARTIAL_UNROLL, stride=stride, levels=levels,
         wg=WORKGROUP, n_out=n_out, r=r, chunks=chunks, size=size, ty=WGSL_TYPE[dt],
         identity=wgsl_literal(info.identity(dt), dt), body="\n".join(em.lines),
         combine=info.combine("acc", val),
         combine_shared=info.combine("sdata[lid]", "sdata[lid + s]"),
         store=store_expr("total", dt), store_acc=store_expr("acc", dt))
-    return code, -(-n_out * chunks // WORKGROUP) if columns else n_out * chunks
+    if layout == "columns":
+        return code, -(-n_out * chunks // WORKGROUP)
+    return code, chunks if layout == "flat" else n_out * chunks
 
 
 def matmul_config(m: int, n: int, target: str, k: int = 0, batch: int = 1
@@ -1086,8 +1161,8 @@ def _matmul(body: Program, names: dict[int, str], target: str = "gpu",
     src = _env().get_template("matmul.wgsl.j2").render(
         tile=TILE, m=m, n=n, k=k, tn=tn, tm=tm, total=tn * tm * nb, ty=WGSL_TYPE[dt],
         zero=wgsl_literal(0, dt), load_a=load_a, val_a=va, load_b=load_b, val_b=vb,
-        epilogue="\n".join(epilogue),
-        stores="\n".join(stores))
+        epilogue="\n".join(epilogue), stores="\n".join(stores), unrolled=target == "cpu",
+        copies=loop_copies(target, 1, -(-k // TILE)))
     return src, tn * tm * nb
 
 

@@ -64,16 +64,26 @@ def gpu_device() -> object:
     return dev
 
 
-@pytest.fixture
-def gpu_target() -> Iterator[None]:
-    """Code generation for the ``gpu`` target whatever the adapter, reset afterwards."""
+def _forced_target(name: str) -> Iterator[None]:
     import fusec
 
-    fusec.config.set("target", "gpu")
+    fusec.config.set("target", name)
     try:
         yield
     finally:
         fusec.config.set("target", None)
+
+
+@pytest.fixture
+def cpu_target() -> Iterator[None]:
+    """Code generation for the ``cpu`` target (software adapters) whatever the adapter."""
+    yield from _forced_target("cpu")
+
+
+@pytest.fixture
+def gpu_target() -> Iterator[None]:
+    """Code generation for the ``gpu`` target whatever the adapter, reset afterwards."""
+    yield from _forced_target("gpu")
 
 
 @pytest.fixture

@@ -487,3 +487,28 @@ def test_a_tile_padded_where_it_fits_else_swizzled(block: tuple[int, int, int, i
     assert ("& 7u)" in main_body(k.wgsl)) == (not padded)
     assert ("let cur = " in main_body(k.wgsl)) == (sets == 2)
     assert workgroup_bytes(k.wgsl) == (padded_bytes if padded else padded_bytes - sets * 16 * bk)
+
+
+@pytest.mark.usefixtures("cpu_target")
+def test_cpu_target_kernels_stay_within_the_software_loop_limit() -> None:
+    """Software adapters end an invocation's loops after 65535 iterations in all: on the "cpu"
+    target, loops that would pass codegen.LOOP_BUDGET take several elements (or K steps) per
+    iteration; the "gpu" target keeps one."""
+    assert codegen.LOOP_BUDGET < codegen.SOFTWARE_LOOP_LIMIT
+    assert codegen.loop_copies("cpu", 1, 65000) == 1
+    assert codegen.loop_copies("cpu", 1, 65001) == 2
+    assert codegen.loop_copies("cpu", 5, 22000) == 2  # 5 passes: 55000 iterations
+    assert codegen.loop_copies("cpu", 5, 22000, fixed=10001) == 4
+    assert codegen.loop_copies("gpu", 5, 10 ** 6) == 1
+    f32 = fusec.ShapeDtype
+    stats = only_kernel(lambda a: (a.sum(axis=0), (a * a).sum(axis=0), a.max(axis=0)),
+                        f32((22000, 300), "float32"))
+    # three passes over the column of 22000 (66000 iterations): two elements per iteration
+    assert "for (var r0 = 0u; r0 < 22000u; r0 += 2u)" in stats.wgsl
+    short = only_kernel(lambda a: (a.sum(axis=0), (a * a).sum(axis=0)),
+                        f32((22000, 300), "float32"))
+    assert "for (var r = 0u; r < 22000u; r += 1u)" in short.wgsl  # 44000: one
+    mm = only_kernel(lambda p, q: p @ q, f32((1, (1 << 21) + 3), "float32"),
+                     f32(((1 << 21) + 3, 2), "float32"))
+    assert "// 4 steps of K per loop iteration" in mm.wgsl  # 131073 steps of 16
+    assert "for (var kk" not in mm.wgsl  # the tile's 16 products written out

@@ -1379,3 +1379,38 @@ def test_eager_scalar_weak_types_not_confused(name: str, first: Any, second: Any
     r2 = np.asarray(second(x))
     assert (r1.dtype, r2.dtype) == tuple(np.dtype(d) for d in dts), (r1.dtype, r2.dtype)
     np.testing.assert_array_equal(r1, r2)
+
+
+def test_long_loops_stay_correct(rng: np.random.Generator) -> None:
+    """Mesa's software adapter ends a shader invocation's loops after 65535 iterations in all
+    (every loop of the shader counting) and carries on with wrong results. On it (the "cpu"
+    target) these all passed that limit and came out wrong: four passes over 22000-long columns
+    in one kernel, 100 rows of 100000 (not split: more than 64 rows), 70001-long columns of 100,
+    and a product with K = 2^21 + 3 (131073 steps of 16). Now the long loops take several
+    elements per iteration and long rows are split whatever their number; any target must get
+    them right."""
+    x = randf(rng, (22000, 300))
+    xd = x.astype(np.float64)
+    f = fusec.gpu_jit(lambda a: (a.sum(axis=0), (a * a).sum(axis=0), (a + 1.0).max(axis=0),
+                                 a - a.mean(axis=0)))
+    s, sq, mx, centred = (np.asarray(v) for v in f(x))
+    assert_sum_close(s, xd.sum(0), np.abs(xd).sum(0), 22000)
+    assert_sum_close(sq, (xd * xd).sum(0), (xd * xd).sum(0), 22000)
+    np.testing.assert_array_equal(mx, (x + np.float32(1.0)).max(0))
+    np.testing.assert_allclose(centred, xd - xd.mean(0), rtol=1e-5, atol=1e-4)
+    if fusec.default_device().adapter_type == "CPU":  # several elements per loop iteration
+        assert any("r0 +" in k.wgsl for k in f.lower(x).kernels)
+
+    rows = randf(rng, (100, 100000))
+    rs, rm = (np.asarray(v) for v in fusec.gpu_jit(lambda a: (a.sum(axis=1), a.max(axis=1)))(rows))
+    rd = rows.astype(np.float64)
+    assert_sum_close(rs, rd.sum(1), np.abs(rd).sum(1), 100000)
+    np.testing.assert_array_equal(rm, rows.max(1))
+
+    cols = randf(rng, (70001, 100))
+    cd = cols.astype(np.float64)
+    assert_sum_close(run(lambda a: a.sum(axis=0), cols), cd.sum(0), np.abs(cd).sum(0), 70001)
+
+    k = (1 << 21) + 3
+    a, b = randf(rng, (1, k)), randf(rng, (k, 2))
+    assert_matmul_close(run(lambda p, q: p @ q, a, b), a, b, k)

@@ -733,16 +733,27 @@ def test_split_k_products_match_numpy(mkn: tuple[int, int, int]) -> None:
 
 
 def test_split_reduction_chunks() -> None:
-    """How reductions are cut into chunks: long rows into at most 1024 workgroups; columns on the
-    GPU target into about 2^18 threads, from 4 columns on even when they are long and few (64
-    columns of 2^20: 4096 chunks, not 128); fewer columns, or the CPU target, like long rows."""
+    """How reductions are cut into chunks: long rows into at most 1024 workgroups; on the GPU
+    target, up to 128 columns into chunks of 8192 elements (whole rows, at most 1024 chunks), as
+    long rows are; more columns into about 2^18 threads, even when they are long and few (256
+    columns of 2^20: 1024 chunks, not 128); the CPU target like long rows, however many."""
     from fusec.passes.split import _chunks
 
     assert _chunks(1 << 26, 1, True, True, "gpu") == 1024  # a full sum: rows rule
-    assert _chunks(1 << 20, 64, True, False, "gpu") == 4096
-    assert _chunks(1 << 22, 16, True, False, "gpu") == 16384
+    assert _chunks(1 << 20, 64, True, False, "gpu") == 1024  # 2^26 elements: 1024 chunks
+    assert _chunks(1 << 14, 64, True, False, "gpu") == 128  # chunks of 8192 elements
+    assert _chunks(1 << 22, 16, True, False, "gpu") == 1024
+    assert _chunks(1 << 24, 4, True, False, "gpu") == 1024
+    assert _chunks(1 << 25, 2, True, False, "gpu") == 1024
+    assert _chunks(4099, 3, True, False, "gpu") == 2  # 12297 elements: 2 chunks
+    assert _chunks(2000, 3, True, False, "gpu") == 1  # 6000 elements: not split
+    assert _chunks(3, 128, True, False, "gpu") == 1  # whole rows: at most one chunk per row
+    assert _chunks(100, 128, True, False, "gpu") == 2
     assert _chunks(1 << 20, 64, True, False, "cpu") == 128
-    assert _chunks(1 << 24, 4, True, False, "gpu") == 65536
-    assert _chunks(1 << 25, 2, True, False, "gpu") == 1024  # under 4 columns: rows rule
+    # the CPU target splits long rows however many (the software adapter's loop limit)
+    assert _chunks(100000, 100, False, True, "cpu") == 13
+    assert _chunks(100000, 100, False, True, "gpu") == 1
+    assert _chunks(65535, 100, False, True, "cpu") == 1
+    assert _chunks(1 << 20, 256, True, False, "gpu") == 1024  # over 128 columns: 2^18 threads
     assert _chunks(8192, 8192, True, False, "gpu") == 32  # many columns: 2^18 threads
     assert _chunks(1 << 20, 64, False, True, "gpu") == 128  # 64 long rows: chunks of 8192

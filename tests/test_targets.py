@@ -5,6 +5,7 @@ registers, several elements per thread) on random data against numpy."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Optional
 
 import numpy as np
 import pytest
@@ -52,25 +53,42 @@ def test_row_kernels(target: str, shape: tuple[int, int], rng: np.random.Generat
 
 
 # column reductions (over leading axes): on the GPU target split along the columns into partial
-# kernels, a workgroup per (column, chunk) below 4 columns and a thread per (chunk, column) from 4
-# on; odd column counts, prime row counts, chunks that do not divide the rows, a 3-D array
-@pytest.mark.parametrize("shape", [(70001, 4), (1031, 16), (997, 300), (4099, 2049), (129, 7, 5),
-                                   (65537, 20), (70001, 2), (1031, 3)])
-def test_column_reductions(target: str, shape: tuple[int, ...], rng: np.random.Generator) -> None:
+# kernels: up to 128 columns a workgroup per chunk of rows, read as one run ("flat"), more columns
+# a thread per (chunk, column) ("columns"); too few elements to split: None. Column counts that
+# do not divide a workgroup (3, 7, 20, 35), 128 and 129 (either side of the flat layout's limit),
+# prime row counts, chunks that do not divide the rows, a 3-D array. On the CPU target long
+# columns are split like long rows.
+@pytest.mark.parametrize("shape, gpu_layout", [
+    ((70001, 4), "flat"), ((1031, 16), "flat"), ((997, 300), "columns"),
+    ((4099, 2049), "columns"), ((129, 7, 5), None), ((65537, 20), "flat"), ((70001, 2), "flat"),
+    ((1031, 3), None), ((10007, 3), "flat"), ((30011, 7), "flat"), ((20011, 128), "flat"),
+    ((2053, 129), "columns"), ((4001, 5, 7), "flat")])
+def test_column_reductions(target: str, shape: tuple[int, ...], gpu_layout: Optional[str],
+                           rng: np.random.Generator) -> None:
     x = rng.standard_normal(shape).astype(np.float32)
     k = rng.integers(-1000, 1000, size=shape).astype(np.int32)
+    w = rng.standard_normal(shape[1:]).astype(np.float32)  # broadcast along the rows
     x64 = x.astype(np.float64)
-    f = fusec.gpu_jit(lambda a, b: (a.sum(axis=0), a.max(axis=0), fnp.sqrt((a * a).mean(axis=0)),
-                                    b.min(axis=0), b.sum(axis=0)))
-    s, m, rms, kmin, ksum = (np.asarray(v) for v in f(x, k))
+    f = fusec.gpu_jit(lambda a, b, c: (a.sum(axis=0), a.max(axis=0),
+                                       fnp.sqrt((a * a).mean(axis=0)), b.min(axis=0),
+                                       b.sum(axis=0), (a * c + 1.0).sum(axis=0)))
+    s, m, rms, kmin, ksum, ws = (np.asarray(v) for v in f(x, k, w))
     np.testing.assert_allclose(s, x64.sum(0), rtol=1e-5, atol=2e-6 * shape[0])
+    np.testing.assert_allclose(ws, (x64 * w + 1.0).sum(0), rtol=1e-5, atol=4e-6 * shape[0])
     np.testing.assert_array_equal(m, x.max(0))
     np.testing.assert_allclose(rms, np.sqrt((x64 * x64).mean(0)), rtol=1e-5)
     np.testing.assert_array_equal(kmin, k.min(0))
     np.testing.assert_array_equal(ksum, k.sum(0, dtype=np.int64).astype(np.int32))
-    kernels = f.lower(x, k).kernels
-    assert any(kc.kind == "reduce" and "First stage of a multi-stage" in kc.wgsl
-               for kc in kernels) == (target == "gpu" or shape[0] >= 65536)
+    kernels = f.lower(x, k, w).kernels
+    marks = {"flat": "read as one run of elements", "columns": "thread w reduces chunk",
+             "rows": "workgroup w reduces chunk"}
+    used = {name for name, text in marks.items()
+            if any(kc.kind == "reduce" and text in kc.wgsl for kc in kernels)}
+    if target == "gpu":
+        assert used == ({gpu_layout} if gpu_layout else set())
+    else:
+        assert used == (({"rows"} if shape[1:] == (2,) else {"columns"}) if shape[0] >= 65536
+                        else set())
 
 
 @pytest.mark.parametrize("n", [1, 1000, 262144 + 7])

@@ -2,7 +2,7 @@
 scalar) would give the GPU only a workgroup or two. It becomes a ``reduce_partial`` over chunks of
 the row, one workgroup each, followed by a small reduction of the partial results: both on the GPU.
 On GPUs, reductions over leading axes (columns) with too few columns to fill the GPU are split the
-same way along their columns.
+same way along their columns (see codegen.partial_layout for how the chunks are read).
 """
 
 from __future__ import annotations
@@ -28,15 +28,20 @@ COLUMN_MIN = 64
 
 def _chunks(r: int, n_out: int, leading: bool, trailing: bool, target: str) -> int:
     """How many chunks a reduction of ``n_out`` rows or columns of ``r`` elements is split into
-    (1: not split). Columns from codegen.PARTIAL_COLUMNS_MIN on (a thread per chunk of a column)
-    aim at COLUMN_THREADS threads even where few and long: split like long rows (a workgroup per
-    chunk, at most MAX_CHUNKS), 64 columns of 2^20 got 8192 threads and took 658 us on the H100,
-    against 99 us now (see codegen.PARTIAL_COLUMNS_MIN for fewer columns)."""
+    (1: not split). Up to codegen.FLAT_COLUMNS columns on GPUs, a workgroup reads a chunk of
+    rows as one run of elements: chunks of CHUNK elements (whole rows), at most MAX_CHUNKS, as
+    long rows get. More columns (a thread per chunk of a column) aim at COLUMN_THREADS threads
+    even where few and long: split like long rows, 64 columns of 2^20 got 8192 threads and took
+    658 us on the H100, against 99 us so (see codegen.partial_layout)."""
+    if codegen.partial_layout(leading, trailing, n_out, target) == "flat":
+        return max(1, min(-(-r * n_out // CHUNK), MAX_CHUNKS, r))
     columns = target == "gpu" and leading and not trailing and n_out < COLUMN_THREADS
     column_chunks = max(1, min(-(-COLUMN_THREADS // n_out), r // COLUMN_MIN)) if columns else 1
     if columns and n_out >= codegen.PARTIAL_COLUMNS_MIN:
         return column_chunks
-    if r >= SPLIT_MIN and n_out <= SPLIT_MAX_OUTPUTS:
+    # on the "cpu" target whatever the outputs: a thread's loop over a whole long row would pass
+    # the software adapter's loop limit (see codegen.SOFTWARE_LOOP_LIMIT)
+    if r >= SPLIT_MIN and (n_out <= SPLIT_MAX_OUTPUTS or target == "cpu"):
         return min(-(-r // CHUNK), MAX_CHUNKS)
     return column_chunks
 
