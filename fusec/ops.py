@@ -86,18 +86,17 @@ fn fusec_tanh(x: f32) -> f32 {
     let r = select(big, small, ax < 0.25);
     return bitcast<f32>(bitcast<u32>(r) | (bitcast<u32>(x) & 0x80000000u));
 }""",
+    # written out over the exponent's 32 bits: software adapters end a shader's loops after
+    # 65535 iterations in all (see codegen.SOFTWARE_LOOP_LIMIT), and a loop here, run for every
+    # element a row kernel's loop visits, passed that (int32 ** over 22000 rows came out wrong)
     "fusec_ipow_u32": """
 fn fusec_ipow_u32(x: u32, n: u32) -> u32 {
     // exact integer power by squaring, wrapping modulo 2^32 like numpy
     var r = 1u;
     var b = x;
-    var e = n;
-    while (e != 0u) {
-        if ((e & 1u) == 1u) { r = r * b; }
-        b = b * b;
-        e = e >> 1u;
-    }
-    return r;
+""" + "\n".join(f"    r = select(r, r * b, (n & {1 << i}u) != 0u);\n    b = b * b;"
+               for i in range(31)) + """
+    return select(r, r * b, (n & 2147483648u) != 0u);
 }""",
     # after fusec_ipow_u32, which it calls: two's complement products wrap to the same bits
     "fusec_ipow_i32": """

@@ -1386,7 +1386,8 @@ def test_long_loops_stay_correct(rng: np.random.Generator) -> None:
     (every loop of the shader counting) and carries on with wrong results. On it (the "cpu"
     target) these all passed that limit and came out wrong: four passes over 22000-long columns
     in one kernel, 100 rows of 100000 (not split: more than 64 rows), 70001-long columns of 100,
-    and a product with K = 2^21 + 3 (131073 steps of 16). Now the long loops take several
+    a product with K = 2^21 + 3 (131073 steps of 16), and int32 powers with an array exponent
+    summed over 22000 rows (the power's own loop counting too). Now the long loops take several
     elements per iteration and long rows are split whatever their number; any target must get
     them right."""
     x = randf(rng, (22000, 300))
@@ -1414,3 +1415,9 @@ def test_long_loops_stay_correct(rng: np.random.Generator) -> None:
     k = (1 << 21) + 3
     a, b = randf(rng, (1, k)), randf(rng, (k, 2))
     assert_matmul_close(run(lambda p, q: p @ q, a, b), a, b, k)
+
+    # integer powers with an array exponent inside a row loop (the power had a loop of its own)
+    base = randi32(rng, (22000, 100), -3, 4)
+    ex = randi32(rng, (22000, 100), 0, 30)
+    assert_exact(run(lambda p, q: (p ** q).sum(axis=0), base, ex),
+                 (base ** ex).sum(0, dtype=np.int32))
