@@ -513,10 +513,14 @@ def _reduce(body: Program, names: dict[int, str], target: str = "gpu") -> tuple[
     src0 = first.inputs[0]
     shape, axes = src0.shape, tuple(first.params["axes"])
     for e in reds[1:]:
-        if e.inputs[0].shape != shape or tuple(e.params["axes"]) != axes or e.op is Op.PARTIAL:
+        if (e.inputs[0].shape != shape or tuple(e.params["axes"]) != axes
+                or (e.op is Op.PARTIAL) != (first.op is Op.PARTIAL)
+                or e.params.get("chunks") != first.params.get("chunks")):
             raise Unaligned("reductions over different rows cannot share a kernel")
     if first.op is Op.PARTIAL:
-        return _partial(body, names, first, target)
+        if {id(o) for o in body.outputs} != {id(e.out) for e in reds}:
+            raise Unaligned("a partial-reduction kernel stores only its partial results")
+        return _partial(body, names, reds, target)
     kept = [k for k in range(len(shape)) if k not in axes]
     out_shape = tuple(shape[k] for k in kept)
     n_out = math.prod(out_shape)
@@ -740,9 +744,12 @@ def partial_layout(leading: bool, trailing: bool, n_out: int, target: str) -> st
     return "rows"
 
 
-def _partial(body: Program, names: dict[int, str], e: Eqn, target: str) -> tuple[str, int]:
-    """First stage of a multi-stage reduction: chunk g of row o into one partial result, laid
-    out as ``partial_layout`` says."""
+def _partial(body: Program, names: dict[int, str], parts: list[Eqn],
+             target: str) -> tuple[str, int]:
+    """First stage of a multi-stage reduction: chunk g of row o into one partial result per
+    reduction in ``parts`` (all over the same rows and chunks: each element is read once for all
+    of them), laid out as ``partial_layout`` says."""
+    e = parts[0]
     src = e.inputs[0]
     shape, axes, chunks = src.shape, tuple(e.params["axes"]), int(e.params["chunks"])
     kept = [k for k in range(len(shape)) if k not in axes]
@@ -750,13 +757,11 @@ def _partial(body: Program, names: dict[int, str], e: Eqn, target: str) -> tuple
     n_out = math.prod(out_shape)
     r = math.prod(shape[k] for k in axes)
     size = -(-r // chunks)
-    info = REDUCTIONS[Op(e.params["reduce"])]
-    dt = e.out.dtype
     layout = partial_layout(*reduced_ends(len(shape), axes), n_out, target)
     em = Emitter(body, names, indent="            ")
     if layout == "flat":
         # leading axes reduced: the source's flat index is row * n_out + column
-        val = em.value(src, Idx(shape, flat="r"))
+        idx = Idx(shape, flat="r")
     else:
         oc = em.coords(Idx(out_shape, flat="o"))
         rc = em.coords(Idx(tuple(shape[k] for k in axes), flat="r"))
@@ -765,23 +770,32 @@ def _partial(body: Program, names: dict[int, str], e: Eqn, target: str) -> tuple
             coords[k] = c
         for k, c in zip(axes, rc):
             coords[k] = c
-        val = em.value(src, Idx(shape, coords=tuple(coords)))
+        idx = Idx(shape, coords=tuple(coords))
     # "flat": threads lid < stride read (stride a multiple of the columns); then the threads of
     # each column combine theirs in a tree over lid / n_out, a level per step
     stride = WORKGROUP // n_out * n_out
     levels = []
     s = 1 << max(0, (stride // n_out - 1).bit_length() - 1)
     while layout == "flat" and stride > n_out and s >= 1:
-        levels.append({"d": s * n_out, "combine": info.combine(
-            "sdata[lid]", f"sdata[lid + {s * n_out}u]")})
+        levels.append(s * n_out)
         s //= 2
+    out_index = {id(o): j for j, o in enumerate(body.outputs)}
+    accs = []
+    for k, p in enumerate(parts):
+        info = REDUCTIONS[Op(p.params["reduce"])]
+        dt = p.out.dtype
+        acc, shared = f"acc{k}", f"sdata{k}"
+        accs.append({
+            "acc": acc, "shared": shared, "total": f"total{k}", "ty": WGSL_TYPE[dt],
+            "identity": wgsl_literal(info.identity(dt), dt), "out": f"out{out_index[id(p.out)]}",
+            "combine": info.combine(acc, em.value(p.inputs[0], idx)),
+            "combine_shared": info.combine(f"{shared}[lid]", f"{shared}[lid + s]"),
+            "level_combine": [info.combine(f"{shared}[lid]", f"{shared}[lid + {d}u]")
+                              for d in levels],
+            "store": store_expr(f"total{k}", dt), "store_acc": store_expr(acc, dt)})
     code = _env().get_template("partial.wgsl.j2").render(
-        layout=layout, unroll=PARTIAL_UNROLL, stride=stride, levels=levels,
-        wg=WORKGROUP, n_out=n_out, r=r, chunks=chunks, size=size, ty=WGSL_TYPE[dt],
-        identity=wgsl_literal(info.identity(dt), dt), body="\n".join(em.lines),
-        combine=info.combine("acc", val),
-        combine_shared=info.combine("sdata[lid]", "sdata[lid + s]"),
-        store=store_expr("total", dt), store_acc=store_expr("acc", dt))
+        layout=layout, unroll=PARTIAL_UNROLL, stride=stride, levels=levels, accs=accs,
+        wg=WORKGROUP, n_out=n_out, r=r, chunks=chunks, size=size, body="\n".join(em.lines))
     if layout == "columns":
         return code, -(-n_out * chunks // WORKGROUP)
     return code, chunks if layout == "flat" else n_out * chunks

@@ -329,3 +329,29 @@ def test_few_column_matmuls(target: str, case: tuple[tuple[int, ...], int, int, 
     assert fewcol == (target == "gpu" and want_kernels > 0)
     if fewcol:
         assert len(kernels) == want_kernels
+
+
+# several reductions of one long array: their first stages share one kernel (the array is read
+# once), and so do their second stages. Over leading axes with few and with many columns, over
+# trailing axes (long rows), and the whole array; float and int results from one kernel.
+@pytest.mark.parametrize("shape, axis", [((70001, 4), 0), ((9001, 150), 0), ((3, 100003), 1),
+                                         ((300007,), None), ((20, 70001, 3), 1)])
+def test_partial_reductions_share_kernels(target: str, shape: tuple[int, ...],
+                                          axis: Optional[int], rng: np.random.Generator) -> None:
+    x = rng.standard_normal(shape).astype(np.float32)
+    k = rng.integers(-5, 5, size=shape).astype(np.int32)
+    f = fusec.gpu_jit(lambda a, b: (a.sum(axis=axis), a.max(axis=axis), (a * a).mean(axis=axis),
+                                    (a > 0.5).sum(axis=axis), (a * b).min(axis=axis)))
+    s, m, ms, npos, mn = (np.asarray(v) for v in f(x, k))
+    x64 = x.astype(np.float64)
+    n = x.size // s.size
+    np.testing.assert_allclose(s, x64.sum(axis), rtol=1e-5, atol=4e-6 * n)
+    np.testing.assert_array_equal(m, x.max(axis))
+    np.testing.assert_allclose(ms, (x64 * x64).mean(axis), rtol=1e-5)
+    np.testing.assert_array_equal(npos, (x > 0.5).sum(axis))
+    np.testing.assert_array_equal(mn, (x * k.astype(np.float32)).min(axis))
+    kernels = f.lower(x, k).kernels
+    firsts = [kc for kc in kernels if "First stage of a multi-stage" in kc.wgsl]
+    if target == "gpu" or n >= 65536:  # split (the CPU target leaves shorter columns whole)
+        assert len(firsts) == 1 and firsts[0].n_outputs == 5, [kc.name for kc in kernels]
+    assert len(kernels) == (2 if firsts else 1), [kc.name for kc in kernels]

@@ -215,9 +215,10 @@ class _Planner:
         e = reds[0]
         return e.inputs[0].shape, tuple(e.params["axes"]), e.op is Op.PARTIAL
 
-    def mergeable(self, a: _Group, b: _Group) -> str | None:
+    def mergeable(self, a: _Group, b: _Group,
+                  by_var: dict[int, _Group] | None = None) -> str | None:
         """The kind of the merged kernel if ``a`` and ``b`` may merge (before the legality
-        checks)."""
+        checks). ``by_var``: the kernel that writes each value, where known."""
         a_outs = {id(o) for o in a.outs()}
         b_outs = {id(o) for o in b.outs()}
 
@@ -233,11 +234,22 @@ class _Planner:
             return None
         if a.kind == b.kind == "reduce":
             ia, ib = self.row_info(a), self.row_info(b)
-            if ia is None or ib is None or ia[2] or ib[2] or ia[:2] != ib[:2]:
+            if ia is None or ib is None or ia != ib:
                 return None
-            shared_input = {id(v) for v in self.leaves(a.eqns, a_outs)} & {
-                id(v) for v in self.leaves(b.eqns, b_outs)}
-            return "reduce" if reads(a, b_outs) or reads(b, a_outs) or shared_input else None
+            # partial reductions share a kernel when cut into the same chunks (then each element
+            # is read once for all of them)
+            if ia[2] and len({e.params["chunks"] for e in a.roots + b.roots
+                              if e.op is Op.PARTIAL}) != 1:
+                return None
+            la, lb = self.leaves(a.eqns, a_outs), self.leaves(b.eqns, b_outs)
+            shared_input = {id(v) for v in la} & {id(v) for v in lb}
+            # or inputs written by one kernel (the second stages of partial reductions that
+            # shared a kernel): one launch instead of several
+            by = by_var or {}
+            same_writer = {id(by[id(v)]) for v in la if id(v) in by} & {
+                id(by[id(v)]) for v in lb if id(v) in by}
+            return ("reduce" if reads(a, b_outs) or reads(b, a_outs) or shared_input
+                    or same_writer else None)
         red, ew = (a, b) if b.kind == "elementwise" else (b, a)
         if ew.kind != "elementwise" or not reads(ew, {id(o) for o in red.outs()}):
             return None
@@ -269,7 +281,7 @@ class _Planner:
                     by_var[id(alias.out)] = by_var[id(alias.inputs[0])]
             for i, a in enumerate(groups):
                 for b in groups[i + 1:]:
-                    kind = self.mergeable(a, b)
+                    kind = self.mergeable(a, b, by_var)
                     if kind is None:
                         continue
                     ra, rb = _reads(a, by_var), _reads(b, by_var)
