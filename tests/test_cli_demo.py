@@ -70,7 +70,7 @@ def test_info_prints_adapter() -> None:
 
 def test_show_file_module_ir_and_wgsl(module: Path, tmp_path: Path) -> None:
     p = run("-m", "fusec", "show", f"{module}:block", "--arg", "8x16:float32",
-            "--arg", "16,4:float32", "--arg", "4:float32")
+            "--arg", "16,80:float32", "--arg", "80:float32")
     assert p.returncode == 0, p.stdout + p.stderr
     assert "kernel kind=matmul" in p.stdout
     assert "kernel kind=elementwise" not in p.stdout  # bias and gelu: the matmul's epilogue

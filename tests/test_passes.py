@@ -64,13 +64,18 @@ def random_inputs(traced: Any) -> list[np.ndarray]:
 
 
 def assert_same_results(traced: Any, lowered: Program) -> None:
+    """The lowered program computes what the traced one does: integers and bools exactly, floats
+    up to the rounding of a reassociated sum (split_k computes small products as sums over K)."""
     args = random_inputs(traced)
     want = evaluate(traced.ir, args)
     got = evaluate(lowered, args)
     assert len(want) == len(got) == len(lowered.outputs)
     for w, g, o in zip(want, got, lowered.outputs):
         assert g.shape == w.shape == o.shape and g.dtype == w.dtype == np.dtype(o.dtype)
-        np.testing.assert_array_equal(g, w)
+        if g.dtype == np.float32:
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+        else:
+            np.testing.assert_array_equal(g, w)
 
 
 def gpu_args(*shapes: tuple[int, ...]) -> list[np.ndarray]:
@@ -694,6 +699,34 @@ def test_split_k_before_after_printed():
     assert chunks_for(4096, 1024, 8) == 1 and chunks_for(1024, 4096, 4) == 1
     assert chunks_for(4096, 4096, 8) == 16 and chunks_for(1024, 4096, 16) == 32
     assert chunks_for(8, 200, 8) == 1 and chunks_for(8, 4097, 8) == 1
+
+
+def test_small_products_become_sums() -> None:
+    """On the GPU target a product with at most 64 outputs becomes a product and a sum over K
+    where it has at most 16 columns, or where K does not divide into chunks (a K of 4097 left
+    the product in one workgroup); a long sum is then split like any long reduction."""
+    from fusec.passes.splitk import split_k
+
+    dot = trace(lambda a, b: a @ b, S((1, 4097)), S((4097, 1)))
+    assert str(split_k(dot.ir, "gpu")) == textwrap.dedent("""\
+        { lambda a:f32[1,4097] b:f32[4097,1] .
+            c:f32[1,4097,1] = reshape shape=(1,4097,1) a
+            d:f32[1,4097,1] = reshape shape=(1,4097,1) b
+            e:f32[1,4097,1] = mul c d
+            f:f32[1,1] = sum axes=(1,) e
+          in (f) }""")
+    assert str(split_k(dot.ir, "cpu")) == str(dot.ir)
+    long = trace(lambda a, b: a @ b, S((2, 100003)), S((100003, 3)))
+    assert [e.op.value for e in split_k(long.ir, "gpu").eqns] == [
+        "reshape", "reshape", "mul", "reduce_partial", "sum"]
+    # 32 columns with K that divides: split as a product; 64 columns, prime K: a sum
+    wide = trace(lambda a, b: a @ b, S((2, 65536)), S((65536, 32)))
+    assert "matmul" in str(split_k(wide.ir, "gpu"))
+    prime = trace(lambda a, b: a @ b, S((1, 100003)), S((100003, 64)))
+    assert "matmul" not in str(split_k(prime.ir, "gpu"))
+    # more than 64 outputs: left to the product
+    big = trace(lambda a, b: a @ b, S((9, 4097)), S((4097, 8)))
+    assert str(split_k(big.ir, "gpu")) == str(big.ir)
 
 
 def test_split_k_on_the_register_blocked_template() -> None:

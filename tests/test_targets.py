@@ -355,3 +355,28 @@ def test_partial_reductions_share_kernels(target: str, shape: tuple[int, ...],
     if target == "gpu" or n >= 65536:  # split (the CPU target leaves shorter columns whole)
         assert len(firsts) == 1 and firsts[0].n_outputs == 5, [kc.name for kc in kernels]
     assert len(kernels) == (2 if firsts else 1), [kc.name for kc in kernels]
+
+
+# products with at most 64 outputs: on the GPU target a product and a sum over K (split into
+# chunks when long, whatever K), with the epilogue in the sum's kernel; odd and prime K, one
+# output, 64 outputs, more columns than the rewrite takes when K divides (32), int32
+@pytest.mark.parametrize("mkn", [(1, 70001, 1), (4, 100003, 3), (8, 4097, 8), (1, 5, 1),
+                                 (64, 33, 1), (2, 8192, 32), (1, 20011, 64)])
+def test_small_products(target: str, mkn: tuple[int, int, int], rng: np.random.Generator) -> None:
+    m, k, n = mkn
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    c = rng.standard_normal(n).astype(np.float32)
+    f = fusec.gpu_jit(lambda p, q, r: nn.relu(p @ q + r))
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    want = np.maximum(a64 @ b64 + c, 0.0)
+    scale = np.abs(a64) @ np.abs(b64) + np.abs(c)
+    err = np.abs(np.asarray(f(a, b, c)) - want)
+    assert (err <= 1e-6 * np.sqrt(k) * scale).all(), err.max()
+    ai = rng.integers(-50, 50, (m, k)).astype(np.int32)
+    bi = rng.integers(-50, 50, (k, n)).astype(np.int32)
+    got = np.asarray(fusec.gpu_jit(lambda p, q: p @ q)(ai, bi))
+    np.testing.assert_array_equal(got, (ai.astype(np.int64) @ bi).astype(np.int32))
+    kinds = [kc.kind for kc in f.lower(a, b, c).kernels]
+    as_sum = target == "gpu" and mkn != (2, 8192, 32)
+    assert ("matmul" not in kinds) == as_sum, kinds

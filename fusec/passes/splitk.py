@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from .. import codegen
 from ..ir import Eqn, Op, Program, Var
+from .split import split_reductions
 
 TILE_LIMIT = 1024  # products with fewer 16x16 output tiles than this are split...
 GROUPS = 4096  # ...into at most this many workgroups...
@@ -25,6 +26,16 @@ MIN_CHUNK = 128  # ...each walking at least this much of K
 RB_GROUPS = 256
 RB_MIN_K = 2048
 RB_MIN_CHUNK = 512
+# Products with at most REDUCE_OUTPUTS outputs (a dot product; a few rows through a few
+# columns) become an elementwise product and a sum over K, where they have at most REDUCE_COLUMNS
+# columns or K does not divide into chunks: reduction kernels cut any K, where a split of the
+# product needs K to divide evenly. H100, us, as a product / as a sum (M x K x N): 1x(2^21+3)x1
+# 42285 / 10.3 (one workgroup walked K), 8x1000003x8 40016 / 298, 1x2^21x1 22.4 / 9.9,
+# 4x100000x3 75 / 14, 8x4096x8 14 / 9, 16x4096x4 10.5 / 6.5, 64x4096x1 16.6 / 12.5, 1x1000x1
+# 20 / 11, 1x16x1 4.7 / 5.6; but with more columns, read down B's columns, 2x65536x32 19-31 / 41
+# (1x4096x64 22 / 17).
+REDUCE_OUTPUTS = 64
+REDUCE_COLUMNS = 16
 
 
 def chunks_for(m: int, k: int, n: int, target: str = "gpu") -> int:
@@ -75,11 +86,40 @@ def _chunks(e: Eqn, target: str) -> int:
     return rb_chunks_for(m, k, n, target)
 
 
+def _tiny(e: Eqn) -> bool:
+    """Is ``e`` a 2-D product to compute as a sum (see REDUCE_OUTPUTS)?"""
+    if e.op is not Op.MATMUL:
+        return False
+    a, b = e.inputs
+    if len(a.shape) != 2 or len(b.shape) != 2 or e.out.size > REDUCE_OUTPUTS:
+        return False
+    (m, k), n = a.shape, b.shape[1]
+    return n <= REDUCE_COLUMNS or (k >= 2 * MIN_CHUNK and chunks_for(m, k, n) == 1)
+
+
+def _as_sum(e: Eqn) -> list[Eqn]:
+    """``a @ b`` as ``(a[:, :, None] * b[None]).sum(axis=1)``."""
+    a, b = e.inputs
+    assert isinstance(a, Var) and isinstance(b, Var)
+    (m, k), n = a.shape, b.shape[1]
+    a3, b3 = Var((m, k, 1), a.dtype), Var((1, k, n), b.dtype)
+    prod = Var((m, k, n), e.out.dtype)
+    return [Eqn(Op.RESHAPE, (a,), (a3,), {"shape": (m, k, 1)}),
+            Eqn(Op.RESHAPE, (b,), (b3,), {"shape": (1, k, n)}),
+            Eqn(Op.MUL, (a3, b3), (prod,), {}),
+            Eqn(Op.SUM, (prod,), (e.out,), {"axes": (1,)})]
+
+
 def split_k(prog: Program, target: str) -> Program:
     if target != "gpu":
         return prog
     eqns: list[Eqn] = []
+    sums = False
     for e in prog.eqns:
+        if _tiny(e):
+            eqns += _as_sum(e)
+            sums = True
+            continue
         s = _chunks(e, target)
         if s == 1:
             eqns.append(e)
@@ -97,4 +137,6 @@ def split_k(prog: Program, target: str) -> Program:
                  Eqn(Op.RESHAPE, (b,), (b3,), {"shape": (s, kc, n)}),
                  Eqn(Op.MATMUL, (at, b3), (part,), {}),
                  Eqn(Op.SUM, (part,), (e.out,), {"axes": (0,)})]
-    return Program(list(prog.inputs), eqns, list(prog.outputs))
+    out = Program(list(prog.inputs), eqns, list(prog.outputs))
+    # the new sums over K are split like any long reduction (the pass leaves the rest as it is)
+    return split_reductions(out, target) if sums else out
