@@ -714,9 +714,10 @@ def test_split_k_before_after_printed():
 
 
 def test_small_products_become_sums() -> None:
-    """On the GPU target a product with at most 64 outputs becomes a product and a sum over K
-    where it has at most 16 columns, or where K does not divide into chunks (a K of 4097 left
-    the product in one workgroup); a long sum is then split like any long reduction."""
+    """On the GPU target a product with at most 64 outputs and 16 columns, or one with too few
+    workgroups whose K does not halve into chunks (a K of 4097 left the product in one
+    workgroup), becomes a product and a sum over K; a long sum is then split like any long
+    reduction."""
     from fusec.passes.splitk import split_k
 
     dot = trace(lambda a, b: a @ b, S((1, 4097)), S((4097, 1)))
@@ -736,8 +737,14 @@ def test_small_products_become_sums() -> None:
     assert "matmul" in str(split_k(wide.ir, "gpu"))
     prime = trace(lambda a, b: a @ b, S((1, 100003)), S((100003, 64)))
     assert "matmul" not in str(split_k(prime.ir, "gpu"))
-    # more than 64 outputs: left to the product
-    big = trace(lambda a, b: a @ b, S((9, 4097)), S((4097, 8)))
+    # more outputs: a sum where K does not halve into the chunks the product wants, else the
+    # product, split; and never without fusion (the elementwise product would be written out)
+    odd = trace(lambda a, b: a @ b, S((16, 4099)), S((4099, 16)))
+    assert "matmul" not in str(split_k(odd.ir, "gpu"))
+    assert str(split_k(odd.ir, "gpu", sums=False)) == str(odd.ir)
+    even = trace(lambda a, b: a @ b, S((16, 4096)), S((4096, 16)))
+    assert "f32[32,16,16] = matmul" in str(split_k(even.ir, "gpu"))  # 32 chunks of 128
+    big = trace(lambda a, b: a @ b, S((4096, 4097)), S((4097, 512)))  # workgroups enough
     assert str(split_k(big.ir, "gpu")) == str(big.ir)
 
 

@@ -357,11 +357,14 @@ def test_partial_reductions_share_kernels(target: str, shape: tuple[int, ...],
     assert len(kernels) == (2 if firsts else 1), [kc.name for kc in kernels]
 
 
-# products with at most 64 outputs: on the GPU target a product and a sum over K (split into
-# chunks when long, whatever K), with the epilogue in the sum's kernel; odd and prime K, one
-# output, 64 outputs, more columns than the rewrite takes when K divides (32), int32
+# products with at most 64 outputs, and larger ones with too few workgroups whose K does not
+# halve: on the GPU target a product and a sum over K (split into chunks when long, whatever
+# K), with the epilogue in the sum's kernel; odd and prime K, one output, 64 outputs, more
+# columns than the rewrite takes when K divides (32), 256 and 1320 outputs (the latter one of
+# the register-blocked template), int32
 @pytest.mark.parametrize("mkn", [(1, 70001, 1), (4, 100003, 3), (8, 4097, 8), (1, 5, 1),
-                                 (64, 33, 1), (2, 8192, 32), (1, 20011, 64)])
+                                 (64, 33, 1), (2, 8192, 32), (1, 20011, 64), (16, 4099, 16),
+                                 (33, 2049, 40)])
 def test_small_products(target: str, mkn: tuple[int, int, int], rng: np.random.Generator) -> None:
     m, k, n = mkn
     a = rng.standard_normal((m, k)).astype(np.float32)

@@ -36,7 +36,7 @@ PIPELINE: list[tuple[str, Pass]] = [
     ("cse", lambda p, o: cse(p)),
     ("dce", lambda p, o: dce(p)),
     ("split_reductions", lambda p, o: split_reductions(p, o.target)),
-    ("split_k", lambda p, o: split_k(p, o.target)),
+    ("split_k", lambda p, o: split_k(p, o.target, sums=o.fuse)),
     ("fuse", lambda p, o: fuse(p, enabled=o.fuse, max_bindings=o.max_bindings,
                                 target=o.target)),
     ("plan_memory", lambda p, o: plan_memory(p, o.donated)),

@@ -34,12 +34,19 @@ RB_MIN_CHUNK = 512
 # 4x100000x3 75 / 14, 8x4096x8 14 / 9, 16x4096x4 10.5 / 6.5, 64x4096x1 16.6 / 12.5, 1x1000x1
 # 20 / 11, 1x16x1 4.7 / 5.6; but with more columns, read down B's columns, 2x65536x32 19-31 / 41
 # (1x4096x64 22 / 17).
+# So do products of up to STUCK_OUTPUTS outputs with too few workgroups whose K does not halve
+# into the chunks they want: H100, us, as a product / as a sum: 16x50257x16 1066 / 45,
+# 64x20011x64 814 / 502, 128x20011x128 815 / 518, 32x50257x64 2023 / 1240, 4x65537x256 7635 /
+# 528, 1x99999x1000 6727 / 748, 16x4099x16 91 / 9.2 (where K halves, the split product stays:
+# 32x50256x64 146 / 1249). Larger products keep the tile, which their sum would lose to.
 REDUCE_OUTPUTS = 64
 REDUCE_COLUMNS = 16
+STUCK_OUTPUTS = 16384
 
 
-def chunks_for(m: int, k: int, n: int, target: str = "gpu") -> int:
-    """How many chunks to cut K into (1: leave the product alone)."""
+def chunks_for(m: int, k: int, n: int, target: str = "gpu", even: bool = True) -> int:
+    """How many chunks to cut K into (1: leave the product alone); with ``even`` False, as if
+    every K halved evenly."""
     if codegen.use_fewcol(m, n, k, 1, target):  # parallel enough along M already
         return 1
     if codegen.use_gemv(m, n, target):  # a workgroup per 256 columns
@@ -49,12 +56,12 @@ def chunks_for(m: int, k: int, n: int, target: str = "gpu") -> int:
     if tiles >= TILE_LIMIT:
         return 1
     s = 1
-    while k % (2 * s) == 0 and k // (2 * s) >= MIN_CHUNK and tiles * 2 * s <= GROUPS:
+    while (k % (2 * s) == 0 or not even) and k // (2 * s) >= MIN_CHUNK and tiles * 2 * s <= GROUPS:
         s *= 2
     return s
 
 
-def rb_chunks_for(m: int, k: int, n: int, target: str = "gpu") -> int:
+def rb_chunks_for(m: int, k: int, n: int, target: str = "gpu", even: bool = True) -> int:
     """How many chunks to cut K into for a product on the register-blocked template: with K of at
     least RB_MIN_K, the fewest (a power of two) that give RB_GROUPS workgroups, as far as chunks
     of RB_MIN_CHUNK allow. The chunks form a batch, which may take another tile than the whole
@@ -67,14 +74,15 @@ def rb_chunks_for(m: int, k: int, n: int, target: str = "gpu") -> int:
     if k < RB_MIN_K:
         return 1
     s = 1
-    while groups(s) < RB_GROUPS and k % (2 * s) == 0 and k // (2 * s) >= RB_MIN_CHUNK:
+    while groups(s) < RB_GROUPS and (k % (2 * s) == 0 or not even) and (
+            k // (2 * s) >= RB_MIN_CHUNK):
         s *= 2
     return s
 
 
-def _chunks(e: Eqn, target: str) -> int:
+def _chunks(e: Eqn, target: str, even: bool = True) -> int:
     """Chunks to cut this equation's K into: 1 unless it is a 2-D product with too few
-    workgroups for its template."""
+    workgroups for its template (``even``: see chunks_for)."""
     if e.op is not Op.MATMUL:
         return 1
     a, b = e.inputs
@@ -82,19 +90,22 @@ def _chunks(e: Eqn, target: str) -> int:
         return 1
     (m, k), n = a.shape, b.shape[1]
     if codegen.mm_config(e, target) is None:
-        return chunks_for(m, k, n, target)
-    return rb_chunks_for(m, k, n, target)
+        return chunks_for(m, k, n, target, even)
+    return rb_chunks_for(m, k, n, target, even)
 
 
-def _tiny(e: Eqn) -> bool:
-    """Is ``e`` a 2-D product to compute as a sum (see REDUCE_OUTPUTS)?"""
+def _as_sum_wanted(e: Eqn, target: str) -> bool:
+    """Is ``e`` a 2-D product to compute as a sum: a small one (see REDUCE_OUTPUTS), or one with
+    too few workgroups whose K does not halve into the chunks it wants?"""
     if e.op is not Op.MATMUL:
         return False
     a, b = e.inputs
-    if len(a.shape) != 2 or len(b.shape) != 2 or e.out.size > REDUCE_OUTPUTS:
+    if len(a.shape) != 2 or len(b.shape) != 2:
         return False
-    (m, k), n = a.shape, b.shape[1]
-    return n <= REDUCE_COLUMNS or (k >= 2 * MIN_CHUNK and chunks_for(m, k, n) == 1)
+    if e.out.size <= REDUCE_OUTPUTS and b.shape[1] <= REDUCE_COLUMNS:
+        return True
+    return (e.out.size <= STUCK_OUTPUTS and _chunks(e, target) == 1
+            and _chunks(e, target, even=False) > 1)
 
 
 def _as_sum(e: Eqn) -> list[Eqn]:
@@ -110,15 +121,18 @@ def _as_sum(e: Eqn) -> list[Eqn]:
             Eqn(Op.SUM, (prod,), (e.out,), {"axes": (1,)})]
 
 
-def split_k(prog: Program, target: str) -> Program:
+def split_k(prog: Program, target: str, sums: bool = True) -> Program:
+    """Cut the K of products with too few workgroups into chunks; with ``sums`` (fusion on: the
+    elementwise product must fuse into the sum, never be written out), compute some as sums over
+    K instead (see REDUCE_OUTPUTS)."""
     if target != "gpu":
         return prog
     eqns: list[Eqn] = []
-    sums = False
+    made_sums = False
     for e in prog.eqns:
-        if _tiny(e):
+        if sums and _as_sum_wanted(e, target):
             eqns += _as_sum(e)
-            sums = True
+            made_sums = True
             continue
         s = _chunks(e, target)
         if s == 1:
@@ -139,4 +153,4 @@ def split_k(prog: Program, target: str) -> Program:
                  Eqn(Op.SUM, (part,), (e.out,), {"axes": (0,)})]
     out = Program(list(prog.inputs), eqns, list(prog.outputs))
     # the new sums over K are split like any long reduction (the pass leaves the rest as it is)
-    return split_reductions(out, target) if sums else out
+    return split_reductions(out, target) if made_sums else out
