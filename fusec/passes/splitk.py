@@ -5,6 +5,10 @@ a small product with a long K leaves most of the GPU idle on the register-blocke
 Cutting K into S chunks turns it into a batched product of S partial results, (S, M, N), and a
 sum over them: S times more workgroups, for a partial-results buffer of S * M * N elements. Later
 passes treat the two like any matmul and reduction (an epilogue fuses into the sum).
+
+S is a power of two that divides K. Small products, and products whose K does not halve into the
+chunks they want, become an elementwise product and a sum over K instead (see REDUCE_OUTPUTS),
+which the reduction passes cut into chunks whatever K is.
 """
 
 from __future__ import annotations
