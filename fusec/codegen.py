@@ -772,13 +772,14 @@ def _partial(body: Program, names: dict[int, str], parts: list[Eqn],
             coords[k] = c
         idx = Idx(shape, coords=tuple(coords))
     # "flat": threads lid < stride read (stride a multiple of the columns); then the threads of
-    # each column combine theirs in a tree over lid / n_out, a level per step
+    # each column combine theirs in a tree over lid / n_out, a level (a distance) per step
     stride = WORKGROUP // n_out * n_out
-    levels = []
-    s = 1 << max(0, (stride // n_out - 1).bit_length() - 1)
-    while layout == "flat" and stride > n_out and s >= 1:
-        levels.append(s * n_out)
-        s //= 2
+    levels: list[int] = []
+    if layout == "flat":
+        s = 1 << max(0, (stride // n_out - 1).bit_length() - 1)
+        while stride > n_out and s >= 1:
+            levels.append(s * n_out)
+            s //= 2
     out_index = {id(o): j for j, o in enumerate(body.outputs)}
     accs = []
     for k, p in enumerate(parts):

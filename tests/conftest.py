@@ -64,26 +64,22 @@ def gpu_device() -> object:
     return dev
 
 
-def _forced_target(name: str) -> Iterator[None]:
-    import fusec
-
-    fusec.config.set("target", name)
-    try:
-        yield
-    finally:
-        fusec.config.set("target", None)
-
-
 @pytest.fixture
 def cpu_target() -> Iterator[None]:
     """Code generation for the ``cpu`` target (software adapters) whatever the adapter."""
-    yield from _forced_target("cpu")
+    from helpers import forced_target
+
+    with forced_target("cpu"):
+        yield
 
 
 @pytest.fixture
 def gpu_target() -> Iterator[None]:
     """Code generation for the ``gpu`` target whatever the adapter, reset afterwards."""
-    yield from _forced_target("gpu")
+    from helpers import forced_target  # imports fusec: not before FUSEC_VERIFY is set above
+
+    with forced_target("gpu"):
+        yield
 
 
 @pytest.fixture

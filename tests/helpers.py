@@ -3,7 +3,8 @@ mode, so test modules import this as ``helpers``)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -42,3 +43,13 @@ def spy_sizes(monkeypatch: pytest.MonkeyPatch, method: str, size: Callable[..., 
 
     monkeypatch.setattr(rt, method, counting)
     return seen
+
+
+@contextmanager
+def forced_target(name: str) -> Iterator[None]:
+    """Code generation for target ``name`` ("gpu" or "cpu") whatever the adapter, reset after."""
+    fusec.config.set("target", name)
+    try:
+        yield
+    finally:
+        fusec.config.set("target", None)

@@ -9,6 +9,7 @@ from typing import Optional
 
 import numpy as np
 import pytest
+from helpers import forced_target
 
 import fusec
 import fusec.numpy as fnp
@@ -17,11 +18,8 @@ from fusec import nn
 
 @pytest.fixture(params=["gpu", "cpu"])
 def target(request: pytest.FixtureRequest) -> Iterator[str]:
-    fusec.config.set("target", request.param)
-    try:
+    with forced_target(request.param):
         yield request.param
-    finally:
-        fusec.config.set("target", None)
 
 
 def _softmax(x: np.ndarray, axis: int) -> np.ndarray:

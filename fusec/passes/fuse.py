@@ -215,8 +215,7 @@ class _Planner:
         e = reds[0]
         return e.inputs[0].shape, tuple(e.params["axes"]), e.op is Op.PARTIAL
 
-    def mergeable(self, a: _Group, b: _Group,
-                  by_var: dict[int, _Group] | None = None) -> str | None:
+    def mergeable(self, a: _Group, b: _Group, by_var: dict[int, _Group]) -> str | None:
         """The kind of the merged kernel if ``a`` and ``b`` may merge (before the legality
         checks). ``by_var``: the kernel that writes each value, where known."""
         a_outs = {id(o) for o in a.outs()}
@@ -245,9 +244,8 @@ class _Planner:
             shared_input = {id(v) for v in la} & {id(v) for v in lb}
             # or inputs written by one kernel (the second stages of partial reductions that
             # shared a kernel): one launch instead of several
-            by = by_var or {}
-            same_writer = {id(by[id(v)]) for v in la if id(v) in by} & {
-                id(by[id(v)]) for v in lb if id(v) in by}
+            same_writer = {id(by_var[id(v)]) for v in la if id(v) in by_var} & {
+                id(by_var[id(v)]) for v in lb if id(v) in by_var}
             return ("reduce" if reads(a, b_outs) or reads(b, a_outs) or shared_input
                     or same_writer else None)
         red, ew = (a, b) if b.kind == "elementwise" else (b, a)

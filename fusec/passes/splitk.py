@@ -98,9 +98,10 @@ def _chunks(e: Eqn, target: str, even: bool = True) -> int:
     return rb_chunks_for(m, k, n, target, even)
 
 
-def _as_sum_wanted(e: Eqn, target: str) -> bool:
+def _as_sum_wanted(e: Eqn, target: str, chunks: int) -> bool:
     """Is ``e`` a 2-D product to compute as a sum: a small one (see REDUCE_OUTPUTS), or one with
-    too few workgroups whose K does not halve into the chunks it wants?"""
+    too few workgroups whose K does not halve into the chunks it wants (``chunks``: _chunks of
+    ``e``, what it gets)?"""
     if e.op is not Op.MATMUL:
         return False
     a, b = e.inputs
@@ -108,8 +109,7 @@ def _as_sum_wanted(e: Eqn, target: str) -> bool:
         return False
     if e.out.size <= REDUCE_OUTPUTS and b.shape[1] <= REDUCE_COLUMNS:
         return True
-    return (e.out.size <= STUCK_OUTPUTS and _chunks(e, target) == 1
-            and _chunks(e, target, even=False) > 1)
+    return e.out.size <= STUCK_OUTPUTS and chunks == 1 and _chunks(e, target, even=False) > 1
 
 
 def _as_sum(e: Eqn) -> list[Eqn]:
@@ -134,11 +134,11 @@ def split_k(prog: Program, target: str, sums: bool = True) -> Program:
     eqns: list[Eqn] = []
     made_sums = False
     for e in prog.eqns:
-        if sums and _as_sum_wanted(e, target):
+        s = _chunks(e, target)
+        if sums and _as_sum_wanted(e, target, s):
             eqns += _as_sum(e)
             made_sums = True
             continue
-        s = _chunks(e, target)
         if s == 1:
             eqns.append(e)
             continue
