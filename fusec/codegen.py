@@ -320,7 +320,15 @@ class Emitter:
                     it = iter(_nonunit(self.coords(idx), idx.shape))
                     cs = tuple("0u" if d == 1 else next(it) for d in src.shape)
                     return self.value(src, Idx(src.shape, coords=cs))
+                padded = id(src) in self.producer and self.producer[id(src)].op is Op.PAD
+                merged = self._merged_coords(idx, src.shape) if padded else None
+                if merged is not None:
+                    # a padded array needs coordinates; from a split of its axes (split_k's
+                    # chunks of K) they are sums, where the flat index would need divisions
+                    return self.value(src, Idx(src.shape, coords=merged))
                 return self.value(src, Idx(src.shape, flat=self.flat(idx)))
+            if op is Op.PAD:
+                return self._padded(e, idx)
             if op is Op.TRANSPOSE:
                 perm = e.params["perm"]
                 cs = self.coords(idx)
@@ -338,6 +346,54 @@ class Emitter:
                 return ipow_wgsl(args[0], int(e.params["n"]), dt)
             return EW_TABLE[op].wgsl(args, dt)
         raise AssertionError(f"{op} cannot be computed inline")
+
+    def _merged_coords(self, idx: Idx, shape: Shape) -> Optional[tuple[str, ...]]:
+        """Coordinates into ``shape`` for ``idx`` when each axis of ``shape`` merges a run of
+        ``idx``'s axes (a reshape that only splits axes); None otherwise."""
+        cs, dims = self.coords(idx), idx.shape
+        out: list[str] = []
+        j = 0
+        for d in shape:
+            group: list[int] = []
+            prod = 1
+            while prod < d and j < len(dims):
+                group.append(j)
+                prod *= dims[j]
+                j += 1
+            if prod != d:
+                return None
+            terms, step = [], 1
+            for g in reversed(group):
+                if dims[g] != 1:
+                    terms.append(cs[g] if step == 1 else f"{cs[g]} * {step}u")
+                step *= dims[g]
+            out.append(" + ".join(reversed(terms)) if terms else "0u")
+        if any(d != 1 for d in dims[j:]):
+            return None
+        return tuple(self.let(c, "c") for c in out)
+
+    def _padded(self, e: Eqn, idx: Idx) -> str:
+        """A padded array's element: its input's, or zero outside it. The input is read at a
+        clamped index (inside it whatever the coordinate), and the read value selected away."""
+        src = e.inputs[0]
+        cs = self.coords(idx)
+        inner: list[str] = []
+        inside: list[str] = []
+        for c, d, (lo, hi) in zip(cs, src.shape, e.params["widths"]):
+            if lo == 0 and hi == 0:
+                inner.append(c)
+                continue
+            if lo:
+                inside.append(f"{c} >= {lo}u")
+            if hi:
+                inside.append(f"{c} < {lo + d}u")
+            inner.append(self.let(f"min({c}, {d - 1}u)" if lo == 0 else
+                                  f"clamp({c}, {lo}u, {lo + d - 1}u) - {lo}u", "c"))
+        v = self.value(src, Idx(src.shape, coords=tuple(inner)))
+        if not inside:
+            return v
+        zero = wgsl_literal(False if src.dtype == "bool" else 0, src.dtype)
+        return f"select({zero}, {v}, {' && '.join(inside)})"
 
 
 def store_expr(expr: str, dtype: str) -> str:
@@ -893,31 +949,72 @@ def _operand(body: Program, names: dict[int, str], x: Var, batch: list[int],
     return "\n".join(em.lines), val
 
 
-def _b_source(body: Program, mm: Eqn) -> Optional[Var]:
+def _b_path(body: Program, b: Var) -> tuple[Var, list[Eqn]]:
+    """The input ``b`` is read from and the movement equations in between, for the forms a
+    vec4 read of B takes (see _b_source): ``b`` itself, a broadcast of an input along the batch
+    axes, or split_k's reshape of one into chunks of K, padded with zero rows or not."""
+    producer = {id(o): e for e in body.eqns for o in e.outs}
+    src, path = b, list[Eqn]()
+    while id(src) in producer and len(path) < 2:
+        e = producer[id(src)]
+        if e.op not in (Op.BROADCAST, Op.RESHAPE, Op.PAD) or not isinstance(e.inputs[0], Var):
+            break
+        path.append(e)
+        src = e.inputs[0]
+    return src, path
+
+
+def _b_source(body: Program, mm: Eqn, cfg: tuple[int, int, int, int, int]) -> Optional[Var]:
     """The input buffer matmul ``mm`` reads B from, if B can be read as vec4s (four adjacent
     columns in one 16-byte load; 4096x4096 @ 4096x1024 on the H100's 128x64 tile: 0.96 against
-    1.02 ms): an input, or one broadcast along the batch axes only, that nothing else in the
-    kernel reads, with N a multiple of 4 so that every row starts on a vec4."""
+    1.02 ms): an input, one broadcast along the batch axes only, or one cut into chunks of K by
+    split_k (a reshape to (chunks, K / chunks, N), of the input or of it padded with zero rows),
+    that nothing else in the kernel reads, with N a multiple of 4 so that every row starts on a
+    vec4. A padded B is read as vec4s on the large tile ``cfg`` only: the test for rows past the
+    end cost the smaller tiles what the vec4s gained (H100, us, vec4 / scalar: 200x30001x300 on
+    the large tile 307 / 631, 512x20011x512 267 / 307; 64x100003x1024 on the small one 606 /
+    519, 96x9001x2048 226 / 199, 1000x7001x128 on the medium one 120 / 114; unpadded, the vec4s
+    win on every tile: 64x100000x1024 489 / 519, 64x4096x4096 93 / 97)."""
     a, b, batch, m, k, n, nb = _mm_dims(mm)
     if n % 4 or b.dtype == "bool":
         return None
-    producer = {id(o): e for e in body.eqns for o in e.outs}
-    src, readers = b, [mm]
-    if id(b) in producer:
-        e = producer[id(b)]
-        if e.op is not Op.BROADCAST or not isinstance(e.inputs[0], Var):
-            return None
-        src, readers = e.inputs[0], [mm, e]
+    src, path = _b_path(body, b)
+    ops = [e.op for e in path]
+    if ops == [Op.BROADCAST]:
         if src.shape[-2:] != (k, n):
             return None
+    elif ops in ([Op.RESHAPE], [Op.RESHAPE, Op.PAD]):
+        if len(src.shape) != 2 or src.shape[1] != n or len(b.shape) != 3:
+            return None
+        if ops[1:] and (not _large_tile(cfg) or path[1].params["widths"] != (
+                (0, path[1].out.shape[0] - src.shape[0]), (0, 0))):
+            return None
+    elif ops:
+        return None
+    readers = [mm, *path]
     if src is a or not any(v is src for v in body.inputs):
         return None
     if any(o is src or o is b for o in body.outputs):
         return None
-    if any(x is src or x is b for e in body.eqns if not any(e is r for r in readers)
+    between = [src, b, *(e.out for e in path)]
+    if any(any(x is v for v in between) for e in body.eqns if not any(e is r for r in readers)
            for x in e.inputs):
         return None
     return src
+
+
+def _b_vec_index(em: Emitter, body: Program, b: Var, here: Idx) -> tuple[str, str]:
+    """The flat index into the input B is read from (see _b_source) of element ``here`` of B,
+    and a condition for the read ("" for none): a row past the end of a padded B reads zero."""
+    src, path = _b_path(body, b)
+    if [e.op for e in path] == [Op.BROADCAST]:
+        return em.flat(em.unbroadcast(here, src.shape)), ""
+    if len(path) < 2:  # B itself, or a reshape of it: the same flat index
+        return em.flat(here), ""
+    coords = em._merged_coords(here, path[0].inputs[0].shape)  # the padded array's (row, col)
+    assert coords is not None, "split_k's reshape only cuts K into chunks"
+    row, col = coords
+    return em.let(f"{row} * {src.shape[1]}u + {col}", "i"), f"{row} < {src.shape[0]}u"
 
 
 def _matmul_vector_buffers(body: Program, inplace: tuple[tuple[int, int], ...],
@@ -925,7 +1022,8 @@ def _matmul_vector_buffers(body: Program, inplace: tuple[tuple[int, int], ...],
     """The binding a register-blocked matmul reads B through as vec4s (see _b_source)."""
     mm = next(e for e in body.eqns if e.op is Op.MATMUL)
     _, _, _, m, k, n, nb = _mm_dims(mm)
-    src = _b_source(body, mm) if matmul_config(m, n, target, k, nb) is not None else None
+    cfg = matmul_config(m, n, target, k, nb)
+    src = _b_source(body, mm, cfg) if cfg is not None else None
     aliased = dict(inplace)
     for i, v in enumerate(body.inputs):
         if v is src and i not in aliased:
@@ -961,11 +1059,14 @@ def _matmul_rb(body: Program, names: dict[int, str], mm: Eqn,
     bvec = names[id(src)] if src is not None else ""
     load_bv: list[str] = []
     at_bv: list[str] = []
+    guard_bv: list[str] = []
     for _ in range(b_groups):
         if src is not None:  # one vec4 load at the flat index of B[bt, kb, col]
             em = Emitter(body, names, indent=indent, counter=counter)
             here = Idx(b.shape, coords=_batch_coords(em, batch) + ("kb", "col"))
-            at_bv.append(em.flat(em.unbroadcast(here, src.shape)))
+            at, guard = _b_vec_index(em, body, b, here)
+            at_bv.append(at)
+            guard_bv.append(guard)
             load_bv.append("\n".join(em.lines))
             continue
         pairs = [_operand(body, names, b, batch, ("kb", "col"), indent, counter)
@@ -974,7 +1075,7 @@ def _matmul_rb(body: Program, names: dict[int, str], mm: Eqn,
         val_b.append([p[1] for p in pairs])
     loads = dict(a_loads=a_groups, b_loads=b_groups, load_a=load_a, val_a=val_a, load_b=load_b,
                  val_b=val_b, vec_b=bool(bvec), bvec=bvec, load_bv=load_bv, at_bv=at_bv,
-                 pipelined=pipelined, ap=ap)
+                 guard_bv=guard_bv, pipelined=pipelined, ap=ap)
     staged = _staged_rows(body, cfg)
     if staged:
         rounds, rr, per_thread = tm // staged, staged, (16 * staged * bn // 4) // 256

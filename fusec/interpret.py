@@ -48,6 +48,8 @@ def _eval_primitive(e: Eqn, args: Sequence[np.ndarray]) -> np.ndarray:
             return x.reshape(p["shape"])
         if op is Op.TRANSPOSE:
             return x.transpose(p["perm"])
+        if op is Op.PAD:
+            return np.pad(x, p["widths"])
         return np.broadcast_to(x, p["shape"])
     raise NotImplementedError(f"interpreter: no rule for {op}")
 

@@ -71,6 +71,9 @@ class Op(Enum):
     RESHAPE = "reshape"  # params: shape
     TRANSPOSE = "transpose"  # params: perm
     BROADCAST = "broadcast"  # params: shape (numpy broadcasting of the input to it)
+    # params: widths ((before, after) per axis): zeros around the input, as np.pad; made by
+    # split_k only (chunks of K with a short last one), never traced
+    PAD = "pad"
     # a fused kernel
     KERNEL = "kernel"  # params: body (Program), name, kind
 
@@ -82,7 +85,7 @@ BINARY = frozenset({Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.POW, Op.MAX, Op.MIN, Op.G
 COMPARISON = frozenset({Op.GT, Op.GE, Op.LT, Op.LE, Op.EQ, Op.NE})
 ELEMENTWISE = UNARY | BINARY | {Op.WHERE}
 REDUCE = frozenset({Op.SUM, Op.RMAX, Op.RMIN})
-MOVEMENT = frozenset({Op.RESHAPE, Op.TRANSPOSE, Op.BROADCAST})
+MOVEMENT = frozenset({Op.RESHAPE, Op.TRANSPOSE, Op.BROADCAST, Op.PAD})
 
 
 def size_of(shape: Shape) -> int:
@@ -201,9 +204,14 @@ def _name(i: int) -> str:
     return s
 
 
+def _tuple_str(value: tuple[Any, ...]) -> str:
+    items = [_tuple_str(v) if isinstance(v, tuple) else str(v) for v in value]
+    return f"({','.join(items)}{',' if len(value) == 1 else ''})"
+
+
 def _param_str(key: str, value: Any) -> str:
     if isinstance(value, tuple):
-        return f"{key}=({','.join(str(v) for v in value)}{',' if len(value) == 1 else ''})"
+        return f"{key}={_tuple_str(value)}"
     if isinstance(value, float):
         return f"{key}={value!r}"
     return f"{key}={value}"

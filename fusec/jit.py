@@ -32,7 +32,7 @@ from .errors import (
     TraceError,
 )
 from .interpret import evaluate
-from .ir import REDUCE, Lit, Op, Program, Var, from_json, to_json
+from .ir import MOVEMENT, REDUCE, Lit, Op, Program, Var, from_json, to_json
 from .passes import MemoryAnalysis, Options, analyse, run_pipeline, used_inputs
 from .runtime import Array, CpuExecutable, GpuExecutable, get_runtime
 from .trace import Aval, Builder, ShapeDtype, Tracer, current_builder, tracing
@@ -252,7 +252,7 @@ class Lowered:
                     flops += 2 * math.prod(be.out.shape) * a.shape[-1]
                 elif be.op in REDUCE:
                     flops += be.inputs[0].size if isinstance(be.inputs[0], Var) else 1
-                elif be.op not in (Op.RESHAPE, Op.TRANSPOSE, Op.BROADCAST):
+                elif be.op not in MOVEMENT:
                     flops += be.out.size
         return {"flops": float(flops), "bytes accessed": float(nbytes),
                 "kernels": float(len(self.kernels))}

@@ -385,4 +385,9 @@ def infer_type(op: Op, in_types: Sequence[tuple[Shape, str]], params: dict[str, 
         if broadcast_shapes(shapes[0], new) != new:
             raise ShapeError(f"cannot broadcast shape {shapes[0]} to {new}")
         return new, dts[0]
+    if op is Op.PAD:
+        widths = tuple(params["widths"])
+        if len(widths) != len(shapes[0]) or any(lo < 0 or hi < 0 for lo, hi in widths):
+            raise ShapeError(f"pad widths {widths} do not fit shape {shapes[0]}")
+        return tuple(lo + d + hi for d, (lo, hi) in zip(shapes[0], widths)), dts[0]
     raise ValueError(f"no type rule for {op}")

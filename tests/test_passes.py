@@ -710,14 +710,26 @@ def test_split_k_before_after_printed():
     # K up to 1024; with a longer K they are split)
     assert chunks_for(4096, 1024, 8) == 1 and chunks_for(1024, 4096, 4) == 1
     assert chunks_for(4096, 4096, 8) == 16 and chunks_for(1024, 4096, 16) == 32
-    assert chunks_for(8, 200, 8) == 1 and chunks_for(8, 4097, 8) == 1
+    assert chunks_for(8, 200, 8) == 1 and chunks_for(8, 4097, 8) == 32
+    # where the chunks do not divide K, they are ceil(K / S) long and K is padded with zeros
+    odd = trace(lambda a, b: a @ b, S((8, 2053)), S((2053, 512)))
+    assert str(split_k(odd.ir, "gpu")) == textwrap.dedent("""\
+        { lambda a:f32[8,2053] b:f32[2053,512] .
+            c:f32[8,2064] = pad widths=((0,0),(0,11)) a
+            d:f32[2064,512] = pad widths=((0,11),(0,0)) b
+            e:f32[8,16,129] = reshape shape=(8,16,129) c
+            f:f32[16,8,129] = transpose perm=(1,0,2) e
+            g:f32[16,129,512] = reshape shape=(16,129,512) d
+            h:f32[16,8,512] = matmul f g
+            i:f32[8,512] = sum axes=(0,) h
+          in (i) }""")
 
 
 def test_small_products_become_sums() -> None:
-    """On the GPU target a product with at most 64 outputs and 16 columns, or one with too few
-    workgroups whose K does not halve into chunks (a K of 4097 left the product in one
-    workgroup), becomes a product and a sum over K; a long sum is then split like any long
-    reduction."""
+    """On the GPU target a product with at most 64 outputs and 16 columns becomes a product and
+    a sum over K where one of M and N is 1 or it has at most 2^20 multiply-adds (a K of 4097 left
+    a dot product in one workgroup); a long sum is then split like any long reduction. Larger
+    products are split as products, with a short last chunk where the chunks do not divide K."""
     from fusec.passes.splitk import split_k
 
     dot = trace(lambda a, b: a @ b, S((1, 4097)), S((4097, 1)))
@@ -729,22 +741,23 @@ def test_small_products_become_sums() -> None:
             f:f32[1,1] = sum axes=(1,) e
           in (f) }""")
     assert str(split_k(dot.ir, "cpu")) == str(dot.ir)
-    long = trace(lambda a, b: a @ b, S((2, 100003)), S((100003, 3)))
+    long = trace(lambda a, b: a @ b, S((2, 100003)), S((100003, 3)))  # 600018 multiply-adds
     assert [e.op.value for e in split_k(long.ir, "gpu").eqns] == [
         "reshape", "reshape", "mul", "reduce_partial", "sum"]
-    # 32 columns with K that divides: split as a product; 64 columns, prime K: a sum
-    wide = trace(lambda a, b: a @ b, S((2, 65536)), S((65536, 32)))
-    assert "matmul" in str(split_k(wide.ir, "gpu"))
-    prime = trace(lambda a, b: a @ b, S((1, 100003)), S((100003, 64)))
-    assert "matmul" not in str(split_k(prime.ir, "gpu"))
-    # more outputs: a sum where K does not halve into the chunks the product wants, else the
-    # product, split; and never without fusion (the elementwise product would be written out)
-    odd = trace(lambda a, b: a @ b, S((16, 4099)), S((4099, 16)))
-    assert "matmul" not in str(split_k(odd.ir, "gpu"))
-    assert str(split_k(odd.ir, "gpu", sums=False)) == str(odd.ir)
+    row = trace(lambda a, b: a @ b, S((1, 1000003)), S((1000003, 16)))  # one row: any K
+    assert "matmul" not in str(split_k(row.ir, "gpu"))
+    # split as products: 64 multiply-adds per step of K over 2^20 in all; 32 or 64 columns;
+    # 256 outputs
+    for m, k, n in [(8, 16411, 8), (2, 65536, 32), (1, 100003, 64), (16, 4099, 16)]:
+        p = str(split_k(trace(lambda a, b: a @ b, S((m, k)), S((k, n))).ir, "gpu"))
+        assert "= matmul" in p and "sum axes=(0,)" in p and ("pad" in p) == (k % 2 == 1), p
+    # never a sum without fusion (the elementwise product would be written out)
+    small = trace(lambda a, b: a @ b, S((4, 4099)), S((4099, 4)))
+    assert " = mul " in str(split_k(small.ir, "gpu"))
+    assert " = mul " not in str(split_k(small.ir, "gpu", sums=False))
     even = trace(lambda a, b: a @ b, S((16, 4096)), S((4096, 16)))
     assert "f32[32,16,16] = matmul" in str(split_k(even.ir, "gpu"))  # 32 chunks of 128
-    big = trace(lambda a, b: a @ b, S((4096, 4097)), S((4097, 512)))  # workgroups enough
+    big = trace(lambda a, b: a @ b, S((4096, 4097)), S((4097, 2048)))  # workgroups enough
     assert str(split_k(big.ir, "gpu")) == str(big.ir)
 
 

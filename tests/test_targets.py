@@ -210,8 +210,9 @@ def test_matmul_pipelined_tiles_and_vec4_b(block: tuple[int, ...], storage: int,
     """The 128x128 tile keeps two sets of tiles where two fit the device's workgroup memory, and
     every register-blocked tile reads B as vec4s where B is an input of its own with N a multiple
     of 4: batched and broadcast operands, partial edge tiles and a K that is no multiple of BK
-    (the last step's prefetch reads nothing), with and without an epilogue; B also read by the
-    epilogue, or B the same buffer as A, keep scalar loads."""
+    (the last step's prefetch reads nothing), with and without an epilogue, B cut into chunks of
+    K by split_k (and, on the large tile, padded with zero rows where the chunks do not divide
+    K); B also read by the epilogue, or B the same buffer as A, keep scalar loads."""
     from fusec import codegen
     from fusec.runtime import Runtime
 
@@ -225,6 +226,10 @@ def test_matmul_pipelined_tiles_and_vec4_b(block: tuple[int, ...], storage: int,
     c = rng.standard_normal(260).astype(np.float32)
     s, s2 = (rng.standard_normal((148, 148)).astype(np.float32) for _ in range(2))
     a64, b64, b264, s64, s264 = (x.astype(np.float64) for x in (a, b, b2, s, s2))
+    # split along K (8 chunks): K = 4096 reshaped, K = 4100 also padded to 8 chunks of 513
+    p, q = rng.standard_normal((64, 4100)).astype(np.float32), rng.standard_normal(
+        (4100, 260)).astype(np.float32)
+    p64, q64 = p.astype(np.float64), q.astype(np.float64)
     cases = [
         (lambda x, y: x @ y, (a, b), a64 @ b64, True),
         (lambda x, y, z: nn.relu(x @ y + z), (a, b2, c), np.maximum(a64 @ b264 + c, 0), True),
@@ -232,12 +237,16 @@ def test_matmul_pipelined_tiles_and_vec4_b(block: tuple[int, ...], storage: int,
         (lambda x, y: x @ y, (a, b[:, :, :45].copy()), a64 @ b64[:, :, :45], False),  # N = 45
         (lambda x: x @ x, (s,), s64 @ s64, False),
         (lambda x, y: x @ y + y, (s, s2), s64 @ s264 + s264, False),  # the epilogue reads y
+        (lambda x, y: x @ y, (p[:, :4096].copy(), q[:4096].copy()), p64[:, :4096] @ q64[:4096],
+         True),
+        (lambda x, y: x @ y, (p, q), p64 @ q64, bm * bn >= 128 * 128),  # on the large tile only
     ]
     for fn, args, want, vec in cases:
         f = fusec.gpu_jit(fn)
         mm = next(k for k in f.lower(*args).kernels if k.kind == "matmul")
         assert ("let cur = " in mm.wgsl) == pipelined
         assert ("array<vec4<f32>>" in mm.wgsl) == vec
+        assert ("padded B" in mm.wgsl) == (vec and args[0].shape[-1] == 4100)
         scale = np.sqrt(args[0].shape[-1]) * max(1.0, float(np.abs(want).max()) / 50)
         np.testing.assert_allclose(np.asarray(f(*args)), want, rtol=1e-4, atol=1e-4 * scale)
 
@@ -355,15 +364,17 @@ def test_partial_reductions_share_kernels(target: str, shape: tuple[int, ...],
     assert len(kernels) == (2 if firsts else 1), [kc.name for kc in kernels]
 
 
-# products with at most 64 outputs, and larger ones with too few workgroups whose K does not
-# halve: on the GPU target a product and a sum over K (split into chunks when long, whatever
-# K), with the epilogue in the sum's kernel; odd and prime K, one output, 64 outputs, more
-# columns than the rewrite takes when K divides (32), 256 and 1320 outputs (the latter one of
-# the register-blocked template), int32
-@pytest.mark.parametrize("mkn", [(1, 70001, 1), (4, 100003, 3), (8, 4097, 8), (1, 5, 1),
-                                 (64, 33, 1), (2, 8192, 32), (1, 20011, 64), (16, 4099, 16),
-                                 (33, 2049, 40)])
-def test_small_products(target: str, mkn: tuple[int, int, int], rng: np.random.Generator) -> None:
+# small products (at most 64 outputs, 16 columns, 2^20 multiply-adds, or one row or column): on
+# the GPU target a product and a sum over K (split into chunks when long, whatever K), with the
+# epilogue in the sum's kernel. Larger products with too few workgroups split K into chunks,
+# the last one short (zeros pad it) where their number does not divide K: odd and prime K, one
+# output, 64 outputs, 256 and 1320 outputs (the latter on the register-blocked template), int32
+@pytest.mark.parametrize("mkn,plan", [
+    ((1, 70001, 1), "sum"), ((8, 4097, 8), "sum"), ((1, 5, 1), "sum"), ((64, 33, 1), "sum"),
+    ((4, 100003, 3), "padded"), ((8, 300007, 8), "padded"), ((1, 20011, 64), "padded"),
+    ((16, 4099, 16), "padded"), ((33, 2049, 40), "padded"), ((2, 8192, 32), "split")])
+def test_small_products(target: str, mkn: tuple[int, int, int], plan: str,
+                        rng: np.random.Generator) -> None:
     m, k, n = mkn
     a = rng.standard_normal((m, k)).astype(np.float32)
     b = rng.standard_normal((k, n)).astype(np.float32)
@@ -378,6 +389,10 @@ def test_small_products(target: str, mkn: tuple[int, int, int], rng: np.random.G
     bi = rng.integers(-50, 50, (k, n)).astype(np.int32)
     got = np.asarray(fusec.gpu_jit(lambda p, q: p @ q)(ai, bi))
     np.testing.assert_array_equal(got, (ai.astype(np.int64) @ bi).astype(np.int32))
-    kinds = [kc.kind for kc in f.lower(a, b, c).kernels]
-    as_sum = target == "gpu" and mkn != (2, 8192, 32)
-    assert ("matmul" not in kinds) == as_sum, kinds
+    low = f.lower(a, b, c)
+    kinds = [kc.kind for kc in low.kernels]
+    if target == "cpu":  # products stay whole on the CPU target
+        plan = "whole"
+    want_kinds = {"sum": {"reduce"}, "whole": {"matmul"}}.get(plan, {"matmul", "reduce"})
+    assert set(kinds) == want_kinds and len(kinds) <= 2, kinds
+    assert ("pad" in low.as_text()) == (plan == "padded")

@@ -6,9 +6,9 @@ Cutting K into S chunks turns it into a batched product of S partial results, (S
 sum over them: S times more workgroups, for a partial-results buffer of S * M * N elements. Later
 passes treat the two like any matmul and reduction (an epilogue fuses into the sum).
 
-S is a power of two that divides K. Small products, and products whose K does not halve into the
-chunks they want, become an elementwise product and a sum over K instead (see REDUCE_OUTPUTS),
-which the reduction passes cut into chunks whatever K is.
+S is a power of two; where it does not divide K, the chunks are ceil(K / S) long and K is padded
+with zeros to S of them (a pad op, read through a clamped index and a select: no copy is made).
+Small products become an elementwise product and a sum over K instead (see REDUCE_OUTPUTS).
 """
 
 from __future__ import annotations
@@ -31,26 +31,21 @@ RB_GROUPS = 256
 RB_MIN_K = 2048
 RB_MIN_CHUNK = 512
 # Products with at most REDUCE_OUTPUTS outputs (a dot product; a few rows through a few
-# columns) become an elementwise product and a sum over K, where they have at most REDUCE_COLUMNS
-# columns or K does not divide into chunks: reduction kernels cut any K, where a split of the
-# product needs K to divide evenly. H100, us, as a product / as a sum (M x K x N): 1x(2^21+3)x1
-# 42285 / 10.3 (one workgroup walked K), 8x1000003x8 40016 / 298, 1x2^21x1 22.4 / 9.9,
-# 4x100000x3 75 / 14, 8x4096x8 14 / 9, 16x4096x4 10.5 / 6.5, 64x4096x1 16.6 / 12.5, 1x1000x1
-# 20 / 11, 1x16x1 4.7 / 5.6; but with more columns, read down B's columns, 2x65536x32 19-31 / 41
-# (1x4096x64 22 / 17).
-# So do products of up to STUCK_OUTPUTS outputs with too few workgroups whose K does not halve
-# into the chunks they want: H100, us, as a product / as a sum: 16x50257x16 1066 / 45,
-# 64x20011x64 814 / 502, 128x20011x128 815 / 518, 32x50257x64 2023 / 1240, 4x65537x256 7635 /
-# 528, 1x99999x1000 6727 / 748, 16x4099x16 91 / 9.2 (where K halves, the split product stays:
-# 32x50256x64 146 / 1249). Larger products keep the tile, which their sum would lose to.
+# columns) and at most REDUCE_COLUMNS columns become an elementwise product and a sum over K,
+# where one of M and N is 1 or the product has at most REDUCE_WORK multiply-adds: the sum is one
+# kernel where the product's split is two, but each output of the sum reads its own row of A and
+# column of B, 2MN elements per step of K against the product's M + N. H100, us, as a sum / as a
+# (split) product (M x K x N): 1x(2^21+3)x1 10.0 / 33.4, 8x4096x8 6.4 / 9.9, 64x4096x1 6.0 /
+# 8.5, 16x4099x4 6.5 / 10.9; but 4x100000x3 14.0 / 10.8, 8x1000003x8 290 / 74.5, and with more
+# outputs 16x4099x16 9.2 / 10.8, 1x99999x64 62 / 39, 32x50257x64 1228 / 45, 1x99999x1000 785 /
+# 162. Unsplit, these products ran in a few workgroups: 1x(2^21+3)x1 42285 us, 8x1000003x8 40016.
 REDUCE_OUTPUTS = 64
 REDUCE_COLUMNS = 16
-STUCK_OUTPUTS = 16384
+REDUCE_WORK = 1 << 20
 
 
-def chunks_for(m: int, k: int, n: int, target: str = "gpu", even: bool = True) -> int:
-    """How many chunks to cut K into (1: leave the product alone); with ``even`` False, as if
-    every K halved evenly."""
+def chunks_for(m: int, k: int, n: int, target: str = "gpu") -> int:
+    """How many chunks to cut K into (1: leave the product alone)."""
     if codegen.use_fewcol(m, n, k, 1, target):  # parallel enough along M already
         return 1
     if codegen.use_gemv(m, n, target):  # a workgroup per 256 columns
@@ -60,33 +55,32 @@ def chunks_for(m: int, k: int, n: int, target: str = "gpu", even: bool = True) -
     if tiles >= TILE_LIMIT:
         return 1
     s = 1
-    while (k % (2 * s) == 0 or not even) and k // (2 * s) >= MIN_CHUNK and tiles * 2 * s <= GROUPS:
+    while k // (2 * s) >= MIN_CHUNK and tiles * 2 * s <= GROUPS:
         s *= 2
     return s
 
 
-def rb_chunks_for(m: int, k: int, n: int, target: str = "gpu", even: bool = True) -> int:
+def rb_chunks_for(m: int, k: int, n: int, target: str = "gpu") -> int:
     """How many chunks to cut K into for a product on the register-blocked template: with K of at
     least RB_MIN_K, the fewest (a power of two) that give RB_GROUPS workgroups, as far as chunks
     of RB_MIN_CHUNK allow. The chunks form a batch, which may take another tile than the whole
     product would."""
     def groups(s: int) -> int:
-        cfg = codegen.matmul_config(m, n, target, k // s, s)
+        cfg = codegen.matmul_config(m, n, target, -(-k // s), s)
         assert cfg is not None, "a product on the register-blocked template stays on it"
         return s * -(-m // cfg[0]) * -(-n // cfg[1])
 
     if k < RB_MIN_K:
         return 1
     s = 1
-    while groups(s) < RB_GROUPS and (k % (2 * s) == 0 or not even) and (
-            k // (2 * s) >= RB_MIN_CHUNK):
+    while groups(s) < RB_GROUPS and k // (2 * s) >= RB_MIN_CHUNK:
         s *= 2
     return s
 
 
-def _chunks(e: Eqn, target: str, even: bool = True) -> int:
+def _chunks(e: Eqn, target: str) -> int:
     """Chunks to cut this equation's K into: 1 unless it is a 2-D product with too few
-    workgroups for its template (``even``: see chunks_for)."""
+    workgroups for its template."""
     if e.op is not Op.MATMUL:
         return 1
     a, b = e.inputs
@@ -94,22 +88,20 @@ def _chunks(e: Eqn, target: str, even: bool = True) -> int:
         return 1
     (m, k), n = a.shape, b.shape[1]
     if codegen.mm_config(e, target) is None:
-        return chunks_for(m, k, n, target, even)
-    return rb_chunks_for(m, k, n, target, even)
+        return chunks_for(m, k, n, target)
+    return rb_chunks_for(m, k, n, target)
 
 
-def _as_sum_wanted(e: Eqn, target: str, chunks: int) -> bool:
-    """Is ``e`` a 2-D product to compute as a sum: a small one (see REDUCE_OUTPUTS), or one with
-    too few workgroups whose K does not halve into the chunks it wants (``chunks``: _chunks of
-    ``e``, what it gets)?"""
+def _as_sum_wanted(e: Eqn) -> bool:
+    """Is ``e`` a small 2-D product, to compute as a sum (see REDUCE_OUTPUTS)?"""
     if e.op is not Op.MATMUL:
         return False
     a, b = e.inputs
     if len(a.shape) != 2 or len(b.shape) != 2:
         return False
-    if e.out.size <= REDUCE_OUTPUTS and b.shape[1] <= REDUCE_COLUMNS:
-        return True
-    return e.out.size <= STUCK_OUTPUTS and chunks == 1 and _chunks(e, target, even=False) > 1
+    (m, k), n = a.shape, b.shape[1]
+    return m * n <= REDUCE_OUTPUTS and n <= REDUCE_COLUMNS and (
+        min(m, n) == 1 or m * n * k <= REDUCE_WORK)
 
 
 def _as_sum(e: Eqn) -> list[Eqn]:
@@ -134,18 +126,23 @@ def split_k(prog: Program, target: str, sums: bool = True) -> Program:
     eqns: list[Eqn] = []
     made_sums = False
     for e in prog.eqns:
-        s = _chunks(e, target)
-        if sums and _as_sum_wanted(e, target, s):
+        if sums and _as_sum_wanted(e):
             eqns += _as_sum(e)
             made_sums = True
             continue
+        s = _chunks(e, target)
         if s == 1:
             eqns.append(e)
             continue
         a, b = e.inputs
         assert isinstance(a, Var) and isinstance(b, Var)
         (m, k), n = a.shape, b.shape[1]
-        kc = k // s
+        kc = -(-k // s)  # the last chunk is short where s does not divide K: zeros fill it
+        if kc * s != k:
+            ap, bp = Var((m, kc * s), a.dtype), Var((kc * s, n), b.dtype)
+            eqns += [Eqn(Op.PAD, (a,), (ap,), {"widths": ((0, 0), (0, kc * s - k))}),
+                     Eqn(Op.PAD, (b,), (bp,), {"widths": ((0, kc * s - k), (0, 0))})]
+            a, b = ap, bp
         a3 = Var((m, s, kc), a.dtype)
         at = Var((s, m, kc), a.dtype)
         b3 = Var((s, kc, n), b.dtype)
