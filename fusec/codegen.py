@@ -964,17 +964,14 @@ def _b_path(body: Program, b: Var) -> tuple[Var, list[Eqn]]:
     return src, path
 
 
-def _b_source(body: Program, mm: Eqn, cfg: tuple[int, int, int, int, int]) -> Optional[Var]:
+def _b_source(body: Program, mm: Eqn) -> Optional[Var]:
     """The input buffer matmul ``mm`` reads B from, if B can be read as vec4s (four adjacent
     columns in one 16-byte load; 4096x4096 @ 4096x1024 on the H100's 128x64 tile: 0.96 against
     1.02 ms): an input, one broadcast along the batch axes only, or one cut into chunks of K by
     split_k (a reshape to (chunks, K / chunks, N), of the input or of it padded with zero rows),
     that nothing else in the kernel reads, with N a multiple of 4 so that every row starts on a
-    vec4. A padded B is read as vec4s on the large tile ``cfg`` only: the test for rows past the
-    end cost the smaller tiles what the vec4s gained (H100, us, vec4 / scalar: 200x30001x300 on
-    the large tile 307 / 631, 512x20011x512 267 / 307; 64x100003x1024 on the small one 606 /
-    519, 96x9001x2048 226 / 199, 1000x7001x128 on the medium one 120 / 114; unpadded, the vec4s
-    win on every tile: 64x100000x1024 489 / 519, 64x4096x4096 93 / 97)."""
+    vec4. Unpadded, the vec4s win on every tile (H100, us, vec4 / scalar: 64x100000x1024 489 /
+    519, 64x4096x4096 93 / 97, 2048x2816x1024 322 / 330); for a padded B see _b_vec_index."""
     a, b, batch, m, k, n, nb = _mm_dims(mm)
     if n % 4 or b.dtype == "bool":
         return None
@@ -986,8 +983,8 @@ def _b_source(body: Program, mm: Eqn, cfg: tuple[int, int, int, int, int]) -> Op
     elif ops in ([Op.RESHAPE], [Op.RESHAPE, Op.PAD]):
         if len(src.shape) != 2 or src.shape[1] != n or len(b.shape) != 3:
             return None
-        if ops[1:] and (not _large_tile(cfg) or path[1].params["widths"] != (
-                (0, path[1].out.shape[0] - src.shape[0]), (0, 0))):
+        if ops[1:] and path[1].params["widths"] != ((0, path[1].out.shape[0] - src.shape[0]),
+                                                     (0, 0)):
             return None
     elif ops:
         return None
@@ -1003,9 +1000,15 @@ def _b_source(body: Program, mm: Eqn, cfg: tuple[int, int, int, int, int]) -> Op
     return src
 
 
-def _b_vec_index(em: Emitter, body: Program, b: Var, here: Idx) -> tuple[str, str]:
+def _b_vec_index(em: Emitter, body: Program, b: Var, here: Idx, branch: bool
+                 ) -> tuple[str, str]:
     """The flat index into the input B is read from (see _b_source) of element ``here`` of B,
-    and a condition for the read ("" for none): a row past the end of a padded B reads zero."""
+    and a condition for the read ("" for none): a row past the end of a padded B reads zero.
+    With ``branch`` (the pipelined tile) the read is skipped there; without, the row is clamped
+    into B and the value read is selected away. H100, us, branch / select / scalar reads: the
+    pipelined large tile 512x20011x512 267 / 349 / 307, 128x50257x512 185 / 244 / 217,
+    200x30001x300 307 / 298 / 630; the smaller tiles 64x100003x1024 606 / 488 / 519,
+    96x9001x2048 226 / 190 / 200, 4096x4097x64 106 / 97 / 103, 1000x7001x128 120 / 112 / 111."""
     src, path = _b_path(body, b)
     if [e.op for e in path] == [Op.BROADCAST]:
         return em.flat(em.unbroadcast(here, src.shape)), ""
@@ -1014,7 +1017,8 @@ def _b_vec_index(em: Emitter, body: Program, b: Var, here: Idx) -> tuple[str, st
     coords = em._merged_coords(here, path[0].inputs[0].shape)  # the padded array's (row, col)
     assert coords is not None, "split_k's reshape only cuts K into chunks"
     row, col = coords
-    return em.let(f"{row} * {src.shape[1]}u + {col}", "i"), f"{row} < {src.shape[0]}u"
+    inside = row if branch else em.let(f"min({row}, {src.shape[0] - 1}u)", "c")
+    return em.let(f"{inside} * {src.shape[1]}u + {col}", "i"), f"{row} < {src.shape[0]}u"
 
 
 def _matmul_vector_buffers(body: Program, inplace: tuple[tuple[int, int], ...],
@@ -1022,8 +1026,7 @@ def _matmul_vector_buffers(body: Program, inplace: tuple[tuple[int, int], ...],
     """The binding a register-blocked matmul reads B through as vec4s (see _b_source)."""
     mm = next(e for e in body.eqns if e.op is Op.MATMUL)
     _, _, _, m, k, n, nb = _mm_dims(mm)
-    cfg = matmul_config(m, n, target, k, nb)
-    src = _b_source(body, mm, cfg) if cfg is not None else None
+    src = _b_source(body, mm) if matmul_config(m, n, target, k, nb) is not None else None
     aliased = dict(inplace)
     for i, v in enumerate(body.inputs):
         if v is src and i not in aliased:
@@ -1064,7 +1067,7 @@ def _matmul_rb(body: Program, names: dict[int, str], mm: Eqn,
         if src is not None:  # one vec4 load at the flat index of B[bt, kb, col]
             em = Emitter(body, names, indent=indent, counter=counter)
             here = Idx(b.shape, coords=_batch_coords(em, batch) + ("kb", "col"))
-            at, guard = _b_vec_index(em, body, b, here)
+            at, guard = _b_vec_index(em, body, b, here, branch=pipelined)
             at_bv.append(at)
             guard_bv.append(guard)
             load_bv.append("\n".join(em.lines))
@@ -1075,7 +1078,7 @@ def _matmul_rb(body: Program, names: dict[int, str], mm: Eqn,
         val_b.append([p[1] for p in pairs])
     loads = dict(a_loads=a_groups, b_loads=b_groups, load_a=load_a, val_a=val_a, load_b=load_b,
                  val_b=val_b, vec_b=bool(bvec), bvec=bvec, load_bv=load_bv, at_bv=at_bv,
-                 guard_bv=guard_bv, pipelined=pipelined, ap=ap)
+                 guard_bv=guard_bv, guard_branch=pipelined, pipelined=pipelined, ap=ap)
     staged = _staged_rows(body, cfg)
     if staged:
         rounds, rr, per_thread = tm // staged, staged, (16 * staged * bn // 4) // 256
