@@ -321,7 +321,7 @@ class Emitter:
                     cs = tuple("0u" if d == 1 else next(it) for d in src.shape)
                     return self.value(src, Idx(src.shape, coords=cs))
                 padded = id(src) in self.producer and self.producer[id(src)].op is Op.PAD
-                merged = self._merged_coords(idx, src.shape) if padded else None
+                merged = self.merged_coords(idx, src.shape) if padded else None
                 if merged is not None:
                     # a padded array needs coordinates; from a split of its axes (split_k's
                     # chunks of K) they are sums, where the flat index would need divisions
@@ -347,7 +347,7 @@ class Emitter:
             return EW_TABLE[op].wgsl(args, dt)
         raise AssertionError(f"{op} cannot be computed inline")
 
-    def _merged_coords(self, idx: Idx, shape: Shape) -> Optional[tuple[str, ...]]:
+    def merged_coords(self, idx: Idx, shape: Shape) -> Optional[tuple[str, ...]]:
         """Coordinates into ``shape`` for ``idx`` when each axis of ``shape`` merges a run of
         ``idx``'s axes (a reshape that only splits axes); None otherwise."""
         cs, dims = self.coords(idx), idx.shape
@@ -373,22 +373,19 @@ class Emitter:
         return tuple(self.let(c, "c") for c in out)
 
     def _padded(self, e: Eqn, idx: Idx) -> str:
-        """A padded array's element: its input's, or zero outside it. The input is read at a
+        """A padded array's element: its input's, or zero past its end. The input is read at a
         clamped index (inside it whatever the coordinate), and the read value selected away."""
         src = e.inputs[0]
         cs = self.coords(idx)
         inner: list[str] = []
         inside: list[str] = []
         for c, d, (lo, hi) in zip(cs, src.shape, e.params["widths"]):
-            if lo == 0 and hi == 0:
+            assert lo == 0, "split_k pads only at the end of an axis"
+            if hi == 0:
                 inner.append(c)
                 continue
-            if lo:
-                inside.append(f"{c} >= {lo}u")
-            if hi:
-                inside.append(f"{c} < {lo + d}u")
-            inner.append(self.let(f"min({c}, {d - 1}u)" if lo == 0 else
-                                  f"clamp({c}, {lo}u, {lo + d - 1}u) - {lo}u", "c"))
+            inside.append(f"{c} < {d}u")
+            inner.append(self.let(f"min({c}, {d - 1}u)", "c"))
         v = self.value(src, Idx(src.shape, coords=tuple(inner)))
         if not inside:
             return v
@@ -1014,7 +1011,7 @@ def _b_vec_index(em: Emitter, body: Program, b: Var, here: Idx, branch: bool
         return em.flat(em.unbroadcast(here, src.shape)), ""
     if len(path) < 2:  # B itself, or a reshape of it: the same flat index
         return em.flat(here), ""
-    coords = em._merged_coords(here, path[0].inputs[0].shape)  # the padded array's (row, col)
+    coords = em.merged_coords(here, path[0].inputs[0].shape)  # the padded array's (row, col)
     assert coords is not None, "split_k's reshape only cuts K into chunks"
     row, col = coords
     inside = row if branch else em.let(f"min({row}, {src.shape[0] - 1}u)", "c")

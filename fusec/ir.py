@@ -72,7 +72,7 @@ class Op(Enum):
     TRANSPOSE = "transpose"  # params: perm
     BROADCAST = "broadcast"  # params: shape (numpy broadcasting of the input to it)
     # params: widths ((before, after) per axis): zeros around the input, as np.pad; made by
-    # split_k only (chunks of K with a short last one), never traced
+    # split_k only (chunks of K with a short last one: before is 0), never traced
     PAD = "pad"
     # a fused kernel
     KERNEL = "kernel"  # params: body (Program), name, kind
