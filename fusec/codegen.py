@@ -1000,17 +1000,28 @@ def _b_source(body: Program, mm: Eqn) -> Optional[Var]:
 def _b_vec_index(em: Emitter, body: Program, b: Var, here: Idx, branch: bool
                  ) -> tuple[str, str]:
     """The flat index into the input B is read from (see _b_source) of element ``here`` of B,
-    and a condition for the read ("" for none): a row past the end of a padded B reads zero.
-    With ``branch`` (the pipelined tile) the read is skipped there; without, the row is clamped
-    into B and the value read is selected away. H100, us, branch / select / scalar reads: the
-    pipelined large tile 512x20011x512 267 / 349 / 307, 128x50257x512 185 / 244 / 217,
-    200x30001x300 307 / 298 / 630; the smaller tiles 64x100003x1024 606 / 488 / 519,
-    96x9001x2048 226 / 190 / 200, 4096x4097x64 106 / 97 / 103, 1000x7001x128 120 / 112 / 111."""
+    and a condition for the read ("" for none).
+
+    Past the end of a padded B the read must give zero. With ``branch`` (the pipelined tile) the
+    read is skipped there; without, the row is clamped into B and the value read is selected
+    away. H100, us, branch / select / scalar reads: the pipelined large tile 512x20011x512 267 /
+    349 / 307, 128x50257x512 185 / 244 / 217, 200x30001x300 307 / 298 / 630; the smaller tiles
+    64x100003x1024 606 / 488 / 519, 96x9001x2048 226 / 190 / 200, 4096x4097x64 106 / 97 / 103,
+    1000x7001x128 120 / 112 / 111.
+
+    The pipelined tile also reads an unpadded B behind a test of the index against B's size,
+    which always holds: measured, the test makes the kernel faster, though we do not know why
+    (the driver's compiler schedules the loop differently). H100, us, without / with:
+    4096^3 3236 / 3123, 4096x1024x4096 870 / 813, 4096x4096x1024 824 / 800, 2048^3 427 / 419;
+    split along K: 512x20016x512 300 / 272, 2048x2816x1024 324 / 301, 1000x4096x1000 259 /
+    245. A test that the compiler can prove (``kb < K`` again) gained nothing."""
     src, path = _b_path(body, b)
-    if [e.op for e in path] == [Op.BROADCAST]:
-        return em.flat(em.unbroadcast(here, src.shape)), ""
-    if len(path) < 2:  # B itself, or a reshape of it: the same flat index
-        return em.flat(here), ""
+    if len(path) < 2:
+        if [e.op for e in path] == [Op.BROADCAST]:
+            at = em.flat(em.unbroadcast(here, src.shape))
+        else:  # B itself, or a reshape of it: the same flat index
+            at = em.flat(here)
+        return at, f"{at} < {src.size}u" if branch else ""
     coords = em.merged_coords(here, path[0].inputs[0].shape)  # the padded array's (row, col)
     assert coords is not None, "split_k's reshape only cuts K into chunks"
     row, col = coords
