@@ -946,11 +946,11 @@ def _operand(body: Program, names: dict[int, str], x: Var, batch: list[int],
     return "\n".join(em.lines), val
 
 
-def _b_path(body: Program, b: Var) -> tuple[Var, list[Eqn]]:
+def _b_path(producer: dict[int, Eqn], b: Var) -> tuple[Var, list[Eqn]]:
     """The input ``b`` is read from and the movement equations in between, for the forms a
     vec4 read of B takes (see _b_source): ``b`` itself, a broadcast of an input along the batch
-    axes, or split_k's reshape of one into chunks of K, padded with zero rows or not."""
-    producer = {id(o): e for e in body.eqns for o in e.outs}
+    axes, or split_k's reshape of one into chunks of K, padded with zero rows or not.
+    ``producer``: each value's defining equation, by id (an Emitter's ``producer``)."""
     src, path = b, list[Eqn]()
     while id(src) in producer and len(path) < 2:
         e = producer[id(src)]
@@ -972,7 +972,7 @@ def _b_source(body: Program, mm: Eqn) -> Optional[Var]:
     a, b, batch, m, k, n, nb = _mm_dims(mm)
     if n % 4 or b.dtype == "bool":
         return None
-    src, path = _b_path(body, b)
+    src, path = _b_path({id(o): e for e in body.eqns for o in e.outs}, b)
     ops = [e.op for e in path]
     if ops == [Op.BROADCAST]:
         if src.shape[-2:] != (k, n):
@@ -997,8 +997,7 @@ def _b_source(body: Program, mm: Eqn) -> Optional[Var]:
     return src
 
 
-def _b_vec_index(em: Emitter, body: Program, b: Var, here: Idx, branch: bool
-                 ) -> tuple[str, str]:
+def _b_vec_index(em: Emitter, b: Var, here: Idx, branch: bool) -> tuple[str, str]:
     """The flat index into the input B is read from (see _b_source) of element ``here`` of B,
     and a condition for the read ("" for none).
 
@@ -1016,7 +1015,7 @@ def _b_vec_index(em: Emitter, body: Program, b: Var, here: Idx, branch: bool
     split along K: 512x20016x512 300 / 272, 2048x2816x1024 324 / 301, 1000x4096x1000 259 /
     245. The same kind of test around the A tile's reads made it slower (4096^3 3.10 -> 3.50
     ms)."""
-    src, path = _b_path(body, b)
+    src, path = _b_path(em.producer, b)
     if len(path) < 2:
         if [e.op for e in path] == [Op.BROADCAST]:
             at = em.flat(em.unbroadcast(here, src.shape))
@@ -1076,7 +1075,7 @@ def _matmul_rb(body: Program, names: dict[int, str], mm: Eqn,
         if src is not None:  # one vec4 load at the flat index of B[bt, kb, col]
             em = Emitter(body, names, indent=indent, counter=counter)
             here = Idx(b.shape, coords=_batch_coords(em, batch) + ("kb", "col"))
-            at, guard = _b_vec_index(em, body, b, here, branch=pipelined)
+            at, guard = _b_vec_index(em, b, here, branch=pipelined)
             at_bv.append(at)
             guard_bv.append(guard)
             load_bv.append("\n".join(em.lines))
