@@ -142,3 +142,23 @@ def test_full_set_sizes() -> None:
     assert full["softmax"].inputs[0].shape == (8192, 8192)
     assert [i.shape for i in full["matmul_square"].inputs] == [(4096, 4096), (4096, 4096)]
     assert set(full) == {w.name for w in bench.workloads(quick=True)}
+
+
+def test_fusion_ceiling_arithmetic() -> None:
+    """bench/fusion_ceiling.py: the ceiling is the unfused time over the reference kernel's."""
+    import importlib.util
+    path = Path(__file__).resolve().parent.parent / "bench" / "fusion_ceiling.py"
+    spec = importlib.util.spec_from_file_location("fusion_ceiling", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    rec: dict[str, Any] = {"fused_s": 2e-4, "unfused_s": 7.5e-4, "reference_s": 1.9e-4,
+                           "fused_bytes": 2e8, "unfused_bytes": 8e8, "reference": "-x"}
+    mod.derive(rec)
+    assert rec["speed_up"] == pytest.approx(3.75)
+    assert rec["bytes_ratio"] == pytest.approx(4.0)
+    assert rec["ceiling"] == pytest.approx(7.5 / 1.9)
+    assert rec["fused_vs_reference"] == pytest.approx(0.95)
+    text = mod.report({"device": "test", "fusec": {"workloads": {"softmax": rec}, "kernels": {}}})
+    assert "| softmax | 200.0 µs | 750.0 µs | -x: 190.0 µs | 3.750x | 4.000x | 3.947x | 95.0% |" \
+        in text
