@@ -13,7 +13,7 @@ import functools
 import hashlib
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -947,44 +947,106 @@ def _operand(body: Program, names: dict[int, str], x: Var, batch: list[int],
 
 
 def _b_path(producer: dict[int, Eqn], b: Var) -> tuple[Var, list[Eqn]]:
-    """The input ``b`` is read from and the movement equations in between, for the forms a
-    vec4 read of B takes (see _b_source): ``b`` itself, a broadcast of an input along the batch
-    axes, or split_k's reshape of one into chunks of K, padded with zero rows or not.
+    """The value ``b`` is read from through movement equations only (broadcasts, reshapes,
+    transposes and split_k's pads), and those equations, from ``b`` back to it.
     ``producer``: each value's defining equation, by id (an Emitter's ``producer``)."""
     src, path = b, list[Eqn]()
-    while id(src) in producer and len(path) < 2:
+    while id(src) in producer and len(path) < 4:
         e = producer[id(src)]
-        if e.op not in (Op.BROADCAST, Op.RESHAPE, Op.PAD) or not isinstance(e.inputs[0], Var):
+        if e.op not in MOVEMENT or not isinstance(e.inputs[0], Var):
             break
         path.append(e)
         src = e.inputs[0]
     return src, path
 
 
+def _reshape_strides(shape: Shape, st: Sequence[int], new: Shape) -> Optional[list[int]]:
+    """Strides of a reshape to ``new`` of a view with ``shape`` and strides ``st``, where the
+    reshape only regroups runs of axes that are contiguous with each other; None otherwise."""
+    old = [(d, s) for d, s in zip(shape, st) if d != 1]
+    out = [0] * len(new)
+    i = j = 0
+    while j < len(new):
+        if new[j] == 1:
+            j += 1
+            continue
+        if i >= len(old):
+            return None
+        # one group: old axes i..i2-1 and new axes j..j2-1 of the same size
+        po, pn, i2, j2 = old[i][0], new[j], i + 1, j + 1
+        while po != pn:
+            if po < pn and i2 < len(old):
+                po, i2 = po * old[i2][0], i2 + 1
+            elif pn < po and j2 < len(new):
+                pn, j2 = pn * new[j2], j2 + 1
+            else:
+                return None
+        if any(old[a][1] != old[a + 1][1] * old[a + 1][0] for a in range(i, i2 - 1)):
+            return None
+        step = old[i2 - 1][1]
+        for a in range(j2 - 1, j - 1, -1):
+            out[a] = step
+            step *= new[a]
+        i, j = i2, j2
+    return out if i == len(old) else None
+
+
+def view_strides(src: Var, path: Sequence[Eqn]) -> Optional[tuple[int, ...]]:
+    """Strides, in elements of ``src``'s flat index, of the value that the movement equations
+    ``path`` (as _b_path lists them: the last reads ``src``) make of ``src``; None where one of
+    them is not a strided view of it (a pad, or a reshape that would need a copy)."""
+    shape, st = src.shape, list(strides(src.shape))
+    for e in reversed(path):
+        out = e.out.shape
+        if e.op is Op.TRANSPOSE:
+            st = [st[p] for p in e.params["perm"]]
+        elif e.op is Op.BROADCAST:
+            lead = len(out) - len(shape)
+            st = [0] * lead + [0 if d == 1 else s for d, s in zip(shape, st)]
+        elif e.op is Op.RESHAPE:
+            got = _reshape_strides(shape, st, out)
+            if got is None:
+                return None
+            st = got
+        else:
+            return None
+        shape = out
+    return tuple(st)
+
+
+def _strided_index(em: Emitter, here: Idx, st: Sequence[int]) -> str:
+    """The flat index of element ``here`` of a strided view (strides ``st``)."""
+    cs = em.coords(here)
+    terms = [f"{c} * {s}u" if s != 1 else c
+             for c, s, d in zip(cs, st, here.shape) if d != 1 and s != 0]
+    return em.let(" + ".join(terms) if terms else "0u", "i")
+
+
+def _padded_chunks(src: Var, path: Sequence[Eqn], b: Var) -> bool:
+    """Is ``b`` split_k's reshape into chunks of K of ``src`` padded with zero rows?"""
+    if [e.op for e in path] != [Op.RESHAPE, Op.PAD]:
+        return False
+    return (len(src.shape) == 2 and len(b.shape) == 3 and src.shape[1] == b.shape[2]
+            and path[1].params["widths"] == ((0, path[1].out.shape[0] - src.shape[0]), (0, 0)))
+
+
 def _b_source(body: Program, mm: Eqn) -> Optional[Var]:
     """The input buffer matmul ``mm`` reads B from, if B can be read as vec4s (four adjacent
     columns in one 16-byte load; 4096x4096 @ 4096x1024 on the H100's 128x64 tile: 0.96 against
-    1.02 ms): an input, one broadcast along the batch axes only, or one cut into chunks of K by
-    split_k (a reshape to (chunks, K / chunks, N), of the input or of it padded with zero rows),
-    that nothing else in the kernel reads, with N a multiple of 4 so that every row starts on a
-    vec4. Unpadded, the vec4s win on every tile (H100, us, vec4 / scalar: 64x100000x1024 489 /
-    519, 64x4096x4096 93 / 97, 2048x2816x1024 322 / 330); for a padded B see _b_vec_index."""
+    1.02 ms): a strided view of an input (through reshapes, transposes and broadcasts: split_k's
+    chunks of K, a batch broadcast, attention's heads) whose rows are runs of B's columns that
+    start on a vec4, or split_k's chunks of an input padded with zero rows; one that nothing else
+    in the kernel reads. Unpadded, the vec4s win on every tile (H100, us, vec4 / scalar:
+    64x100000x1024 489 / 519, 64x4096x4096 93 / 97, 2048x2816x1024 322 / 330); for a padded B
+    see _b_vec_index."""
     a, b, batch, m, k, n, nb = _mm_dims(mm)
     if n % 4 or b.dtype == "bool":
         return None
     src, path = _b_path({id(o): e for e in body.eqns for o in e.outs}, b)
-    ops = [e.op for e in path]
-    if ops == [Op.BROADCAST]:
-        if src.shape[-2:] != (k, n):
+    if not _padded_chunks(src, path, b):
+        st = view_strides(src, path)
+        if st is None or st[-1] != 1 or any(s % 4 for s, d in zip(st[:-1], b.shape) if d != 1):
             return None
-    elif ops in ([Op.RESHAPE], [Op.RESHAPE, Op.PAD]):
-        if len(src.shape) != 2 or src.shape[1] != n or len(b.shape) != 3:
-            return None
-        if ops[1:] and path[1].params["widths"] != ((0, path[1].out.shape[0] - src.shape[0]),
-                                                     (0, 0)):
-            return None
-    elif ops:
-        return None
     readers = [mm, *path]
     if src is a or not any(v is src for v in body.inputs):
         return None
@@ -995,6 +1057,18 @@ def _b_source(body: Program, mm: Eqn) -> Optional[Var]:
            for x in e.inputs):
         return None
     return src
+
+
+def _b_columns(body: Program, mm: Eqn) -> bool:
+    """Is B a strided view of an input in which K runs contiguously (``x @ w.T``, attention's
+    ``q @ k^T``)? Then threads load the B tile the way they load A's, neighbouring threads at
+    neighbouring k, so that their reads are coalesced."""
+    a, b, batch, m, k, n, nb = _mm_dims(mm)
+    src, path = _b_path({id(o): e for e in body.eqns for o in e.outs}, b)
+    if not any(v is src for v in body.inputs) or k == 1:
+        return False
+    st = view_strides(src, path)
+    return st is not None and st[-2] == 1 and st[-1] != 1
 
 
 def _b_vec_index(em: Emitter, b: Var, here: Idx, branch: bool) -> tuple[str, str]:
@@ -1016,11 +1090,10 @@ def _b_vec_index(em: Emitter, b: Var, here: Idx, branch: bool) -> tuple[str, str
     245. The same kind of test around the A tile's reads made it slower (4096^3 3.10 -> 3.50
     ms)."""
     src, path = _b_path(em.producer, b)
-    if len(path) < 2:
-        if [e.op for e in path] == [Op.BROADCAST]:
-            at = em.flat(em.unbroadcast(here, src.shape))
-        else:  # B itself, or a reshape of it: the same flat index
-            at = em.flat(here)
+    if not _padded_chunks(src, path, b):
+        st = view_strides(src, path)
+        assert st is not None, "_b_source reads only strided views as vec4s"
+        at = _strided_index(em, here, st)
         return at, f"{at} < {src.size}u" if branch else ""
     coords = em.merged_coords(here, path[0].inputs[0].shape)  # the padded array's (row, col)
     assert coords is not None, "split_k's reshape only cuts K into chunks"
@@ -1086,7 +1159,8 @@ def _matmul_rb(body: Program, names: dict[int, str], mm: Eqn,
         val_b.append([p[1] for p in pairs])
     loads = dict(a_loads=a_groups, b_loads=b_groups, load_a=load_a, val_a=val_a, load_b=load_b,
                  val_b=val_b, vec_b=bool(bvec), bvec=bvec, load_bv=load_bv, at_bv=at_bv,
-                 guard_bv=guard_bv, guard_branch=pipelined, pipelined=pipelined, ap=ap)
+                 guard_bv=guard_bv, guard_branch=pipelined, pipelined=pipelined, ap=ap,
+                 b_cols=not bvec and _b_columns(body, mm))
     staged = _staged_rows(body, cfg)
     if staged:
         rounds, rr, per_thread = tm // staged, staged, (16 * staged * bn // 4) // 256

@@ -512,3 +512,18 @@ def test_cpu_target_kernels_stay_within_the_software_loop_limit() -> None:
                      f32(((1 << 21) + 3, 2), "float32"))
     assert "// 4 steps of K per loop iteration" in mm.wgsl  # 131073 steps of 16
     assert "for (var kk" not in mm.wgsl  # the tile's 16 products written out
+
+
+def test_reshape_strides_of_views() -> None:
+    """A reshape of a strided view keeps it a view where it regroups contiguous runs of axes;
+    merging axes that are not contiguous with each other needs a copy (None)."""
+    from fusec.codegen import _reshape_strides
+
+    assert _reshape_strides((4, 6), (6, 1), (2, 2, 6)) == [12, 6, 1]
+    assert _reshape_strides((4, 6), (6, 1), (4, 2, 3)) == [6, 3, 1]
+    assert _reshape_strides((6, 4), (1, 6), (3, 2, 4)) == [2, 1, 6]  # a transposed view, split
+    assert _reshape_strides((6, 4), (1, 6), (24,)) is None  # merged across the transpose
+    assert _reshape_strides((2, 3, 4), (4, 8, 1), (6, 4)) is None
+    # axes of size 1 get stride 0 (their one coordinate is 0)
+    assert _reshape_strides((2, 3, 4), (12, 4, 1), (1, 6, 1, 4)) == [0, 4, 0, 1]
+    assert _reshape_strides((1, 5), (5, 1), (5, 1)) == [1, 0]

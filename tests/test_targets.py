@@ -255,6 +255,56 @@ def test_matmul_pipelined_tiles_and_vec4_b(block: tuple[int, ...], storage: int,
         np.testing.assert_allclose(np.asarray(f(*args)), want, rtol=1e-4, atol=1e-4 * scale)
 
 
+@pytest.mark.parametrize("storage", [16384, 32768])
+@pytest.mark.parametrize("block", [(128, 128, 16, 8, 8), (128, 64, 16, 8, 4), (64, 64, 32, 4, 4)])
+@pytest.mark.usefixtures("gpu_target")
+def test_matmul_strided_b(block: tuple[int, ...], storage: int, rng: np.random.Generator,
+                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """B a strided view of an input: with K running contiguously (``x @ w.T``, attention's
+    ``q @ k^T`` from one projection's heads, a transposed B broadcast along the batch) the B tile
+    is loaded along K and stored swizzled; with rows of B's columns that start on vec4s
+    (attention's ``p @ v``, v's heads) it is read as vec4s. Every tile, both workgroup memory
+    sizes, ragged edges and a K that is no multiple of BK, against float64 numpy."""
+    from fusec import codegen
+    from fusec.runtime import Runtime
+
+    monkeypatch.setattr(Runtime, "max_workgroup_storage", property(lambda self: storage))
+    monkeypatch.setattr(codegen, "MATMUL_BLOCK", block)
+    s, h, dh = 97, 3, 36  # at least 32 columns: the register-blocked tiles
+
+    def heads(x: fusec.Array, t: tuple[int, ...]) -> fusec.Array:
+        return fnp.transpose(fnp.reshape(x, (s, h, dh)), t)
+
+    def heads64(x: np.ndarray, t: tuple[int, ...]) -> np.ndarray:
+        return x.astype(np.float64).reshape(s, h, dh).transpose(t)
+
+    x = rng.standard_normal((131, 45)).astype(np.float32)
+    w = rng.standard_normal((260, 45)).astype(np.float32)
+    w2 = rng.standard_normal((133, 37)).astype(np.float32)
+    x2 = rng.standard_normal((2, 70, 37)).astype(np.float32)
+    q, k, v = (rng.standard_normal((s, h * dh)).astype(np.float32) for _ in range(3))
+    p = rng.standard_normal((h, s, s)).astype(np.float32)
+    x64, w64, w264, x264 = (a.astype(np.float64) for a in (x, w, w2, x2))
+    cases = [  # function, arguments, float64 result, how B is read
+        (lambda a, b: a @ b.T, (x, w), x64 @ w64.T, "cols"),
+        (lambda a, b: nn.relu(a @ b.T), (x[:, :37].copy(), w2), np.maximum(x64[:, :37] @ w264.T, 0),
+         "cols"),
+        (lambda a, b: a @ fnp.transpose(b), (x2, w2), x264 @ w264.T, "cols"),
+        (lambda a, b: heads(a, (1, 0, 2)) @ heads(b, (1, 2, 0)), (q, k),
+         heads64(q, (1, 0, 2)) @ heads64(k, (1, 2, 0)), "cols"),
+        (lambda a, b: a @ heads(b, (1, 0, 2)), (p, v), p.astype(np.float64) @ heads64(v, (1, 0, 2)),
+         "vec4"),
+    ]
+    for fn, args, want, how in cases:
+        f = fusec.gpu_jit(fn)
+        mm = next(kk for kk in f.lower(*args).kernels if kk.kind == "matmul")
+        assert ("B is read along K" in mm.wgsl) == (how == "cols")
+        assert ("array<vec4<f32>>" in mm.wgsl) == (how == "vec4")
+        kd = args[0].shape[-1]
+        np.testing.assert_allclose(np.asarray(f(*args)), want, rtol=1e-4,
+                                   atol=1e-4 * np.sqrt(kd) * max(1.0, float(np.abs(want).max())))
+
+
 LARGE = (128, 128, 16, 8, 8)
 
 
