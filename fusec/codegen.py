@@ -1059,16 +1059,27 @@ def _b_source(body: Program, mm: Eqn) -> Optional[Var]:
     return src
 
 
-def _b_columns(body: Program, mm: Eqn) -> bool:
-    """Is B a strided view of an input in which K runs contiguously (``x @ w.T``, attention's
-    ``q @ k^T``)? Then threads load the B tile the way they load A's, neighbouring threads at
-    neighbouring k, so that their reads are coalesced."""
-    a, b, batch, m, k, n, nb = _mm_dims(mm)
-    src, path = _b_path({id(o): e for e in body.eqns for o in e.outs}, b)
-    if not any(v is src for v in body.inputs) or k == 1:
+def _runs_along(body: Program, x: Var, axis: int) -> bool:
+    """Is operand ``x`` a strided view of an input in which ``axis`` (-2 or -1) runs contiguously
+    and the other of its last two axes does not?"""
+    src, path = _b_path({id(o): e for e in body.eqns for o in e.outs}, x)
+    if not any(v is src for v in body.inputs) or x.shape[axis] == 1:
         return False
     st = view_strides(src, path)
-    return st is not None and st[-2] == 1 and st[-1] != 1
+    return st is not None and st[axis] == 1 and st[-3 - axis] != 1
+
+
+def _b_columns(body: Program, mm: Eqn) -> bool:
+    """Is B a view in which K runs contiguously (``x @ w.T``, attention's ``q @ k^T``)? Then
+    threads load the B tile the way they load A's, neighbouring threads at neighbouring k, so
+    that their reads are coalesced."""
+    return _runs_along(body, _mm_dims(mm)[1], -2)
+
+
+def _a_rows(body: Program, mm: Eqn) -> bool:
+    """Is A a view in which M runs contiguously (``x.T @ y``)? Then neighbouring threads load
+    neighbouring rows of the A tile at one k, not neighbouring k of a row."""
+    return _runs_along(body, _mm_dims(mm)[0], -2)
 
 
 def _b_vec_index(em: Emitter, b: Var, here: Idx, branch: bool) -> tuple[str, str]:
@@ -1160,7 +1171,7 @@ def _matmul_rb(body: Program, names: dict[int, str], mm: Eqn,
     loads = dict(a_loads=a_groups, b_loads=b_groups, load_a=load_a, val_a=val_a, load_b=load_b,
                  val_b=val_b, vec_b=bool(bvec), bvec=bvec, load_bv=load_bv, at_bv=at_bv,
                  guard_bv=guard_bv, guard_branch=pipelined, pipelined=pipelined, ap=ap,
-                 b_cols=not bvec and _b_columns(body, mm))
+                 b_cols=not bvec and _b_columns(body, mm), a_rows=_a_rows(body, mm))
     staged = _staged_rows(body, cfg)
     if staged:
         rounds, rr, per_thread = tm // staged, staged, (16 * staged * bn // 4) // 256

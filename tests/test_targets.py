@@ -263,7 +263,8 @@ def test_matmul_strided_b(block: tuple[int, ...], storage: int, rng: np.random.G
     """B a strided view of an input: with K running contiguously (``x @ w.T``, attention's
     ``q @ k^T`` from one projection's heads, a transposed B broadcast along the batch) the B tile
     is loaded along K and stored swizzled; with rows of B's columns that start on vec4s
-    (attention's ``p @ v``, v's heads) it is read as vec4s. Every tile, both workgroup memory
+    (attention's ``p @ v``, v's heads) it is read as vec4s. A in which M runs contiguously
+    (``x.T @ y``) is loaded a row per neighbouring thread. Every tile, both workgroup memory
     sizes, ragged edges and a K that is no multiple of BK, against float64 numpy."""
     from fusec import codegen
     from fusec.runtime import Runtime
@@ -284,6 +285,10 @@ def test_matmul_strided_b(block: tuple[int, ...], storage: int, rng: np.random.G
     x2 = rng.standard_normal((2, 70, 37)).astype(np.float32)
     q, k, v = (rng.standard_normal((s, h * dh)).astype(np.float32) for _ in range(3))
     p = rng.standard_normal((h, s, s)).astype(np.float32)
+    xt = rng.standard_normal((45, 131)).astype(np.float32)
+    x2t = rng.standard_normal((2, 37, 70)).astype(np.float32)
+    y = rng.standard_normal((45, 260)).astype(np.float32)
+    xt64, x2t64, y64 = (a.astype(np.float64) for a in (xt, x2t, y))
     x64, w64, w264, x264 = (a.astype(np.float64) for a in (x, w, w2, x2))
     cases = [  # function, arguments, float64 result, how B is read
         (lambda a, b: a @ b.T, (x, w), x64 @ w64.T, "cols"),
@@ -294,13 +299,20 @@ def test_matmul_strided_b(block: tuple[int, ...], storage: int, rng: np.random.G
          heads64(q, (1, 0, 2)) @ heads64(k, (1, 2, 0)), "cols"),
         (lambda a, b: a @ heads(b, (1, 0, 2)), (p, v), p.astype(np.float64) @ heads64(v, (1, 0, 2)),
          "vec4"),
+        # A transposed (M runs contiguously): loaded a row per neighbouring thread
+        (lambda a, b: a.T @ b, (xt, y), xt64.T @ y64, "vec4 rows"),
+        (lambda a, b: a.T @ b.T, (xt, w), xt64.T @ w64.T, "cols rows"),
+        (lambda a, b: fnp.transpose(a, (0, 2, 1)) @ b, (x2t, y[:37]), x2t64.transpose(0, 2, 1)
+         @ y64[:37], "vec4 rows"),
     ]
     for fn, args, want, how in cases:
         f = fusec.gpu_jit(fn)
         mm = next(kk for kk in f.lower(*args).kernels if kk.kind == "matmul")
-        assert ("B is read along K" in mm.wgsl) == (how == "cols")
-        assert ("array<vec4<f32>>" in mm.wgsl) == (how == "vec4")
-        kd = args[0].shape[-1]
+        assert ("B is read along K" in mm.wgsl) == ("cols" in how)
+        assert ("array<vec4<f32>>" in mm.wgsl) == ("vec4" in how)
+        assert ("neighbouring threads\n            // read neighbouring rows" in mm.wgsl) == (
+            "rows" in how)
+        kd = args[0].shape[-2 if "rows" in how else -1]
         np.testing.assert_allclose(np.asarray(f(*args)), want, rtol=1e-4,
                                    atol=1e-4 * np.sqrt(kd) * max(1.0, float(np.abs(want).max())))
 
