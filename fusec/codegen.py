@@ -946,11 +946,11 @@ def _operand(body: Program, names: dict[int, str], x: Var, batch: list[int],
     return "\n".join(em.lines), val
 
 
-def _b_path(producer: dict[int, Eqn], b: Var) -> tuple[Var, list[Eqn]]:
-    """The value ``b`` is read from through movement equations only (broadcasts, reshapes,
-    transposes and split_k's pads), and those equations, from ``b`` back to it.
+def _operand_path(producer: dict[int, Eqn], x: Var) -> tuple[Var, list[Eqn]]:
+    """The value matmul operand ``x`` is read from through movement equations only (broadcasts,
+    reshapes, transposes and split_k's pads), and those equations, from ``x`` back to it.
     ``producer``: each value's defining equation, by id (an Emitter's ``producer``)."""
-    src, path = b, list[Eqn]()
+    src, path = x, list[Eqn]()
     while id(src) in producer and len(path) < 4:
         e = producer[id(src)]
         if e.op not in MOVEMENT or not isinstance(e.inputs[0], Var):
@@ -993,8 +993,8 @@ def _reshape_strides(shape: Shape, st: Sequence[int], new: Shape) -> Optional[li
 
 def view_strides(src: Var, path: Sequence[Eqn]) -> Optional[tuple[int, ...]]:
     """Strides, in elements of ``src``'s flat index, of the value that the movement equations
-    ``path`` (as _b_path lists them: the last reads ``src``) make of ``src``; None where one of
-    them is not a strided view of it (a pad, or a reshape that would need a copy)."""
+    ``path`` (as _operand_path lists them: the last reads ``src``) make of ``src``; None where
+    one of them is not a strided view of it (a pad, or a reshape that would need a copy)."""
     shape, st = src.shape, list(strides(src.shape))
     for e in reversed(path):
         out = e.out.shape
@@ -1042,7 +1042,7 @@ def _b_source(body: Program, mm: Eqn) -> Optional[Var]:
     a, b, batch, m, k, n, nb = _mm_dims(mm)
     if n % 4 or b.dtype == "bool":
         return None
-    src, path = _b_path({id(o): e for e in body.eqns for o in e.outs}, b)
+    src, path = _operand_path({id(o): e for e in body.eqns for o in e.outs}, b)
     if not _padded_chunks(src, path, b):
         st = view_strides(src, path)
         if st is None or st[-1] != 1 or any(s % 4 for s, d in zip(st[:-1], b.shape) if d != 1):
@@ -1062,7 +1062,7 @@ def _b_source(body: Program, mm: Eqn) -> Optional[Var]:
 def _runs_along(body: Program, x: Var, axis: int) -> bool:
     """Is operand ``x`` a strided view of an input in which ``axis`` (-2 or -1) runs contiguously
     and the other of its last two axes does not?"""
-    src, path = _b_path({id(o): e for e in body.eqns for o in e.outs}, x)
+    src, path = _operand_path({id(o): e for e in body.eqns for o in e.outs}, x)
     if not any(v is src for v in body.inputs) or x.shape[axis] == 1:
         return False
     st = view_strides(src, path)
@@ -1100,7 +1100,7 @@ def _b_vec_index(em: Emitter, b: Var, here: Idx, branch: bool) -> tuple[str, str
     split along K: 512x20016x512 300 / 272, 2048x2816x1024 324 / 301, 1000x4096x1000 259 /
     245. The same kind of test around the A tile's reads made it slower (4096^3 3.10 -> 3.50
     ms)."""
-    src, path = _b_path(em.producer, b)
+    src, path = _operand_path(em.producer, b)
     if not _padded_chunks(src, path, b):
         st = view_strides(src, path)
         assert st is not None, "_b_source reads only strided views as vec4s"
