@@ -24,9 +24,10 @@ from .errors import (
     TraceError,
     TracerBoolConversionError,
 )
-from .jit import Compiled, JitFunction, Lowered, Traced, gpu_jit, warmup_from
+from .jit import Compiled, JitFunction, Lowered, Traced, gpu_jit
 from .runtime import Array, DeviceInfo, default_device, device_put
 from .trace import ShapeDtype
+from .warmup import warmup_from
 
 __all__ = [
     "Array", "CacheInfo", "Compiled", "DTypeError", "DeviceInfo", "DeviceLimitError", "FusecError",

@@ -1,32 +1,43 @@
 """Kernel IR -> WGSL. Per-op expressions come from :mod:`fusec.ops`; the kernel skeletons are jinja2
 templates in the top-level ``templates/`` folder (shipped in the wheel as ``fusec/templates``).
 
-A kernel body is evaluated by :class:`Emitter`: it asks for "value v at index I" and emits one
-``let`` per (value, index) pair, memoised, so a value used twice at the same index is computed once.
-Movement ops never move data: broadcast, transpose and reshape only rewrite the index, and a load
-whose index is the kernel's own flat index uses it directly, with no index arithmetic.
+This module generates the elementwise, reduction and matmul kernels and dispatches the other kinds
+(scatter, scan, sort) to :mod:`fusec.kernels`; what they share (the value emitter, bindings,
+templates) is :mod:`fusec.emit`.
 """
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import math
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Optional
 
-import jinja2
-
 from .dtypes import WGSL_STORAGE, WGSL_TYPE
-from .errors import DeviceLimitError
-from .ir import ELEMENTWISE, MOVEMENT, REDUCE, Atom, Eqn, Lit, Op, Program, Shape, Var, reduced_ends
-from .ops import ELEMENTWISE as EW_TABLE
-from .ops import HELPERS, REDUCTIONS, cast_wgsl, ipow_wgsl, wgsl_literal
+from .emit import (  # noqa: F401 - re-exported: part of codegen's interface
+    LOOP_BUDGET,
+    MAX_GROUPS,
+    SOFTWARE_LOOP_LIMIT,
+    WORKGROUP,
+    WORKGROUP_STORAGE,
+    Emitter,
+    Idx,
+    KernelCode,
+    Unaligned,
+    _bindings,
+    _env,
+    _helpers,
+    _nonunit,
+    _template_dir,
+    grid_for,
+    store_expr,
+    strides,
+)
+from .ir import MOVEMENT, REDUCE, Eqn, Lit, Op, Program, Shape, Var, reduced_ends
+from .kernels import GENERATORS
+from .ops import REDUCTIONS, wgsl_literal
 
-WORKGROUP = 256  # threads per workgroup for elementwise and reduction kernels
 TILE = 16  # matmul tile edge
 ELEMS_PER_THREAD = 4  # elementwise kernels over large arrays
 VEC_MIN = 1 << 16  # elementwise kernels at least this large use vec4 loads and stores on GPUs
@@ -123,14 +134,6 @@ PARTIAL_COLUMNS_MIN = 4
 FLAT_COLUMNS = int(os.environ.get("FUSEC_FLAT_COLUMNS", 128))
 if not 0 <= FLAT_COLUMNS <= WORKGROUP:
     raise ValueError(f"FUSEC_FLAT_COLUMNS must be from 0 to {WORKGROUP}; got {FLAT_COLUMNS}")
-# Software adapters (Mesa's llvmpipe, under lavapipe) end a shader invocation's loops after 65535
-# iterations in all, every loop of the shader counting towards the one limit, and the kernel
-# carries on with wrong results. Kernels for the "cpu" target stay within LOOP_BUDGET iterations
-# (see loop_copies; the split pass cuts long reductions).
-SOFTWARE_LOOP_LIMIT = 65535
-LOOP_BUDGET = 65000
-MAX_GROUPS = 65535  # workgroups per grid dimension (WebGPU limit)
-WORKGROUP_STORAGE = 16384  # bytes of workgroup memory every WebGPU device offers
 
 
 def tuning() -> dict[str, Any]:
@@ -143,329 +146,15 @@ def tuning() -> dict[str, Any]:
             "matmul": (MATMUL_BLOCK, MATMUL_LARGE, MATMUL_MEDIUM, MATMUL_SMALL, MATMUL_EPILOGUE)}
 
 
-def _template_dir() -> Path:
-    here = Path(__file__).resolve().parent
-    shipped = here / "templates"  # inside an installed wheel
-    return shipped if shipped.is_dir() else here.parent / "templates"
-
-
-@functools.lru_cache(maxsize=1)
-def _env() -> jinja2.Environment:
-    return jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(_template_dir())),
-        undefined=jinja2.StrictUndefined,
-        trim_blocks=True,
-        lstrip_blocks=True,
-        keep_trailing_newline=True,
-    )
-
-
-def strides(shape: Shape) -> list[int]:
-    out = [1] * len(shape)
-    for k in range(len(shape) - 2, -1, -1):
-        out[k] = out[k + 1] * shape[k + 1]
-    return out
-
-
-@dataclass(frozen=True)
-class Idx:
-    """An index into an array of ``shape``: a flat (row-major) offset, per-axis coordinates, or
-    both. Each is a WGSL u32 expression."""
-
-    shape: Shape
-    flat: Optional[str] = None
-    coords: Optional[tuple[str, ...]] = None
-
-    def key(self) -> tuple[Any, ...]:
-        return (self.shape, self.flat, self.coords)
-
-
-class Unaligned(Exception):
-    """A fused value would read a register (a row's reduction, a matmul accumulator) at an index
-    other than the one it holds. The fusion pass treats this as "cannot fuse"."""
-
-
-def _nonunit(idx_coords: tuple[str, ...], shape: Shape) -> tuple[str, ...]:
-    return tuple(c for c, d in zip(idx_coords, shape) if d != 1)
-
-
-class Emitter:
-    """Emits WGSL statements computing body values at given indices."""
-
-    def __init__(self, body: Program, buffers: dict[int, str], indent: str = "    ",
-                 registers: Optional[dict[int, tuple[tuple[str, ...], str]]] = None,
-                 counter: Optional[list[int]] = None) -> None:
-        self.producer = {id(o): e for e in body.eqns for o in e.outs}
-        self.buffers = buffers  # id(var) -> binding name, for values read from memory
-        # id(var) -> (the coordinates it is held for, WGSL name): values already in registers
-        self.registers = registers if registers is not None else {}
-        # row kernels on a GPU: buffers read along the row are kept in per-thread registers
-        # (``rc*[j]``) by the first pass that loads them, so later passes do not read memory again
-        self.row_cache: Optional[dict[int, tuple[str, str, int]]] = None
-        self.row_slot = "j"  # which element of the thread's part of the row (a constant)
-        self.stage = 0
-        self.row_flat: Optional[str] = None
-        self.row_shape: Optional[Shape] = None
-        # vectorised elementwise kernels: buffers bound as vec4 arrays, and which flat index is
-        # which lane of the thread's vec4 (so a load is one 16-byte access per buffer)
-        self.vec_buffers: set[str] = set()
-        self.lane_of: dict[str, tuple[str, int]] = {}
-        self.lines: list[str] = []
-        self.memo: dict[tuple[Any, ...], str] = {}
-        self.counter = counter if counter is not None else [0]  # shared: unique names per kernel
-        self.indent = indent
-
-    def fresh(self, prefix: str = "v") -> str:
-        self.counter[0] += 1
-        return f"{prefix}{self.counter[0]}"
-
-    def let(self, expr: str, prefix: str = "v") -> str:
-        if expr.isidentifier():
-            return expr
-        key = ("let", expr)
-        if key in self.memo:
-            return self.memo[key]
-        name = self.fresh(prefix)
-        self.lines.append(f"{self.indent}let {name} = {expr};")
-        self.memo[key] = name
-        return name
-
-    # -- indices --
-    def flat(self, idx: Idx) -> str:
-        if idx.flat is not None:
-            return idx.flat
-        assert idx.coords is not None
-        terms = [f"{c} * {s}u" if s != 1 else c for c, s, d in
-                 zip(idx.coords, strides(idx.shape), idx.shape) if d != 1]
-        return self.let(" + ".join(terms) if terms else "0u", "i")
-
-    def coords(self, idx: Idx) -> tuple[str, ...]:
-        if idx.coords is not None:
-            return idx.coords
-        assert idx.flat is not None
-        out = []
-        st = strides(idx.shape)
-        first = True  # the outermost non-unit axis needs no modulo: flat < size
-        for d, s in zip(idx.shape, st):
-            if d == 1:
-                out.append("0u")
-                continue
-            q = idx.flat if s == 1 else f"{idx.flat} / {s}u"
-            out.append(self.let(q if first else f"({q}) % {d}u", "c"))
-            first = False
-        return tuple(out)
-
-    def unbroadcast(self, idx: Idx, shape: Shape) -> Idx:
-        """The index into an operand of ``shape`` that broadcasts to ``idx.shape``."""
-        if shape == idx.shape:
-            return idx
-        if math.prod(shape) == 1:
-            return Idx(shape, flat="0u")
-        lead = len(idx.shape) - len(shape)
-        if idx.coords is None and 1 not in shape and idx.shape[lead:] == shape:
-            return Idx(shape, flat=self.let(f"{idx.flat} % {math.prod(shape)}u", "i"))
-        cs = self.coords(idx)[lead:]
-        return Idx(shape, coords=tuple("0u" if d == 1 else c for c, d in zip(cs, shape)))
-
-    # -- values --
-    def value(self, a: Atom, idx: Idx) -> str:
-        if isinstance(a, Lit):
-            return wgsl_literal(a.value, a.dtype)
-        key = (id(a), idx.key())
-        if key in self.memo:
-            return self.memo[key]
-        if id(a) in self.registers:
-            held, reg = self.registers[id(a)]
-            if _nonunit(self.coords(idx), a.shape) != held:
-                raise Unaligned(f"register {reg} read at another index")
-            expr = reg
-        elif id(a) in self.buffers:
-            expr = self.load(a, idx)
-        else:
-            expr = self.compute(self.producer[id(a)], idx)
-        name = expr if expr.isidentifier() else self.let(expr)
-        self.memo[key] = name
-        return name
-
-    def load(self, v: Var, idx: Idx) -> str:
-        buf = self.buffers[id(v)]
-        at = "0u" if v.size == 1 else self.flat(idx)
-        raw = f"{buf}[{at}]"
-        if buf in self.vec_buffers:
-            if at in self.lane_of:
-                t, lane = self.lane_of[at]
-                raw = f"{self.let(f'{buf}[{t}]', 'q')}.{'xyzw'[lane]}"
-            else:
-                raw = f"{buf}[({at}) / 4u][({at}) % 4u]"
-        if (self.row_cache is not None and v.shape == self.row_shape and v.size > 1
-                and at == self.row_flat):
-            if id(v) not in self.row_cache:
-                name = f"rc{len(self.row_cache)}"
-                self.row_cache[id(v)] = (name, WGSL_STORAGE[v.dtype], self.stage)
-            name, _, filled_in = self.row_cache[id(v)]
-            if filled_in == self.stage:  # the first pass that reads it loads it and keeps it
-                raw = self.let(raw)
-                self.lines.append(f"{self.indent}{name}[{self.row_slot}] = {raw};")
-            else:
-                raw = f"{name}[{self.row_slot}]"
-        return f"({raw} != 0u)" if v.dtype == "bool" else raw
-
-    def compute(self, e: Eqn, idx: Idx) -> str:
-        op = e.op
-        if op in MOVEMENT:
-            src = e.inputs[0]
-            if op is Op.RESHAPE:
-                if tuple(d for d in src.shape if d != 1) == tuple(d for d in idx.shape if d != 1):
-                    # only unit axes change: keep the coordinates (no index arithmetic)
-                    it = iter(_nonunit(self.coords(idx), idx.shape))
-                    cs = tuple("0u" if d == 1 else next(it) for d in src.shape)
-                    return self.value(src, Idx(src.shape, coords=cs))
-                padded = id(src) in self.producer and self.producer[id(src)].op is Op.PAD
-                merged = self.merged_coords(idx, src.shape) if padded else None
-                if merged is not None:
-                    # a padded array needs coordinates; from a split of its axes (split_k's
-                    # chunks of K) they are sums, where the flat index would need divisions
-                    return self.value(src, Idx(src.shape, coords=merged))
-                return self.value(src, Idx(src.shape, flat=self.flat(idx)))
-            if op is Op.PAD:
-                return self._padded(e, idx)
-            if op is Op.TRANSPOSE:
-                perm = e.params["perm"]
-                cs = self.coords(idx)
-                inv = [""] * len(perm)
-                for k, p in enumerate(perm):
-                    inv[p] = cs[k]
-                return self.value(src, Idx(src.shape, coords=tuple(inv)))
-            return self.value(src, self.unbroadcast(idx, src.shape))
-        if op in ELEMENTWISE or op in (Op.CAST, Op.IPOW):
-            args = [self.value(a, self.unbroadcast(idx, a.shape)) for a in e.inputs]
-            dt = e.inputs[0].dtype if op is not Op.WHERE else e.inputs[1].dtype
-            if op is Op.CAST:
-                return cast_wgsl(args[0], dt, e.params["dtype"])
-            if op is Op.IPOW:
-                return ipow_wgsl(args[0], int(e.params["n"]), dt)
-            return EW_TABLE[op].wgsl(args, dt)
-        raise AssertionError(f"{op} cannot be computed inline")
-
-    def merged_coords(self, idx: Idx, shape: Shape) -> Optional[tuple[str, ...]]:
-        """Coordinates into ``shape`` for ``idx`` when each axis of ``shape`` merges a run of
-        ``idx``'s axes (a reshape that only splits axes); None otherwise."""
-        cs, dims = self.coords(idx), idx.shape
-        out: list[str] = []
-        j = 0
-        for d in shape:
-            group: list[int] = []
-            prod = 1
-            while prod < d and j < len(dims):
-                group.append(j)
-                prod *= dims[j]
-                j += 1
-            if prod != d:
-                return None
-            terms, step = [], 1
-            for g in reversed(group):
-                if dims[g] != 1:
-                    terms.append(cs[g] if step == 1 else f"{cs[g]} * {step}u")
-                step *= dims[g]
-            out.append(" + ".join(reversed(terms)) if terms else "0u")
-        if any(d != 1 for d in dims[j:]):
-            return None
-        return tuple(self.let(c, "c") for c in out)
-
-    def _padded(self, e: Eqn, idx: Idx) -> str:
-        """A padded array's element: its input's, or zero past its end. The input is read at a
-        clamped index (inside it whatever the coordinate), and the read value selected away."""
-        src = e.inputs[0]
-        cs = self.coords(idx)
-        inner: list[str] = []
-        inside: list[str] = []
-        for c, d, (lo, hi) in zip(cs, src.shape, e.params["widths"]):
-            assert lo == 0, "split_k pads only at the end of an axis"
-            if hi == 0:
-                inner.append(c)
-                continue
-            inside.append(f"{c} < {d}u")
-            inner.append(self.let(f"min({c}, {d - 1}u)", "c"))
-        v = self.value(src, Idx(src.shape, coords=tuple(inner)))
-        if not inside:
-            return v
-        zero = wgsl_literal(False if src.dtype == "bool" else 0, src.dtype)
-        return f"select({zero}, {v}, {' && '.join(inside)})"
-
-
-def store_expr(expr: str, dtype: str) -> str:
-    return f"select(0u, 1u, {expr})" if dtype == "bool" else expr
-
-
-@dataclass
-class KernelCode:
-    """A kernel ready to compile: WGSL, grid, and which buffers bind where."""
-
-    name: str
-    kind: str
-    wgsl: str
-    grid: tuple[int, int, int]
-    n_inputs: int
-    n_outputs: int
-    key: str  # pipeline cache key: hash of the kernel IR and launch configuration
-
-    def __str__(self) -> str:
-        return f"// kernel {self.name} ({self.kind}), grid {self.grid}\n{self.wgsl}"
-
-
-def grid_for(groups: int) -> tuple[int, int, int]:
-    """Spread ``groups`` workgroups over x and y so neither exceeds 65535."""
-    if groups <= 0:
-        return (0, 1, 1)
-    if groups > MAX_GROUPS * MAX_GROUPS:
-        raise DeviceLimitError(f"a kernel needs {groups} workgroups, more than a 65535 x 65535 "
-                               "grid holds; split the work into smaller arrays")
-    x = min(groups, MAX_GROUPS)
-    return (x, -(-groups // x), 1)
-
-
-def _bindings(body: Program, inplace: tuple[tuple[int, int], ...] = (),
-              vec: Optional[set[str]] = None) -> tuple[list[dict[str, str]], dict[int, str]]:
-    """Bindings in order: inputs (read), then outputs (read_write). An input that is written in
-    place (a donated buffer) has no binding of its own: it is read through its output's. Names in
-    ``vec`` are bound as arrays of vec4."""
-    binds: list[dict[str, str]] = []
-    names: dict[int, str] = {}
-    aliased = dict(inplace)
-    vec = vec or set()
-
-    def ty(name: str, dtype: str) -> str:
-        return f"vec4<{WGSL_STORAGE[dtype]}>" if name in vec else WGSL_STORAGE[dtype]
-
-    for i, v in enumerate(body.inputs):
-        if i in aliased:
-            names[id(v)] = f"out{aliased[i]}"
-            continue
-        names[id(v)] = f"in{i}"
-        binds.append({"name": f"in{i}", "access": "read", "type": ty(f"in{i}", v.dtype)})
-    for j, o in enumerate(body.outputs):
-        assert isinstance(o, Var)
-        binds.append({"name": f"out{j}", "access": "read_write", "type": ty(f"out{j}", o.dtype)})
-    return binds, names
-
-
-def _helpers(code: str) -> str:
-    """The helper functions ``code`` calls, and those they call (a helper may only call helpers
-    listed before it in HELPERS)."""
-    used: set[str] = set()
-    for name in reversed(HELPERS):
-        if f"{name}(" in code or any(f"{name}(" in HELPERS[u] for u in used):
-            used.add(name)
-    return "".join(text for name, text in HELPERS.items() if name in used)
-
-
 def generate(kernel: Eqn, target: str = "gpu",
              workgroup_storage: int = WORKGROUP_STORAGE) -> KernelCode:
     """WGSL for one ``kernel`` equation produced by the fusion pass. ``target`` is "gpu", or "cpu"
     for a software adapter (lavapipe), where a thread per row beats a workgroup per row;
     ``workgroup_storage``: the bytes of workgroup memory the device gives a kernel."""
-    body: Program = kernel.params["body"]
     kind = kernel.params["kind"]
+    if kind in GENERATORS:
+        return GENERATORS[kind](kernel, target, workgroup_storage)
+    body: Program = kernel.params["body"]
     name = kernel.params["name"]
     inplace = tuple(kernel.params.get("inplace", ()))
     vec: set[str] = set()

@@ -13,7 +13,16 @@ from typing import Any
 import numpy as np
 
 from .ir import MOVEMENT, Atom, Eqn, Lit, Op, Program
-from .ops import ELEMENTWISE, REDUCTIONS, numpy_elementwise, partial_numpy
+from .ops import (
+    ELEMENTWISE,
+    NUMPY_RULES,
+    REDUCTIONS,
+    gather_numpy,
+    iota_numpy,
+    numpy_elementwise,
+    partial_numpy,
+    slice_numpy,
+)
 
 
 def lit_value(lit: Lit) -> np.ndarray:
@@ -49,8 +58,16 @@ def _eval_primitive(e: Eqn, args: Sequence[np.ndarray]) -> np.ndarray:
         if op is Op.TRANSPOSE:
             return x.transpose(p["perm"])
         if op is Op.PAD:
-            return np.pad(x, p["widths"])
+            return np.pad(x, p["widths"], constant_values=p.get("value", 0))
+        if op is Op.SLICE:
+            return slice_numpy(x, p["starts"], p["steps"], e.out.shape)
         return np.broadcast_to(x, p["shape"])
+    if op is Op.IOTA:
+        return iota_numpy(e.out.shape, int(p["axis"]), e.out.dtype)
+    if op is Op.GATHER:
+        return gather_numpy(args[0], args[1:], e.out.shape)
+    if op in NUMPY_RULES:
+        return NUMPY_RULES[op](args, p, (e.out.shape, e.out.dtype))
     raise NotImplementedError(f"interpreter: no rule for {op}")
 
 

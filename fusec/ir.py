@@ -42,6 +42,29 @@ class Op(Enum):
     ERF = "erf"
     CAST = "cast"  # params: dtype
     IPOW = "ipow"  # params: n (a Python int exponent)
+    FLOOR = "floor"
+    CEIL = "ceil"
+    TRUNC = "trunc"
+    ROUND = "round"  # half to even, as numpy
+    SIGN = "sign"
+    SIGNBIT = "signbit"
+    LOG1P = "log1p"
+    EXPM1 = "expm1"
+    LOG2 = "log2"
+    TAN = "tan"
+    SINH = "sinh"
+    COSH = "cosh"
+    ASIN = "asin"
+    ACOS = "acos"
+    ATAN = "atan"
+    ASINH = "asinh"
+    ACOSH = "acosh"
+    ATANH = "atanh"
+    ISNAN = "isnan"
+    ISINF = "isinf"
+    ISFINITE = "isfinite"
+    NOT = "not"  # logical not of bool, bitwise invert of integers
+    COPY = "copy"  # identity: a value that must be a buffer of its own (scatter's operand)
     # elementwise, binary
     ADD = "add"
     SUB = "sub"
@@ -56,12 +79,23 @@ class Op(Enum):
     LE = "le"
     EQ = "eq"
     NE = "ne"
+    REM = "rem"  # numpy's remainder (the divisor's sign)
+    FMOD = "fmod"  # C's fmod (the dividend's sign)
+    FLOORDIV = "floordiv"
+    ATAN2 = "atan2"
+    COPYSIGN = "copysign"
+    AND = "and"  # logical for bool, bitwise for integers
+    OR = "or"
+    XOR = "xor"
+    SHL = "shl"
+    SHR = "shr"  # arithmetic for int32, logical for uint32
     # elementwise, ternary
     WHERE = "where"
     # reductions: params axes (sorted tuple), keepdims is expressed with a following reshape
     SUM = "sum"
     RMAX = "reduce_max"
     RMIN = "reduce_min"
+    PROD = "reduce_prod"
     # first stage of a multi-stage reduction: params reduce (sum|reduce_max|reduce_min), axes,
     # chunks; out[..., g] reduces chunk g of the flattened reduced axes
     PARTIAL = "reduce_partial"
@@ -71,21 +105,46 @@ class Op(Enum):
     RESHAPE = "reshape"  # params: shape
     TRANSPOSE = "transpose"  # params: perm
     BROADCAST = "broadcast"  # params: shape (numpy broadcasting of the input to it)
-    # params: widths ((before, after) per axis): zeros around the input, as np.pad; made by
-    # split_k only (chunks of K with a short last one: before is 0), never traced
+    # params: widths ((before, after) per axis), value (the constant around the input; 0 when
+    # absent), as np.pad's constant mode
     PAD = "pad"
+    # params: starts, steps (non-zero, may be negative), shape: out[o] = x[start + o * step]
+    SLICE = "slice"
+    # sources: params shape, axis, dtype: each element's coordinate along axis
+    IOTA = "iota"
+    # gather: inputs x, i_0 .. i_{ndim-1} (integer arrays broadcasting to the result's shape);
+    # out[o] = x[i_0[o], ..., i_{n-1}[o]]; a negative index counts from the end, then every index
+    # is clamped into its axis (JAX's default for gathers)
+    GATHER = "gather"
+    # --- kernels of their own kind (scatter, scan, sort: see KERNEL_KIND) ---
+    # scatter: section owned by fusec.passes.scatter / fusec.kernels.scatter
+    # scan: section owned by fusec.passes.scan / fusec.kernels.scan
+    # sort: section owned by fusec.passes.sort / fusec.kernels.sort
     # a fused kernel
     KERNEL = "kernel"  # params: body (Program), name, kind
 
 
 UNARY = frozenset({Op.NEG, Op.ABS, Op.EXP, Op.LOG, Op.SQRT, Op.RSQRT, Op.TANH, Op.SIN, Op.COS,
-                   Op.ERF, Op.CAST, Op.IPOW})
+                   Op.ERF, Op.CAST, Op.IPOW, Op.FLOOR, Op.CEIL, Op.TRUNC, Op.ROUND, Op.SIGN,
+                   Op.SIGNBIT, Op.LOG1P, Op.EXPM1, Op.LOG2, Op.TAN, Op.SINH, Op.COSH, Op.ASIN,
+                   Op.ACOS, Op.ATAN, Op.ASINH, Op.ACOSH, Op.ATANH, Op.ISNAN, Op.ISINF,
+                   Op.ISFINITE, Op.NOT, Op.COPY})
 BINARY = frozenset({Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.POW, Op.MAX, Op.MIN, Op.GT, Op.GE, Op.LT,
-                    Op.LE, Op.EQ, Op.NE})
+                    Op.LE, Op.EQ, Op.NE, Op.REM, Op.FMOD, Op.FLOORDIV, Op.ATAN2, Op.COPYSIGN,
+                    Op.AND, Op.OR, Op.XOR, Op.SHL, Op.SHR})
 COMPARISON = frozenset({Op.GT, Op.GE, Op.LT, Op.LE, Op.EQ, Op.NE})
 ELEMENTWISE = UNARY | BINARY | {Op.WHERE}
-REDUCE = frozenset({Op.SUM, Op.RMAX, Op.RMIN})
-MOVEMENT = frozenset({Op.RESHAPE, Op.TRANSPOSE, Op.BROADCAST, Op.PAD})
+# results of a bool dtype whatever the operands'
+PREDICATE = COMPARISON | {Op.ISNAN, Op.ISINF, Op.ISFINITE, Op.SIGNBIT}
+REDUCE = frozenset({Op.SUM, Op.RMAX, Op.RMIN, Op.PROD})
+MOVEMENT = frozenset({Op.RESHAPE, Op.TRANSPOSE, Op.BROADCAST, Op.PAD, Op.SLICE})
+# computed inside any kernel like elementwise ops, but read their operand (gather) or nothing
+# (iota) at other indices than the result's
+SOURCE = frozenset({Op.IOTA})
+INDEXING = frozenset({Op.GATHER})
+# Ops that are whole kernels of another kind than elementwise/reduce/matmul: the fusion pass gives
+# each its own kernel of this kind (codegen: fusec.kernels.<kind>). Filled in by the sections above.
+KERNEL_KIND: dict[Op, str] = {}
 
 
 def size_of(shape: Shape) -> int:

@@ -34,9 +34,10 @@ from .errors import (
 from .interpret import evaluate
 from .ir import MOVEMENT, REDUCE, Lit, Op, Program, Var, from_json, to_json
 from .passes import MemoryAnalysis, Options, analyse, run_pipeline, used_inputs
+from .record import record
 from .runtime import Array, CpuExecutable, GpuExecutable, get_runtime
-from .trace import Aval, Builder, ShapeDtype, Tracer, current_builder, tracing
-from .tree import TreeDef, flatten_with_paths, unflatten
+from .trace import Aval, Builder, ShapeDtype, Tracer, current_builder, set_eager_runner, tracing
+from .tree import TreeDef, describe, flatten_with_paths, unflatten
 
 Signature = tuple[Any, ...]
 
@@ -550,8 +551,6 @@ class JitFunction:
                 "signature). Set FUSEC_EXPLAIN_CACHE_MISSES=1 to see what changes between calls; "
                 "make varying values static or keep shapes fixed.", RuntimeWarning, stacklevel=3)
         if config.get("record_signatures"):
-            from .warmup import record
-
             dyn, static = self._binder.split(args, kwargs)
             record(self, dyn, static)
 
@@ -646,16 +645,7 @@ def explain_miss(jf: JitFunction, key: Signature, paths: list[str]) -> str:
 
 
 def _describe_args(td: TreeDef) -> str:
-    from .tree import describe
-
     return "(" + ", ".join(f"{name}={describe(sub)}" for name, sub in td[1]) + ")"
-
-
-def warmup_from(path: str, threads: Optional[int] = None, progress: bool = True) -> dict[str, Any]:
-    """Compile every signature recorded in a warm-up manifest (see :mod:`fusec.warmup`)."""
-    from .warmup import warmup_from as run
-
-    return run(path, threads=threads, progress=progress)
 
 
 def gpu_jit(fun: Optional[Callable[..., Any]] = None, *, static_argnums: Sequence[int] = (),
@@ -722,3 +712,6 @@ def interpret_traced(traced: Traced, leaves: Sequence[Any]) -> list[np.ndarray]:
     args = [np.asarray(x, dtype=a.dtype) for x, a in zip(leaves, traced.in_avals)]
     args += [np.asarray(c) for c in traced.const_values]
     return evaluate(traced.program, args)
+
+
+set_eager_runner(eager_call)

@@ -6,7 +6,7 @@ import math
 from typing import Any
 
 from . import numpy as fnp
-from .numpy import _traceable
+from .numpy._base import _traceable
 from .trace import Tracer
 
 __all__ = ["relu", "sigmoid", "tanh", "silu", "swish", "gelu", "leaky_relu", "elu", "softmax",

@@ -17,7 +17,7 @@ import numpy as np
 
 from . import dtypes
 from .errors import ShapeError
-from .ir import COMPARISON, Op, Shape
+from .ir import PREDICATE, Op, Shape
 
 # --- shape rules ----------------------------------------------------------------------------------
 
@@ -274,7 +274,7 @@ def ipow_wgsl(expr: str, n: int, dtype: str) -> str:
 
 
 def elementwise_dtype(op: Op, in_dtypes: Sequence[str], params: dict[str, Any]) -> str:
-    if op in COMPARISON:
+    if op in PREDICATE:
         return "bool"
     if op is Op.CAST:
         return str(params["dtype"])
@@ -345,6 +345,63 @@ def partial_numpy(x: np.ndarray, op: Op, axes: tuple[int, ...], chunks: int) -> 
                       dtype=x.dtype)
 
 
+def slice_shape(shape: Shape, starts: tuple[int, ...], steps: tuple[int, ...],
+                out: Shape) -> Shape:
+    """Check a static slice: out[o] = x[start + o * step] stays inside ``shape`` on every axis."""
+    if not len(shape) == len(starts) == len(steps) == len(out):
+        raise ShapeError(f"slice of shape {shape}: starts {starts}, steps {steps} and result "
+                         f"shape {out} must have one entry per axis")
+    for d, s0, st, n in zip(shape, starts, steps, out):
+        if st == 0 or n < 0:
+            raise ShapeError(f"slice step must be non-zero; got steps {steps}")
+        if n and not (0 <= s0 < d and 0 <= s0 + (n - 1) * st < d):
+            raise ShapeError(f"slice starts {starts}, steps {steps}, shape {out} leave the bounds "
+                             f"of shape {shape}")
+    return tuple(out)
+
+
+# Facts of ops that live in sections of their own (scatter, scan, sort, ...): the type rule
+# ((shape, dtype) per input, params) -> (shape, dtype), and the numpy reference
+# (input arrays, params, (shape, dtype) of the result) -> array. The interpreter and the verifier
+# read these tables.
+TYPE_RULES: dict[Op, Callable[[Sequence[tuple[Shape, str]], dict[str, Any]],
+                              tuple[Shape, str]]] = {}
+NUMPY_RULES: dict[Op, Callable[[Sequence[np.ndarray], dict[str, Any], tuple[Shape, str]],
+                               np.ndarray]] = {}
+
+
+def slice_numpy(x: np.ndarray, starts: Sequence[int], steps: Sequence[int],
+                shape: Shape) -> np.ndarray:
+    """Reference of ``slice``."""
+    idx = tuple(np.arange(n, dtype=np.int64) * st + s0 for s0, st, n in zip(starts, steps, shape))
+    return x[np.ix_(*idx)] if idx else x
+
+
+def gather_indices(index: np.ndarray, dim: int) -> np.ndarray:
+    """A gather index as the GPU reads it: negative counts from the end, then clamped."""
+    i = np.asarray(index).astype(np.int64)
+    if np.asarray(index).dtype == np.uint32:
+        return np.minimum(i, dim - 1)
+    i = np.where(i < 0, i + dim, i)
+    return np.clip(i, 0, dim - 1)
+
+
+def gather_numpy(x: np.ndarray, indices: Sequence[np.ndarray], shape: Shape) -> np.ndarray:
+    """Reference of ``gather``."""
+    if math.prod(shape) == 0:
+        return np.zeros(shape, dtype=x.dtype)
+    idx = tuple(np.broadcast_to(gather_indices(i, d), shape) for i, d in zip(indices, x.shape))
+    return x[idx] if idx else np.broadcast_to(x, shape)
+
+
+def iota_numpy(shape: Shape, axis: int, dtype: str) -> np.ndarray:
+    """Reference of ``iota``."""
+    n = shape[axis]
+    view = [1] * len(shape)
+    view[axis] = n
+    return np.broadcast_to(np.arange(n, dtype=np.int64).reshape(view), shape).astype(dtype)
+
+
 def reduce_shape(shape: Shape, axes: tuple[int, ...]) -> Shape:
     return tuple(d for k, d in enumerate(shape) if k not in axes)
 
@@ -390,4 +447,24 @@ def infer_type(op: Op, in_types: Sequence[tuple[Shape, str]], params: dict[str, 
         if len(widths) != len(shapes[0]) or any(lo < 0 or hi < 0 for lo, hi in widths):
             raise ShapeError(f"pad widths {widths} do not fit shape {shapes[0]}")
         return tuple(lo + d + hi for d, (lo, hi) in zip(shapes[0], widths)), dts[0]
+    if op is Op.SLICE:
+        return slice_shape(shapes[0], tuple(params["starts"]), tuple(params["steps"]),
+                           tuple(params["shape"])), dts[0]
+    if op is Op.IOTA:
+        shape = tuple(params["shape"])
+        if not 0 <= int(params["axis"]) < len(shape):
+            raise ShapeError(f"iota axis {params['axis']} is out of range for shape {shape}")
+        return shape, str(params["dtype"])
+    if op is Op.GATHER:
+        if len(shapes) != 1 + len(shapes[0]):
+            raise ShapeError(f"gather of an array of {len(shapes[0])} axes needs as many index "
+                             f"arrays; got {len(shapes) - 1}")
+        if any(d not in ("int32", "uint32") for d in dts[1:]):
+            raise ShapeError(f"gather indices must be int32 or uint32; got {dts[1:]}")
+        if 0 in shapes[0] and 0 not in broadcast_shapes(*shapes[1:]):
+            raise ShapeError(f"cannot gather from an empty array of shape {shapes[0]}")
+        return broadcast_shapes(*shapes[1:]), dts[0]
+    rule = TYPE_RULES.get(op)
+    if rule is not None:
+        return rule(in_types, params)
     raise ValueError(f"no type rule for {op}")

@@ -14,13 +14,16 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from operator import itemgetter
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, cast
 
 import numpy as np
 
 from . import cache, config, dtypes
+from . import numpy as fnp
 from .errors import DeviceLimitError, FusecError
+from .interpret import evaluate
 from .ir import Lit, Op, Program, Var
+from .trace import register_array_type
 
 BIND_GROUP_CACHE = 8  # bind groups kept per kernel launch of an executable
 _BACKENDS = {"vulkan": "Vulkan", "metal": "Metal", "dx12": "D3D12", "gl": "OpenGL"}
@@ -490,49 +493,80 @@ class Array:
 
     __hash__ = None  # type: ignore[assignment]
 
-    # Operators and methods run eagerly on the device through fusec.numpy.
-    def __add__(self, o: Any) -> Array: return _fnp().add(self, o)
-    def __radd__(self, o: Any) -> Array: return _fnp().add(o, self)
-    def __sub__(self, o: Any) -> Array: return _fnp().subtract(self, o)
-    def __rsub__(self, o: Any) -> Array: return _fnp().subtract(o, self)
-    def __mul__(self, o: Any) -> Array: return _fnp().multiply(self, o)
-    def __rmul__(self, o: Any) -> Array: return _fnp().multiply(o, self)
-    def __truediv__(self, o: Any) -> Array: return _fnp().divide(self, o)
-    def __rtruediv__(self, o: Any) -> Array: return _fnp().divide(o, self)
-    def __pow__(self, o: Any) -> Array: return _fnp().power(self, o)
-    def __rpow__(self, o: Any) -> Array: return _fnp().power(o, self)
-    def __matmul__(self, o: Any) -> Array: return _fnp().matmul(self, o)
-    def __rmatmul__(self, o: Any) -> Array: return _fnp().matmul(o, self)
-    def __neg__(self) -> Array: return _fnp().negative(self)
-    def __abs__(self) -> Array: return _fnp().abs(self)
-    def __gt__(self, o: Any) -> Array: return _fnp().greater(self, o)
-    def __ge__(self, o: Any) -> Array: return _fnp().greater_equal(self, o)
-    def __lt__(self, o: Any) -> Array: return _fnp().less(self, o)
-    def __le__(self, o: Any) -> Array: return _fnp().less_equal(self, o)
-    def __eq__(self, o: Any) -> Array: return _fnp().equal(self, o)  # type: ignore[override]
-    def __ne__(self, o: Any) -> Array: return _fnp().not_equal(self, o)  # type: ignore[override]
+    # numpy's operators and methods run eagerly on the device through fusec.numpy; they are
+    # attached below the class, as on traced values.
 
-    @property
-    def T(self) -> Array:
-        return _fnp().transpose(self)  # type: ignore[no-any-return]
+    if TYPE_CHECKING:  # attached by fusec.numpy.attach_operators; declared for type checkers
+        def __add__(self, o: Any) -> Array: ...
+        def __radd__(self, o: Any) -> Array: ...
+        def __sub__(self, o: Any) -> Array: ...
+        def __rsub__(self, o: Any) -> Array: ...
+        def __mul__(self, o: Any) -> Array: ...
+        def __rmul__(self, o: Any) -> Array: ...
+        def __truediv__(self, o: Any) -> Array: ...
+        def __rtruediv__(self, o: Any) -> Array: ...
+        def __pow__(self, o: Any) -> Array: ...
+        def __rpow__(self, o: Any) -> Array: ...
+        def __matmul__(self, o: Any) -> Array: ...
+        def __rmatmul__(self, o: Any) -> Array: ...
+        def __mod__(self, o: Any) -> Array: ...
+        def __rmod__(self, o: Any) -> Array: ...
+        def __floordiv__(self, o: Any) -> Array: ...
+        def __rfloordiv__(self, o: Any) -> Array: ...
+        def __and__(self, o: Any) -> Array: ...
+        def __rand__(self, o: Any) -> Array: ...
+        def __or__(self, o: Any) -> Array: ...
+        def __ror__(self, o: Any) -> Array: ...
+        def __xor__(self, o: Any) -> Array: ...
+        def __rxor__(self, o: Any) -> Array: ...
+        def __lshift__(self, o: Any) -> Array: ...
+        def __rlshift__(self, o: Any) -> Array: ...
+        def __rshift__(self, o: Any) -> Array: ...
+        def __rrshift__(self, o: Any) -> Array: ...
+        def __gt__(self, o: Any) -> Array: ...
+        def __ge__(self, o: Any) -> Array: ...
+        def __lt__(self, o: Any) -> Array: ...
+        def __le__(self, o: Any) -> Array: ...
+        def __eq__(self, o: Any) -> Array: ...  # type: ignore[override]
+        def __ne__(self, o: Any) -> Array: ...  # type: ignore[override]
+        def __neg__(self) -> Array: ...
+        def __abs__(self) -> Array: ...
+        def __invert__(self) -> Array: ...
+        def __pos__(self) -> Array: ...
+        def sum(self, *args: Any, **kwargs: Any) -> Array: ...
+        def max(self, *args: Any, **kwargs: Any) -> Array: ...
+        def min(self, *args: Any, **kwargs: Any) -> Array: ...
+        def mean(self, *args: Any, **kwargs: Any) -> Array: ...
+        def astype(self, *args: Any, **kwargs: Any) -> Array: ...
+        def prod(self, *args: Any, **kwargs: Any) -> Array: ...
+        def all(self, *args: Any, **kwargs: Any) -> Array: ...
+        def any(self, *args: Any, **kwargs: Any) -> Array: ...
+        def argmax(self, *args: Any, **kwargs: Any) -> Array: ...
+        def argmin(self, *args: Any, **kwargs: Any) -> Array: ...
+        def var(self, *args: Any, **kwargs: Any) -> Array: ...
+        def std(self, *args: Any, **kwargs: Any) -> Array: ...
+        def cumsum(self, *args: Any, **kwargs: Any) -> Array: ...
+        def cumprod(self, *args: Any, **kwargs: Any) -> Array: ...
+        def sort(self, *args: Any, **kwargs: Any) -> Array: ...
+        def argsort(self, *args: Any, **kwargs: Any) -> Array: ...
+        def clip(self, *args: Any, **kwargs: Any) -> Array: ...
+        def round(self, *args: Any, **kwargs: Any) -> Array: ...
+        def squeeze(self, *args: Any, **kwargs: Any) -> Array: ...
+        def flatten(self, *args: Any, **kwargs: Any) -> Array: ...
+        def ravel(self, *args: Any, **kwargs: Any) -> Array: ...
+        def take(self, *args: Any, **kwargs: Any) -> Array: ...
+        def repeat(self, *args: Any, **kwargs: Any) -> Array: ...
+        def swapaxes(self, *args: Any, **kwargs: Any) -> Array: ...
+        def reshape(self, *args: Any, **kwargs: Any) -> Array: ...
+        def transpose(self, *args: Any, **kwargs: Any) -> Array: ...
+        @property
+        def T(self) -> Array: ...
+        @property
+        def at(self) -> Any: ...
 
-    def sum(self, axis: Any = None, keepdims: bool = False) -> Array:
-        return _fnp().sum(self, axis=axis, keepdims=keepdims)  # type: ignore[no-any-return]
 
-    def max(self, axis: Any = None, keepdims: bool = False) -> Array:
-        return _fnp().max(self, axis=axis, keepdims=keepdims)  # type: ignore[no-any-return]
-
-    def min(self, axis: Any = None, keepdims: bool = False) -> Array:
-        return _fnp().min(self, axis=axis, keepdims=keepdims)  # type: ignore[no-any-return]
-
-    def mean(self, axis: Any = None, keepdims: bool = False) -> Array:
-        return _fnp().mean(self, axis=axis, keepdims=keepdims)  # type: ignore[no-any-return]
-
-    def reshape(self, *shape: Any) -> Array:
-        return _fnp().reshape(self, shape[0] if len(shape) == 1 else shape)  # type: ignore
-
-    def astype(self, dtype: Any) -> Array:
-        return _fnp().astype(self, dtype)  # type: ignore[no-any-return]
+fnp.attach_operators(Array)
+register_array_type(Array)
 
 
 def _device_array(shape: tuple[int, ...], dtype: str, buffer: DeviceBuffer,
@@ -547,12 +581,6 @@ def _device_array(shape: tuple[int, ...], dtype: str, buffer: DeviceBuffer,
     a._submission = submission
     a._donated_to = None
     return a
-
-
-def _fnp() -> Any:
-    from . import numpy as fnp
-
-    return fnp
 
 
 def to_storage(host: np.ndarray, dtype: str) -> np.ndarray:
@@ -620,6 +648,7 @@ class GpuExecutable:
         self.steps: list[Any] = []
         self.pool_sizes: dict[int, int] = {}
         self.pool: dict[int, Any] = {}  # pooled intermediate buffers, persistent across calls
+        self.zeroed: list[int] = []  # pooled buffers cleared to zeros at the start of each call
         codes = iter(kernels)
         for e in prog.eqns:
             if e.op is Op.KERNEL:
@@ -630,12 +659,17 @@ class GpuExecutable:
                 aliased = {j for j, _ in e.params.get("inplace", ())}
                 reads = [slot_of(a) for j, a in enumerate(e.inputs)
                          if isinstance(a, Var) and j not in aliased]
+                # "=J": the output is written into input J's buffer (resolved to its slot)
+                slots = tuple(f"={slot_of(cast(Var, e.inputs[int(sl[1:])]))}"
+                              if sl.startswith("=") else sl for sl in slots)
                 self.steps.append(_Launch(pipe, layout, reads,
                                           [slot_of(o) for o in e.outs], slots, code.grid))
                 for o, sl in zip(e.outs, slots):
-                    if sl.startswith("p"):
+                    if sl.startswith(("p", "z")):
                         b = int(sl[1:])
                         self.pool_sizes[b] = max(self.pool_sizes.get(b, 0), o.nbytes)
+                    if sl.startswith("z"):
+                        self.zeroed.append(int(sl[1:]))
             else:
                 assert e.op is Op.RESHAPE and isinstance(e.inputs[0], Var)
                 self.steps.append(_Alias(slot_of(e.inputs[0]), slot_of(e.out), e.out.shape))
@@ -665,8 +699,10 @@ class GpuExecutable:
             for w, sl in zip(st.writes, st.slots):
                 if sl == "new":
                     st.alloc.append((w, 0, rt._size_class(self.var_of[w].nbytes)))
-                elif sl.startswith("p"):
+                elif sl.startswith(("p", "z")):
                     st.alloc.append((w, 1, int(sl[1:])))
+                elif sl.startswith("="):
+                    st.alloc.append((w, 3, int(sl[1:])))  # the buffer of another slot
                 else:
                     st.alloc.append((w, 2, int(sl[2:])))  # a donated input's buffer
         self.out_plan: list[tuple[int, Any]] = []
@@ -701,6 +737,11 @@ class GpuExecutable:
         rt.submitted += 1
         sub = rt.submitted
         enc = rt.device.create_command_encoder()
+        for z in self.zeroed:
+            b = self.pool.get(z)
+            if b is None:
+                b = self.pool[z] = rt.buffer(self.pool_sizes[z])
+            enc.clear_buffer(b.raw)
         ts = rt.timestamp_writes() if rt.profile else None
         cpass = enc.begin_compute_pass(timestamp_writes=ts) if ts else enc.begin_compute_pass()
         for st in self.steps:
@@ -716,7 +757,7 @@ class GpuExecutable:
                     if b is None:
                         b = self.pool[arg] = rt.buffer(self.pool_sizes[arg])
                 else:
-                    b = bufs[arg]
+                    b = bufs[arg]  # a donated input's buffer (2), or another slot's (3)
                 bufs[w] = b
                 raws[w] = b.raw
             if st.grid[0] == 0:
@@ -763,7 +804,6 @@ class CpuExecutable:
         self.prog = prog
 
     def run(self, inputs: Sequence[Optional[Array]]) -> list[Any]:
-        from .interpret import evaluate
 
         args = [np.zeros(v.shape, v.dtype) if a is None else np.asarray(a)
                 for v, a in zip(self.prog.inputs, inputs)]

@@ -727,10 +727,12 @@ def test_cse_shares_work_inside_the_fused_kernel() -> None:
 
 
 def test_pipeline_order() -> None:
-    """[S1] fusec.passes.PIPELINE lists simplify, cse, dce, split_reductions, split_k, fuse,
+    """[S1] fusec.passes.PIPELINE lists simplify, cse, dce, the lowerings of the primitives
+    computed by kernels of their own kind (scatter, scan, sort), split_reductions, split_k, fuse,
     plan_memory in that order."""
     assert [name for name, _ in PIPELINE] == [
-        "simplify", "cse", "dce", "split_reductions", "split_k", "fuse", "plan_memory"]
+        "simplify", "cse", "dce", "lower_scatter", "lower_scan", "lower_sort", "split_reductions",
+        "split_k", "fuse", "plan_memory"]
 
 
 # --- [S6] inspection ------------------------------------------------------------------------------
@@ -758,7 +760,8 @@ def test_debug_5_prints_the_ir_after_every_pass(capsys: pytest.CaptureFixture[st
         assert block.startswith("{ lambda a:f32[8,16] ."), (name, block)
     # the mul by 1 is gone from the first block on; kernels appear from fuse on
     assert "mul" not in blocks[0].split(" in ")[0]
-    assert [("= kernel" in b) for b in blocks] == [False] * 5 + [True, True]
+    n_before_fuse = PASS_NAMES.index("fuse")
+    assert [("= kernel" in b) for b in blocks] == [False] * n_before_fuse + [True, True]
     assert "slots=" in blocks[-1] and "slots=" not in blocks[-2]
     # below level 5, no per-pass IR
     fusec.config.set("debug", 4)

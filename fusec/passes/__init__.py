@@ -11,7 +11,10 @@ from .cse import cse
 from .dce import dce, used_inputs
 from .fuse import fuse
 from .memory import MemoryAnalysis, analyse, plan_memory
+from .scan import lower_scan
+from .scatter import lower_scatter
 from .simplify import simplify
+from .sort import lower_sort
 from .split import split_reductions
 from .splitk import split_k
 from .verify import VerifyError, verify
@@ -35,6 +38,10 @@ PIPELINE: list[tuple[str, Pass]] = [
     ("simplify", lambda p, o: simplify(p)),
     ("cse", lambda p, o: cse(p)),
     ("dce", lambda p, o: dce(p)),
+    # primitives computed by kernels of their own kind become the ops those kernels compute
+    ("lower_scatter", lambda p, o: lower_scatter(p, o.target)),
+    ("lower_scan", lambda p, o: lower_scan(p, o.target)),
+    ("lower_sort", lambda p, o: lower_sort(p, o.target)),
     ("split_reductions", lambda p, o: split_reductions(p, o.target)),
     ("split_k", lambda p, o: split_k(p, o.target, sums=o.fuse)),
     ("fuse", lambda p, o: fuse(p, enabled=o.fuse, max_bindings=o.max_bindings,
@@ -55,5 +62,5 @@ def run_pipeline(prog: Program, opts: Options, check: bool | None = None) -> Pro
 
 
 __all__ = ["PIPELINE", "Options", "run_pipeline", "simplify", "cse", "dce", "split_reductions",
-           "split_k", "fuse", "plan_memory", "analyse", "MemoryAnalysis", "verify", "VerifyError",
-           "used_inputs"]
+           "split_k", "fuse", "plan_memory", "lower_scatter", "lower_scan", "lower_sort",
+           "analyse", "MemoryAnalysis", "verify", "VerifyError", "used_inputs"]

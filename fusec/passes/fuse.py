@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 
 from .. import codegen
 from ..errors import DeviceLimitError
-from ..ir import MOVEMENT, REDUCE, Eqn, Op, Program, Var
+from ..ir import KERNEL_KIND, MOVEMENT, REDUCE, Eqn, Op, Program, Var
 
 KIND_ABBR = {"elementwise": "ew", "reduce": "red", "matmul": "mm"}
 ROW_MAX = 16384  # longest row whose elementwise pass fuses into its reductions' kernel
@@ -55,7 +55,7 @@ class _Group:
     eqns: dict[int, Eqn] = field(default_factory=dict)  # cone and roots, by id
 
     def outs(self) -> list[Var]:
-        return [e.out for e in self.roots]
+        return [o for e in self.roots for o in e.outs]
 
 
 class _Planner:
@@ -74,6 +74,10 @@ class _Planner:
         for e in prog.eqns:
             if e.op in REDUCING or e.op is Op.MATMUL or (not enabled and e.op not in MOVEMENT):
                 mat.add(id(e.out))
+            if e.op in KERNEL_KIND:
+                # a kernel of its own kind (scatter, scan, sort): it reads buffers, not cones
+                mat.update(id(o) for o in e.outs)
+                mat.update(id(a) for a in e.inputs if isinstance(a, Var))
             if e.op is Op.MATMUL:
                 # operands: only movement ops are recomputed per tile load; arithmetic is not
                 for a in e.inputs:
@@ -132,6 +136,11 @@ class _Planner:
         return [r.out for r in roots if id(r.out) in self.out_ids or id(r.out) in read]
 
     def body(self, g: _Group, others: list[_Group], aliases: list[Eqn]) -> Program:
+        if g.kind not in KIND_ABBR:
+            # a kernel of its own kind: its inputs in the op's order, every output written
+            e = g.roots[0]
+            ins = list({id(a): a for a in e.inputs if isinstance(a, Var)}.values())
+            return Program(ins, [e], list(e.outs))
         own = {id(o) for o in g.outs()}
         ins = self.leaves(g.eqns, own)
         eqns = sorted(g.eqns.values(), key=lambda e: self.order[id(e)])
@@ -146,10 +155,13 @@ class _Planner:
         groups: list[_Group] = []
         aliases: list[Eqn] = []
         for e in self.prog.eqns:
-            if id(e.out) not in self.mat:
+            if id(e.outs[0]) not in self.mat:
                 continue
             if self.is_alias(e):
                 aliases.append(e)
+                continue
+            if e.op in KERNEL_KIND:
+                groups.append(_Group([e], KERNEL_KIND[e.op], {id(e): e}))
                 continue
             kind = ("reduce" if e.op in REDUCING else "matmul" if e.op is Op.MATMUL
                     else "elementwise")
@@ -174,7 +186,7 @@ class _Planner:
         owners: dict[int, int] = {}
         for g in groups:
             for k, e in g.eqns.items():
-                if id(e.out) not in self.mat:
+                if id(e.outs[0]) not in self.mat:
                     owners[k] = owners.get(k, 0) + 1
         for e in reversed(self.prog.eqns):
             k = owners.get(id(e), 0)
@@ -218,6 +230,8 @@ class _Planner:
     def mergeable(self, a: _Group, b: _Group, by_var: dict[int, _Group]) -> str | None:
         """The kind of the merged kernel if ``a`` and ``b`` may merge (before the legality
         checks). ``by_var``: the kernel that writes each value, where known."""
+        if a.kind not in KIND_ABBR or b.kind not in KIND_ABBR:
+            return None  # kernels of their own kind never merge
         a_outs = {id(o) for o in a.outs()}
         b_outs = {id(o) for o in b.outs()}
 
@@ -369,8 +383,13 @@ def fuse(prog: Program, enabled: bool = True, max_bindings: int = 8,
         for e in body.eqns:
             if e.op not in MOVEMENT and e.op.value not in ops:
                 ops.append(e.op.value)
-        name = f"k{counter}_{KIND_ABBR[it.kind]}" + "".join(f"_{o}" for o in ops[:4])
+        name = f"k{counter}_{KIND_ABBR.get(it.kind, it.kind)}" + "".join(
+            f"_{o}" for o in ops[:4])
         counter += 1
+        params = {"kind": it.kind, "name": name, "body": body}
+        if len(it.roots) == 1 and "writes_into" in it.roots[0].params:
+            # the op updates its operand's buffer in place (scatter): body input j is output k
+            params["inplace"] = tuple(it.roots[0].params["writes_into"])
         eqns.append(Eqn(Op.KERNEL, tuple(body.inputs), tuple(body.outputs),  # type: ignore[arg-type]
-                        {"kind": it.kind, "name": name, "body": body}))
+                        params))
     return Program(list(prog.inputs), eqns, list(prog.outputs))

@@ -9,7 +9,12 @@ The result is recorded on each kernel equation as ``params["slots"]``, one entry
 * ``"inK"``: the buffer of program input K, donated by the caller (``donate_argnums``), reused once
   every kernel that reads it has run, or by the elementwise kernel that reads it last when every
   thread reads only its own element of it (``params["inplace"]``: body input j is output k, one
-  read-write binding: WebGPU forbids binding one buffer both read-only and writable).
+  read-write binding: WebGPU forbids binding one buffer both read-only and writable);
+* ``"=J"``: the buffer of the kernel's input J, which it updates in place. Fusion presets
+  ``params["inplace"]`` for such kernels (a scatter into a copy of its operand): the output is the
+  same buffer as that input for the whole program, like a reshape's alias;
+* ``"zN"``: pooled buffer N, filled with zeros at the start of every call (``params["zero_init"]``
+  lists such outputs: a scatter-add accumulates into them). It is never shared with another value.
 """
 
 from __future__ import annotations
@@ -26,6 +31,10 @@ def _roots(prog: Program) -> dict[int, int]:
         if e.op is Op.RESHAPE and isinstance(e.inputs[0], Var):
             src = id(e.inputs[0])
             root[id(e.out)] = root.get(src, src)
+        if e.op is Op.KERNEL:
+            for j, k in e.params.get("inplace", ()):
+                src = id(e.inputs[j])
+                root[id(e.outs[k])] = root.get(src, src)
     return root
 
 
@@ -79,8 +88,16 @@ def plan_memory(prog: Program, donated: tuple[int, ...] = ()) -> Program:
             continue
         slots = []
         inplace: list[tuple[int, int]] = []
+        preset = {k: j for j, k in e.params.get("inplace", ())}
+        zero = set(e.params.get("zero_init", ()))
         for j, o in enumerate(e.outs):
-            if owner(o) in escaping:
+            if j in preset:
+                slot = f"={preset[j]}"  # the same buffer as that input, whoever holds it
+            elif j in zero:
+                assert owner(o) not in escaping, "a zero-initialised buffer never escapes"
+                slot = f"z{len(pool)}"
+                pool.append(o.nbytes)  # its own buffer: never in free_pool
+            elif owner(o) in escaping:
                 fits = sorted((s, k) for s, k in free_donors if s >= o.nbytes)
                 here = [k for k in sorted(donors.values())
                         if last.get(id(prog.inputs[k])) == i and not any(
@@ -105,12 +122,14 @@ def plan_memory(prog: Program, donated: tuple[int, ...] = ()) -> Program:
                     b = len(pool)
                     pool.append(o.nbytes)
                 slot = f"p{b}"
-            holder[owner(o)] = slot
+            if not slot.startswith("="):
+                holder[owner(o)] = slot
             slots.append(slot)
         params = {**e.params, "slots": tuple(slots)}
         if inplace:
             pos = {id(a): n for n, a in enumerate(e.inputs)}
-            params["inplace"] = tuple((pos[id(prog.inputs[k])], j) for k, j in inplace)
+            params["inplace"] = tuple(e.params.get("inplace", ())) + tuple(
+                (pos[id(prog.inputs[k])], j) for k, j in inplace)
         eqns.append(Eqn(e.op, e.inputs, e.outs, params))
         # buffers whose last reader was this kernel become free for later kernels
         for rid in {owner(a) for a in e.inputs if isinstance(a, Var)}:
@@ -148,7 +167,9 @@ def analyse(prog: Program) -> MemoryAnalysis:
         if e.op is not Op.KERNEL:
             continue
         for o, slot in zip(e.outs, e.params.get("slots", ("new",) * len(e.outs))):
-            if slot.startswith("p"):
+            if slot.startswith("="):
+                continue  # another value's buffer, counted there
+            if slot.startswith(("p", "z")):
                 pool[slot] = max(pool.get(slot, 0), o.nbytes)
                 unplanned += o.nbytes
             elif slot.startswith("in"):

@@ -1,0 +1,10 @@
+"""Kernels of kind "scan" (not written yet)."""
+
+from __future__ import annotations
+
+from ..emit import KernelCode
+from ..ir import Eqn
+
+
+def generate(kernel: Eqn, target: str = "gpu", workgroup_storage: int = 16384) -> KernelCode:
+    raise NotImplementedError("scan kernels")
