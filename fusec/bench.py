@@ -97,10 +97,44 @@ class FusecOps:
         return fnp.reshape(fnp.transpose(o, (1, 0, 2)), (s, h * dh))
 
 
+    # the array-language workloads
+    @staticmethod
+    def take_rows(table: Any, ids: Any) -> Any:
+        return fnp.take(table, ids, axis=0)
+
+    @staticmethod
+    def cumsum(x: Any) -> Any:
+        return fnp.cumsum(x)
+
+    @staticmethod
+    def argmax_rows(x: Any) -> Any:
+        return fnp.argmax(x, axis=-1)
+
+    @staticmethod
+    def sort(x: Any) -> Any:
+        return fnp.sort(x)
+
+
 class NumpyOps:
     """``B`` for numpy on the CPU (float32 throughout: Python scalars do not promote)."""
 
     name = "numpy"
+
+    @staticmethod
+    def take_rows(table: Any, ids: Any) -> Any:
+        return np.take(table, ids, axis=0)
+
+    @staticmethod
+    def cumsum(x: Any) -> Any:
+        return np.cumsum(x, dtype=np.float32)
+
+    @staticmethod
+    def argmax_rows(x: Any) -> Any:
+        return np.argmax(x, axis=-1).astype(np.int32)
+
+    @staticmethod
+    def sort(x: Any) -> Any:
+        return np.sort(x)
 
     @staticmethod
     def tanh(x: Any) -> Any:
@@ -196,17 +230,31 @@ class TorchOps:
         h, s, dh = o.shape
         return o.permute(1, 0, 2).reshape(s, h * dh)
 
+    def take_rows(self, table: Any, ids: Any) -> Any:
+        return self.torch.index_select(table, 0, ids)
+
+    def cumsum(self, x: Any) -> Any:
+        return self.torch.cumsum(x, 0)
+
+    def argmax_rows(self, x: Any) -> Any:
+        return self.torch.argmax(x, dim=-1)
+
+    def sort(self, x: Any) -> Any:
+        return self.torch.sort(x).values
+
 
 # --- the workloads --------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class Input:
-    """A float32 input: standard normal * ``scale`` + ``offset``."""
+    """A float32 input: standard normal * ``scale`` + ``offset``; or, with ``high`` > 0, int32
+    indices drawn uniformly from [0, high)."""
 
     shape: tuple[int, ...]
     scale: float = 1.0
     offset: float = 0.0
+    high: int = 0
 
 
 @dataclass(frozen=True)
@@ -218,11 +266,14 @@ class Workload:
     """
 
     name: str
-    group: str  # elementwise | reduction | matmul | block
+    group: str  # elementwise | reduction | matmul | block | language
     bound: str  # memory | compute
     fn: Callable[..., Any]
     inputs: tuple[Input, ...]
     size: str  # how big, for the report
+    # bytes the operation must move at least (a gather reads only the rows it takes, not the
+    # table): used for the fraction of the copy roof in place of the fused plan's buffer sizes
+    useful_bytes: Optional[int] = None
 
     def bind(self, ops: Any) -> Callable[..., Any]:
         """The workload as a plain function of its arrays, for one ops namespace."""
@@ -237,6 +288,9 @@ class Workload:
     def make_inputs(self, rng: np.random.Generator) -> list[np.ndarray]:
         out = []
         for spec in self.inputs:
+            if spec.high:
+                out.append(rng.integers(0, spec.high, spec.shape, dtype=np.int32))
+                continue
             a = rng.standard_normal(spec.shape, dtype=np.float32)
             if spec.scale != 1.0:
                 a *= np.float32(spec.scale)
@@ -351,6 +405,20 @@ def workloads(quick: bool) -> list[Workload]:
          _w(d_tf, d_tf, d_tf), _w(d_tf, d_tf, d_tf), g, _w(d_tf, d_tf, f_tf),
          _w(d_tf, d_tf, f_tf), _w(f_tf, f_tf, d_tf)),
         f"seq {s_tf}, d {d_tf}, {heads} heads, ffn {f_tf}"))
+    # the array language: a gather, a scan, a search reduction and a sort
+    vocab, dim, taken = (5000, 256, 1024) if quick else (50257, 768, 4096)
+    ws.append(Workload(
+        "gather", "language", "memory", lambda B, t, i: B.take_rows(t, i),
+        (Input((vocab, dim)), Input((taken,), high=vocab)),
+        f"{taken} rows of {vocab}x{dim}", useful_bytes=2 * 4 * taken * dim + 4 * taken))
+    ws.append(Workload("cumsum", "language", "memory", lambda B, x: B.cumsum(x),
+                       (Input((n,)),), f"{n:,}", useful_bytes=8 * n))
+    ws.append(Workload("argmax", "language", "memory", lambda B, x: B.argmax_rows(x),
+                       (Input((rows, cols)),), f"{rows}x{cols} rows",
+                       useful_bytes=4 * rows * cols + 4 * rows))
+    n_sort = 1 << (20 if quick else 24)
+    ws.append(Workload("sort", "language", "memory", lambda B, x: B.sort(x), (Input((n_sort,)),),
+                       f"{n_sort:,}", useful_bytes=8 * n_sort))
     return ws
 
 
@@ -649,6 +717,9 @@ def run_workload(w: Workload, opts: Options, policy: Policy, use_torch: bool,
     rec["flops"] = fused.get("flops")
     rec["bytes"] = fused.get("bytes")
     rec["bytes_unfused"] = unfused.get("bytes")
+    if w.useful_bytes is not None:
+        # the plans' buffer sizes overstate what a gather or a multi-pass kernel must move
+        rec["bytes"] = rec["bytes_unfused"] = w.useful_bytes
     # nothing to fuse (a bare matmul): both plans run the same kernels, and their times differ
     # only by noise
     rec["same_plan"] = len(plans) == 2 and plans["fused"] == plans["unfused"]
@@ -673,7 +744,8 @@ def run_workload(w: Workload, opts: Options, policy: Policy, use_torch: bool,
     if use_torch:
         torch = _torch()
 
-        targs = [torch.from_numpy(a).cuda() for a in host]
+        targs = [torch.from_numpy(a).cuda() if a.dtype != np.int32 else
+                 torch.from_numpy(a.astype(np.int64)).cuda() for a in host]
         eager = w.bind(TorchOps())
         runs: list[tuple[str, Callable[..., Any]]] = [("torch_eager", eager)]
         if opts.torch_compile:

@@ -4,14 +4,21 @@ fusec computes in 32-bit types only (float32, int32, uint32, bool). Promotion fo
 that set, the way JAX does with 64-bit types disabled: int32 with uint32 gives int32, an integer
 with a float gives float32, and Python scalars are "weak": they take the dtype of the array they
 meet.
+
+Other real dtypes are converted at the boundary, as JAX does with 64-bit types off: float64 and
+float16 become float32, int64/int16/int8 become int32, uint64/uint16/uint8 become uint32, with a
+warning once per conversion; ``FUSEC_STRICT_DTYPES=1`` makes them an error instead. Complex,
+object, string and datetime dtypes are always refused.
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
 
+from . import config
 from .errors import DTypeError
 
 SUPPORTED = ("float32", "int32", "uint32", "bool")
@@ -24,6 +31,42 @@ WGSL_STORAGE = {"float32": "f32", "int32": "i32", "uint32": "u32", "bool": "u32"
 NUMPY_STORAGE = {"float32": np.float32, "int32": np.int32, "uint32": np.uint32, "bool": np.uint32}
 
 _ORDER = {"bool": 0, "uint32": 1, "int32": 1, "float32": 2}
+
+# dtypes converted at the boundary (JAX with 64-bit types off), to the 32-bit type of their kind
+NARROWED = {"float64": "float32", "float16": "float32", "longdouble": "float32",
+            "int64": "int32", "int16": "int32", "int8": "int32",
+            "uint64": "uint32", "uint16": "uint32", "uint8": "uint32"}
+_warned: set[tuple[str, str]] = set()
+
+
+def _narrow(name: str, what: str) -> str:
+    """The 32-bit dtype ``name`` becomes (warning once per conversion), or a DTypeError under
+    FUSEC_STRICT_DTYPES=1."""
+    to = NARROWED[name]
+    if config.get("strict_dtypes"):
+        raise DTypeError(
+            f"{what} has dtype {name}, which fusec does not support (FUSEC_STRICT_DTYPES=1); "
+            f"supported dtypes are {', '.join(SUPPORTED)}. Convert first, e.g. "
+            f"x.astype(np.{to}).")
+    if (name, to) not in _warned:
+        _warned.add((name, to))
+        warnings.warn(
+            f"fusec: {what} has dtype {name}; fusec computes in 32-bit types (as JAX does by "
+            f"default), so it becomes {to}. This warning is shown once per dtype; set "
+            "FUSEC_STRICT_DTYPES=1 to make it an error.", UserWarning, stacklevel=_user_level())
+    return to
+
+
+def _user_level() -> int:
+    """The stack level of the first frame outside fusec (where a warning should point)."""
+    import sys
+
+    frame = sys._getframe(1)
+    level = 1
+    while frame is not None and frame.f_globals.get("__name__", "").startswith("fusec"):
+        frame = frame.f_back  # type: ignore[assignment]
+        level += 1
+    return level
 
 
 def canonicalize(dtype: Any, what: str = "dtype") -> str:
@@ -40,6 +83,8 @@ def canonicalize(dtype: Any, what: str = "dtype") -> str:
         raise DTypeError(
             f"{what}: {dtype!r} is not a dtype; supported: {', '.join(SUPPORTED)}"
         ) from exc
+    if name in NARROWED:
+        return _narrow(name, what)
     if name not in SUPPORTED:
         raise DTypeError(
             f"{what} has dtype {name}, which fusec does not support; supported dtypes are "

@@ -56,6 +56,7 @@ class Builder:
         self.const_vars: list[Var] = []
         self.const_values: list[Any] = []
         self._const_ids: dict[int, Tracer] = {}
+        self._keep: list[Any] = []
         self.input_names: dict[int, str] = {}  # id(var) -> argument path, for error messages
         self.closed = False
 
@@ -77,6 +78,9 @@ class Builder:
             arr = np.asarray(value)
             dt = dtypes.canonicalize(arr.dtype, f"an array captured by {self.name}")
             shape = arr.shape
+            if arr.dtype != np.dtype(dt):
+                self._keep.append(value)  # its id is the key above: keep it alive
+                value = arr.astype(dt)  # float64 -> float32 etc., as the warning said
         v = Var(tuple(shape), dt)
         self.const_vars.append(v)
         self.const_values.append(value)

@@ -129,7 +129,7 @@ def test_cli_list_and_unknown_workload(capsys: pytest.CaptureFixture[str]) -> No
     listed = capsys.readouterr().out
     for name in ("chain2", "chain4", "chain8", "chain16", "softmax", "layer_norm", "rms_norm",
                  "matmul_square", "matmul_square_bias_gelu", "matmul_skinny_m", "mlp",
-                 "transformer"):
+                 "transformer", "gather", "cumsum", "argmax", "sort"):
         assert f"{name} " in listed
     assert cli.main(["bench", "--only", "nope"]) == 2
     assert "unknown workload" in capsys.readouterr().err
@@ -142,6 +142,14 @@ def test_full_set_sizes() -> None:
     assert full["softmax"].inputs[0].shape == (8192, 8192)
     assert [i.shape for i in full["matmul_square"].inputs] == [(4096, 4096), (4096, 4096)]
     assert set(full) == {w.name for w in bench.workloads(quick=True)}
+    # the array language's acceptance sizes (issue 16)
+    assert [i.shape for i in full["gather"].inputs] == [(50257, 768), (4096,)]
+    assert full["gather"].inputs[1].high == 50257
+    assert full["cumsum"].inputs[0].shape == (1 << 26,)
+    assert full["argmax"].inputs[0].shape == (8192, 8192)
+    assert full["sort"].inputs[0].shape == (1 << 24,)
+    # a gather's roof counts the rows it takes (read and written) and the ids, not the table
+    assert full["gather"].useful_bytes == 2 * 4 * 4096 * 768 + 4 * 4096
 
 
 def test_fusion_ceiling_arithmetic() -> None:

@@ -116,9 +116,17 @@ def test_max_over_a_zero_size_axis(red):
 # --- dtypes ---------------------------------------------------------------------------------------
 
 
+@pytest.fixture
+def strict_dtypes():
+    """FUSEC_STRICT_DTYPES=1: 64-, 16- and 8-bit dtypes are refused instead of converted."""
+    fusec.config.set("strict_dtypes", 1)
+    yield
+    fusec.config.set("strict_dtypes", None)
+
+
 @pytest.mark.parametrize("dtype", ["float64", "int64", "complex64", "complex128", "float16",
                                    "int8", "uint64"])
-def test_unsupported_array_dtypes_name_the_argument(dtype):
+def test_unsupported_array_dtypes_name_the_argument(dtype, strict_dtypes):
     @fusec.gpu_jit
     def f(inputs):
         return inputs * 2
@@ -132,19 +140,24 @@ def test_python_complex_scalar():
     has(msg, "'z'", "complex", "float32")
 
 
-def test_unsupported_dtype_deep_in_a_pytree_names_its_path():
+def test_complex_arrays_are_refused_without_the_strict_setting():
+    msg = raises(fusec.DTypeError, fusec.gpu_jit(lambda x: x * 2), np.ones(3, np.complex64))
+    has(msg, "complex64", "float32")
+
+
+def test_unsupported_dtype_deep_in_a_pytree_names_its_path(strict_dtypes):
     f = fusec.gpu_jit(lambda params: params["layers"][1] * 2.0)
     msg = raises(fusec.DTypeError, f, {"layers": [f32(2), np.ones(2, np.float64)]})
     has(msg, "params['layers'][1]", "float64")
 
 
-def test_unsupported_dtype_in_a_closure_constant():
+def test_unsupported_dtype_in_a_closure_constant(strict_dtypes):
     table = np.ones(4, np.float64)
     msg = raises(fusec.DTypeError, fusec.gpu_jit(lambda x: x * table), f32(4))
     has(msg, "float64", "float32")
 
 
-def test_unsupported_dtypes_elsewhere():
+def test_unsupported_dtypes_elsewhere(strict_dtypes):
     has(raises(fusec.DTypeError, S, (3,), "float64"), "float64")
     has(raises(fusec.DTypeError, fusec.gpu_jit(lambda x: x.astype("int64")), f32(3)), "int64")
     has(raises(fusec.DTypeError, fusec.device_put, np.ones(3, np.float64)), "float64")
@@ -224,7 +237,7 @@ def test_errors_are_also_the_matching_builtin_exceptions():
     with pytest.raises(ValueError):
         fusec.gpu_jit(lambda x, y: x + y)(f32(3), f32(4))
     with pytest.raises(TypeError):
-        fusec.gpu_jit(lambda x: x)(np.ones(2))
+        fusec.gpu_jit(lambda x: x)(np.ones(2, np.complex64))
 
 
 # --- arguments ------------------------------------------------------------------------------------

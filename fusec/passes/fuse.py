@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Optional
 
 from .. import codegen
 from ..errors import DeviceLimitError
@@ -124,18 +125,22 @@ class _Planner:
             self.input_pos.get(id(v), len(self.input_pos)),
             self.order.get(id(self.producer.get(id(v))), -1)))
 
-    def needed(self, g: _Group, others: list[_Group], aliases: list[Eqn]) -> list[Var]:
-        """The roots of ``g`` that must be written: outputs, or read by another kernel or alias."""
-        read: set[int] = {id(a.inputs[0]) for a in aliases}
-        for h in others:
-            if h is g:
-                continue
-            for e in h.eqns.values():
-                read.update(id(x) for x in e.inputs if isinstance(x, Var))
+    def needed(self, g: _Group, others: list[_Group], aliases: list[Eqn],
+               read: Optional[set[int]] = None) -> list[Var]:
+        """The roots of ``g`` that must be written: outputs, or read by another kernel or alias.
+        ``read``: the ids of values other kernels and aliases read, when the caller knows."""
+        if read is None:
+            read = {id(a.inputs[0]) for a in aliases}
+            for h in others:
+                if h is g:
+                    continue
+                for e in h.eqns.values():
+                    read.update(id(x) for x in e.inputs if isinstance(x, Var))
         roots = sorted(g.roots, key=lambda e: self.order[id(e)])
         return [r.out for r in roots if id(r.out) in self.out_ids or id(r.out) in read]
 
-    def body(self, g: _Group, others: list[_Group], aliases: list[Eqn]) -> Program:
+    def body(self, g: _Group, others: list[_Group], aliases: list[Eqn],
+             read: Optional[set[int]] = None) -> Program:
         if g.kind not in KIND_ABBR:
             # a kernel of its own kind: its inputs in the op's order, every output written
             e = g.roots[0]
@@ -144,10 +149,11 @@ class _Planner:
         own = {id(o) for o in g.outs()}
         ins = self.leaves(g.eqns, own)
         eqns = sorted(g.eqns.values(), key=lambda e: self.order[id(e)])
-        return Program(list(ins), eqns, list(self.needed(g, others, aliases)))
+        return Program(list(ins), eqns, list(self.needed(g, others, aliases, read)))
 
-    def n_bindings(self, g: _Group, others: list[_Group], aliases: list[Eqn]) -> int:
-        b = self.body(g, others, aliases)
+    def n_bindings(self, g: _Group, others: list[_Group], aliases: list[Eqn],
+                   read: Optional[set[int]] = None) -> int:
+        b = self.body(g, others, aliases, read)
         return len(b.inputs) + len(b.outputs)
 
     # -- the plan --
@@ -284,36 +290,107 @@ class _Planner:
         return "reduce"
 
     def merge(self, groups: list[_Group], aliases: list[Eqn]) -> list[_Group]:
-        changed = True
-        while changed:
-            changed = False
-            by_var = {id(o): g for g in groups for o in g.outs()}
-            for alias in aliases:  # an alias is written by whoever writes its source
-                if id(alias.inputs[0]) in by_var:
-                    by_var[id(alias.out)] = by_var[id(alias.inputs[0])]
-            for i, a in enumerate(groups):
-                for b in groups[i + 1:]:
-                    kind = self.mergeable(a, b, by_var)
-                    if kind is None:
-                        continue
-                    ra, rb = _reads(a, by_var), _reads(b, by_var)
-                    # a path a -> other kernel -> b (or back) would become a cycle
-                    if _reaches([g for g in rb if g is not a], a, by_var) or _reaches(
-                            [g for g in ra if g is not b], b, by_var):
-                        continue
-                    merged = _Group(a.roots + b.roots, kind, {**a.eqns, **b.eqns})
-                    rest = [g for g in groups if g is not a and g is not b]
-                    if self.n_bindings(merged, rest, aliases) > self.max_bindings:
-                        continue
-                    if not codegen.check(kind, self.body(merged, rest, aliases)):
-                        continue
-                    groups = rest + [merged]
-                    groups.sort(key=lambda g: min(self.order[id(r)] for r in g.roots))
-                    changed = True
-                    break
-                if changed:
-                    break
-        return groups
+        """Merge pairs of groups until none can. Only related pairs are tried (one reads the
+        other, they share an equation; reductions also when they share an input or read values
+        one kernel writes: :meth:`mergeable` refuses any other pair), found through indexes.
+        After a merge only pairs with the new group are tried, in order of the groups'
+        positions; when none merges, one full round over every related pair confirms (a merge
+        can make another pair legal, e.g. by removing a path that made it a cycle). So the cost
+        grows with the number of merges times the program's size, not with the square of the
+        number of groups at every merge."""
+        dirty = {id(g) for g in groups}  # groups whose pairs are still to be tried
+        confirmed = False
+        while True:
+            merged = self._merge_one(groups, aliases, dirty)
+            if merged is not None:
+                groups, new = merged
+                dirty.add(id(new))
+                confirmed = False
+            elif not confirmed:
+                dirty = {id(g) for g in groups}  # the confirming full round
+                confirmed = True
+            else:
+                return groups
+
+    def _merge_one(self, groups: list[_Group], aliases: list[Eqn], dirty: set[int]
+                   ) -> Optional[tuple[list[_Group], _Group]]:
+        """Merge the first legal related pair that involves a group in ``dirty``, in order of
+        the groups' positions: the new list of groups and the merged group; None if no pair
+        merges. Groups whose every pair was tried and refused leave ``dirty``."""
+        by_var = {id(o): g for g in groups for o in g.outs()}
+        for alias in aliases:  # an alias is written by whoever writes its source
+            if id(alias.inputs[0]) in by_var:
+                by_var[id(alias.out)] = by_var[id(alias.inputs[0])]
+        pos = {id(g): i for i, g in enumerate(groups)}
+        readers: dict[int, dict[int, _Group]] = {}  # var id -> groups with an eqn reading it
+        holders: dict[int, list[_Group]] = {}  # eqn id -> groups computing it
+        for g in groups:
+            for k, e in g.eqns.items():
+                holders.setdefault(k, []).append(g)
+                for v in e.inputs:
+                    if isinstance(v, Var):
+                        readers.setdefault(id(v), {})[id(g)] = g
+        alias_reads = {id(al.inputs[0]) for al in aliases}
+
+        def related(a: _Group) -> dict[int, _Group]:
+            found: dict[int, _Group] = {}
+            read = {id(v) for e in a.eqns.values() for v in e.inputs if isinstance(v, Var)}
+            for k in a.eqns:
+                found.update((id(g), g) for g in holders[k])
+            for o in a.outs():
+                found.update(readers.get(id(o), {}))
+            for v in read:
+                w = by_var.get(v)
+                if w is not None:
+                    found[id(w)] = w
+                if a.kind != "reduce":
+                    continue
+                # reductions also merge when they share an input, or read values one kernel
+                # writes
+                found.update((k, g) for k, g in readers.get(v, {}).items()
+                             if g.kind == "reduce")
+                for o in (w.outs() if w is not None else ()):
+                    found.update((k, g) for k, g in readers.get(id(o), {}).items()
+                                 if g.kind == "reduce")
+            found.pop(id(a), None)
+            return found
+
+        for a in groups:
+            if id(a) not in dirty:
+                continue
+            for b in sorted(related(a).values(), key=lambda g: pos[id(g)]):
+                got = self._try_merge(groups, aliases, a, b, by_var, readers, alias_reads)
+                if got is not None:
+                    return got
+            dirty.discard(id(a))
+        return None
+
+    def _try_merge(self, groups: list[_Group], aliases: list[Eqn], a: _Group, b: _Group,
+                   by_var: dict[int, _Group], readers: dict[int, dict[int, _Group]],
+                   alias_reads: set[int]) -> Optional[tuple[list[_Group], _Group]]:
+        """Merge ``a`` and ``b`` if that is legal: the new groups and the merged one."""
+        kind = self.mergeable(a, b, by_var)
+        if kind is None:
+            return None
+        ra, rb = _reads(a, by_var), _reads(b, by_var)
+        # a path a -> other kernel -> b (or back) would become a cycle
+        if _reaches([g for g in rb if g is not a], a, by_var) or _reaches(
+                [g for g in ra if g is not b], b, by_var):
+            return None
+        first, second = (a, b) if groups.index(a) < groups.index(b) else (b, a)
+        merged = _Group(first.roots + second.roots, kind, {**first.eqns, **second.eqns})
+        rest = [g for g in groups if g is not a and g is not b]
+        pair = {id(a), id(b)}
+        read = alias_reads | {id(o) for o in merged.outs() if any(
+            k not in pair for k in readers.get(id(o), ()))}
+        body = self.body(merged, rest, aliases, read)
+        if len(body.inputs) + len(body.outputs) > self.max_bindings:
+            return None
+        if not codegen.check(kind, body):
+            return None
+        out = rest + [merged]
+        out.sort(key=lambda g: min(self.order[id(r)] for r in g.roots))
+        return out, merged
 
 
 def _reads(g: _Group, by_var: dict[int, _Group]) -> list[_Group]:
