@@ -550,11 +550,20 @@ def _scatter_indices(t: Tracer, sel: _Selection, mode: Optional[str]) -> list[Tr
     return out
 
 
-def _traced_mask(idx: Any) -> Optional[Tracer]:
-    """The mask of ``x.at[mask]`` when it is a traced bool array (alone in the index)."""
+def _mask_update(idx: Any, values: Any) -> Any:
+    """The mask of ``x.at[mask]`` when the update is an elementwise where: a traced or device bool
+    mask alone in the index (the update broadcasts against the whole array), or a concrete one
+    with a single update value (where numpy's rule gives the same). None otherwise."""
     items = idx if isinstance(idx, tuple) else (idx,)
-    if len(items) == 1 and isinstance(items[0], Tracer) and items[0].var.dtype == "bool":
-        return items[0]
+    if len(items) != 1:
+        return None
+    m = items[0]
+    if isinstance(m, Tracer) or is_device_array(m):
+        return m if np.dtype(m.dtype) == np.bool_ else None
+    if isinstance(m, (list, np.ndarray)):
+        arr = _concrete(m)
+        if arr.dtype == np.bool_ and arr.ndim > 0 and np.size(values) == 1:
+            return arr
     return None
 
 
@@ -563,12 +572,9 @@ def _update_traced(x: Any, idx: Any, values: Any, how: str, mode: Optional[str],
     t = _tracer(x)
     b = t.builder
     dt = t.var.dtype
-    mask = _traced_mask(idx)
     if how == "get":
         if mode not in _GET_MODES:
             raise ShapeError(f".at[].get: mode must be one of {_GET_MODES}; got {mode!r}")
-        if mask is not None:
-            raise TraceError(f".at[mask].get(): {_TRACED_MASK_ADVICE}")
         return _gather(t, _layout(t, _expand(t.shape, idx)), fill=mode in ("fill", "drop"),
                        fill_value=fill_value)
     if mode not in _SET_MODES:
@@ -578,15 +584,21 @@ def _update_traced(x: Any, idx: Any, values: Any, how: str, mode: Optional[str],
                          "dtype; divide float32 arrays (astype first)")
     v = _as_dtype(values, dt, f".at[].{how}'s update")
     combine = _COMBINE[how]
-    if mask is not None:
+    mask_value = _mask_update(idx, values)
+    if mask_value is not None:
         # elementwise: out = where(mask, combine(x, v), x); the mask covers the leading axes
+        mask = _tracer(mask_value)
         if mask.shape != t.shape[:mask.ndim]:
-            raise ShapeError(f".at[mask]: the traced mask has shape {mask.shape}, which is not "
-                             f"the leading axes of the array's shape {t.shape}")
-        if broadcast_shapes(v.shape, t.shape) != t.shape:
+            raise IndexingError(f".at[mask]: the mask has shape {mask.shape}, which is not the "
+                                f"leading axes of the array's shape {t.shape}")
+        try:
+            ok = broadcast_shapes(v.shape, t.shape) == t.shape
+        except ShapeError:
+            ok = False
+        if not ok:
             raise ShapeError(f".at[mask].{how}: the update of shape {v.shape} does not broadcast "
-                             f"to the array's shape {t.shape} (with a traced mask the update "
-                             "broadcasts against the whole array)")
+                             f"to the array's shape {t.shape} (with a traced or device mask the "
+                             "update broadcasts against the whole array)")
         m = _reshape(mask, mask.shape + (1,) * (t.ndim - mask.ndim))
         new = combine(t, v)
         if new.shape != t.shape:
@@ -624,7 +636,8 @@ def _update_traced(x: Any, idx: Any, values: Any, how: str, mode: Optional[str],
 def _dispatch(x: Any, idx: Any, values: Any, how: str, mode: Optional[str],
               fill_value: Any = None) -> Any:
     if current_builder() is None:
-        idx = _eager_index(tuple(x.shape), idx)
+        if how == "get" or _mask_update(idx, values) is None:
+            idx = _eager_index(tuple(x.shape), idx)
         return run_eager(_update_traced, (x, idx, values, how, mode, fill_value), {})
     return _update_traced(x, idx, values, how, mode, fill_value)
 
