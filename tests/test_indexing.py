@@ -330,6 +330,7 @@ WINDOWS = [
     ((S(None), None, S(2, 3)), "scalar"),
     ((S(10, 3), 0), "scalar"),  # empty selection: unchanged
     ((S(5, 0, -1), S(2, 30)), "box"),
+    ((S(3, 4, 5), S(None, None, -1)), "box"),  # one element along a slice of step 5
 ]
 
 

@@ -620,8 +620,9 @@ def _update_traced(x: Any, idx: Any, values: Any, how: str, mode: Optional[str],
             return t
         vb = v if v.shape == shape else b.bind(Op.BROADCAST, [v], {"shape": shape})
         vw = _reshape(vb, tuple(a.n for a in sel.axes))
+        # (an axis selecting one element is a window of step 1 whatever the slice's step)
         return _window_update(t, [a.start for a in sel.axes],
-                              [a.step if a.kind == "slice" else 1 for a in sel.axes],
+                              [a.step if a.n > 1 else 1 for a in sel.axes],
                               [a.n for a in sel.axes], vw, combine)
     index = tuple(_scatter_indices(t, sel, mode))
     vb = v if v.shape == shape else b.bind(Op.BROADCAST, [v], {"shape": shape})
