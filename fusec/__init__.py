@@ -12,7 +12,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from . import config, nn, numpy  # noqa: E402
+from . import config, lax, nn, numpy  # noqa: E402
 from .cache import CacheInfo, cache_info, clear_cache
 from .errors import (
     DeviceLimitError,
@@ -33,5 +33,5 @@ __all__ = [
     "Array", "CacheInfo", "Compiled", "DTypeError", "DeviceInfo", "DeviceLimitError", "FusecError",
     "JitFunction", "Lowered", "ShapeDtype", "ShapeError", "SignatureError", "StaticArgumentError",
     "TraceError", "Traced", "TracerBoolConversionError", "cache_info", "clear_cache", "config",
-    "default_device", "device_put", "gpu_jit", "nn", "numpy", "warmup_from",
+    "default_device", "device_put", "gpu_jit", "lax", "nn", "numpy", "warmup_from",
 ]
