@@ -9,12 +9,12 @@ that reads it. Outside ``gpu_jit`` these functions return a :class:`fusec.Array`
 from __future__ import annotations
 
 import math
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 
 from .. import dtypes
-from ..errors import DTypeError, ShapeError, TraceError
+from ..errors import DTypeError, ShapeError
 from ..ir import Op
 from ..trace import Tracer
 from ._base import (
@@ -27,7 +27,7 @@ from ._base import (
     _tracer,
 )
 from .elementwise import add, astype, equal, less_equal, multiply, subtract, where
-from .shapes import _iota, broadcast_to, ravel, reshape
+from .shapes import Number, _iota, _static_count, _static_number, broadcast_to, ravel, reshape
 
 __all__ = [
     "full",
@@ -47,33 +47,6 @@ __all__ = [
     "triu",
     "meshgrid",
 ]
-
-Number = Union[bool, int, float]
-
-
-def _static_number(value: Any, what: str) -> Number:
-    """A Python (or numpy) scalar known at trace time; a traced value is refused."""
-    if isinstance(value, Tracer):
-        raise TraceError(f"{what} must be a Python number known at trace time, not a traced "
-                         "value; pass it as a static argument")
-    if isinstance(value, (bool, np.bool_)):
-        return bool(value)
-    if isinstance(value, (int, np.integer)):
-        return int(value)
-    if isinstance(value, (float, np.floating)):
-        return float(value)
-    raise TraceError(f"{what} must be a Python int or float; got {type(value).__name__}")
-
-
-def _static_count(value: Any, what: str) -> int:
-    """A non-negative Python int known at trace time (a length)."""
-    n = _static_number(value, what)
-    if isinstance(n, bool) or not isinstance(n, int):
-        raise TraceError(f"{what} must be an int; got {value!r}")
-    if n < 0:
-        raise ShapeError(f"{what} must be non-negative; got {n}")
-    return n
-
 
 def _new_shape(shape: Any, what: str) -> tuple[int, ...]:
     shp = _shape_arg(shape, what)

@@ -26,6 +26,8 @@ from ._base import (
     _tracer,
 )
 
+Number = Union[bool, int, float]
+
 __all__ = [
     "reshape",
     "transpose",
@@ -101,30 +103,49 @@ def _gather(t: Tracer, indices: Sequence[Tracer]) -> Tracer:
     return t.builder.bind(Op.GATHER, [t, *indices], weak=t.weak)
 
 
-def _take_axis(t: Tracer, axis: int, index: Tracer) -> Tracer:
-    """``t`` read at ``index`` (1-D, integer, every entry within the axis) along ``axis``: the
-    other axes read themselves."""
+def _take_axes(t: Tracer, indices: dict[int, Tracer]) -> Tracer:
+    """``t`` read along each axis k in ``indices`` at ``indices[k]`` (1-D, integer, every entry
+    within the axis); the other axes read themselves. One gather: one load per element."""
     nd = t.ndim
     idx: list[Tracer] = []
     for k in range(nd):
-        if k == axis:
-            shape = [1] * nd
-            shape[k] = index.shape[0]
-            idx.append(reshape(index, tuple(shape)))
+        shape = [1] * nd
+        if k in indices:
+            shape[k] = indices[k].shape[0]
+            idx.append(reshape(indices[k], tuple(shape)))
         else:
             idx.append(_axis_iota(nd, k, t.shape[k], "uint32"))
     return _gather(t, idx)
 
 
-def _static_int(value: object, what: str) -> int:
-    """A Python int argument that must be known at trace time."""
+def _static_number(value: Any, what: str) -> Number:
+    """A Python (or numpy) scalar known at trace time; a traced value is refused."""
     if isinstance(value, Tracer):
-        raise TraceError(f"{what} must be a Python int known at trace time, not a traced value; "
-                         "pass it as a static argument")
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TraceError(f"{what} must be an int; got {value!r}")
-    return int(value)
+        raise TraceError(f"{what} must be a Python number known at trace time, not a traced "
+                         "value; pass it as a static argument")
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, (float, np.floating)):
+        return float(value)
+    raise TraceError(f"{what} must be a Python int or float; got {type(value).__name__}")
 
+
+def _static_int(value: Any, what: str) -> int:
+    """A Python int known at trace time."""
+    n = _static_number(value, what)
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise TraceError(f"{what} must be an int; got {value!r}")
+    return n
+
+
+def _static_count(value: Any, what: str) -> int:
+    """A non-negative Python int known at trace time (a length)."""
+    n = _static_int(value, what)
+    if n < 0:
+        raise ShapeError(f"{what} must be non-negative; got {n}")
+    return n
 
 
 # --- shapes ---------------------------------------------------------------------------------------
