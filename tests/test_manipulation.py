@@ -331,7 +331,12 @@ def test_pad_constant_values(rng, dt):
     c = np.asarray(5, dt)
     refs = [np.pad(x, ((1, 2), (3, 1)), constant_values=v) for v in consts] + [
         np.pad(x, 2, constant_values=c)]
-    check_all(fusec.gpu_jit(f)(x, c), refs, [str(v) for v in consts] + ["traced"])
+    got = fusec.gpu_jit(f)(x, c)
+    check_all(got, refs, [str(v) for v in consts] + ["traced"])
+    if dt == np.float32:  # -0.0 is a value of its own (assert_array_equal sees 0.0 == -0.0)
+        neg = fusec.gpu_jit(lambda a: fnp.pad(a, 1, constant_values=-0.0))(x)
+        np.testing.assert_array_equal(np.signbit(np.asarray(neg)),
+                                      np.signbit(np.pad(x, 1, constant_values=-0.0)))
 
 
 def test_pad_reflect_plus_one_is_one_kernel(rng):
@@ -415,3 +420,25 @@ def test_axis_function_errors():
         fnp.broadcast_arrays(x, np.zeros(4, np.float32))
     with pytest.raises(DTypeError):
         fnp.concatenate([x, x], dtype=np.float64)
+
+
+def test_rearrangements_of_computed_values_compose(rng):
+    # the index primitives read values computed in the same kernel (x * 2, a reduction's result)
+    x = rand(rng, (7, 33), special=False)
+
+    def f(x):
+        a = fnp.pad(x * 2, ((1, 2), (40, 3)), mode="reflect")
+        b = fnp.roll(fnp.concatenate([x + 1, fnp.flip(x, 1)], axis=0), 3, axis=0)
+        c = fnp.tile(fnp.repeat(x.sum(axis=0), [1, 2] * 16 + [0]), 2)
+        d = fnp.split(fnp.pad(x, 1, mode="wrap"), 3, axis=0)[1] * fnp.eye(3, 35)
+        return a, b, c, d
+
+    refs = (np.pad(x * 2, ((1, 2), (40, 3)), mode="reflect"),
+            np.roll(np.concatenate([x + 1, np.flip(x, 1)]), 3, axis=0),
+            np.tile(np.repeat(x.sum(axis=0), [1, 2] * 16 + [0]), 2),
+            np.split(np.pad(x, 1, mode="wrap"), 3)[1] * np.eye(3, 35, dtype=np.float32))
+    for got, ref in zip(fusec.gpu_jit(f)(x), refs, strict=True):
+        assert got.shape == ref.shape and got.dtype == ref.dtype
+        # exact but for the sum of 7 terms (float32, any order)
+        np.testing.assert_allclose(np.asarray(got), ref, rtol=1e-6,
+                                   atol=1e-6 * 7 * float(np.abs(x).max()))

@@ -93,8 +93,8 @@ def _pad(t: Tracer, widths: Sequence[tuple[int, int]], value: Union[bool, int, f
     if all(lo == 0 and hi == 0 for lo, hi in w):
         return t
     params: dict[str, object] = {"widths": w}
-    if value != 0:
-        params["value"] = value
+    if value != 0 or (isinstance(value, float) and math.copysign(1.0, value) < 0):
+        params["value"] = value  # (absent means 0; -0.0 is kept)
     return t.builder.bind(Op.PAD, [t], params, weak=t.weak)
 
 
