@@ -99,3 +99,25 @@ def rms_norm(x: Any, weight: Any = None, axis: int = -1, eps: float = 1e-6) -> T
     if weight is not None:
         y = y * weight
     return y
+
+
+@_traceable
+def one_hot(x: Any, num_classes: int, dtype: Any = "float32", axis: int = -1) -> Tracer:
+    """Indicator vectors of the integer ids ``x``: a new axis of length ``num_classes`` at
+    ``axis`` holding 1 at position ``x`` and 0 elsewhere. An id outside ``[0, num_classes)`` —
+    negative ones included — gives an all-zero vector (as in JAX)."""
+    from .numpy._base import _norm_axis, _tracer
+    from .numpy.shapes import _axis_iota, _static_count
+
+    n = _static_count(num_classes, "one_hot's num_classes")
+    ids = _tracer(x)
+    ax = _norm_axis(axis, ids.ndim + 1, "one_hot's axis")
+    # compare in the ids' own dtype: a uint32 id never wraps to a negative one, a float id
+    # matches only a whole number
+    dt = ids.var.dtype if ids.var.dtype in ("int32", "uint32", "float32") else "int32"
+    classes = _axis_iota(ids.ndim + 1, ax, n, dt)
+    hit = fnp.equal(fnp.expand_dims(fnp.astype(ids, dt), ax), classes)
+    return fnp.astype(hit, dtype)
+
+
+__all__ += ["one_hot"]

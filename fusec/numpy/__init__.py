@@ -13,10 +13,12 @@ attached here, from above, so that :mod:`fusec.trace` never imports this package
 
 from __future__ import annotations
 
+import builtins
 from typing import Any
 
 from ..trace import Tracer
 from . import (
+    array_api,
     creation,
     elementwise,
     indexing,
@@ -27,6 +29,7 @@ from . import (
     shapes,
     sorting,
 )
+from .array_api import *  # noqa: F401,F403
 from .creation import *  # noqa: F401,F403
 from .elementwise import *  # noqa: F401,F403
 from .indexing import *  # noqa: F401,F403
@@ -37,13 +40,13 @@ from .scans import *  # noqa: F401,F403
 from .shapes import *  # noqa: F401,F403
 from .sorting import *  # noqa: F401,F403
 
-__all__ = sorted({name for m in (creation, elementwise, indexing, linalg, manipulation,
+__all__ = sorted({name for m in (array_api, creation, elementwise, indexing, linalg, manipulation,
                                  reductions, scans, shapes, sorting) for name in m.__all__})
 
 _ns = globals()
 
 
-def _binary(name: str, reflected: bool = False) -> Any:
+def _binary(name: str, reflected: builtins.bool = False) -> Any:  # bool: the dtype here
     fn = _ns[name]
     if reflected:
         return lambda self, other: fn(other, self)
