@@ -12,7 +12,6 @@ everything; the ``nan*`` forms ignore it.
 
 from __future__ import annotations
 
-import builtins
 import math
 from typing import Any
 
@@ -34,6 +33,7 @@ from .elementwise import (
     divide,
     equal,
     exp,
+    greater,
     log,
     maximum,
     minimum,
@@ -84,10 +84,10 @@ def _reduce(op: Op, a: Any, axis: Any, keepdims: bool, name: str,
         t = astype(t, "int32")  # numpy counts (and multiplies) bools as integers
     if not axes:
         return t
-    if builtins.any(t.shape[k] == 0 for k in axes) and op in (Op.RMAX, Op.RMIN) and not allow_empty:
-        empty = [k for k in axes if t.shape[k] == 0]
-        raise ShapeError(f"{name}: axis {empty[0]} of the array of shape {t.shape} has length 0; "
-                         f"{name} of an empty axis has no identity")
+    empty = [k for k in axes if t.shape[k] == 0]
+    if empty and op in (Op.RMAX, Op.RMIN) and not allow_empty:
+        raise ShapeError(f"{name}: zero-size array to reduction operation {name}, which has no "
+                         f"identity: axis {empty[0]} of shape {t.shape} has length 0")
     if op in (Op.RMAX, Op.RMIN) and t.var.dtype == "bool":
         # WGSL has no max/min of bool: reduce the 0/1 words, then compare back
         out = astype(t.builder.bind(op, [astype(t, "uint32")], {"axes": axes}), "bool")
@@ -160,7 +160,9 @@ def mean(a: Any, axis: Any = None, keepdims: bool = False) -> Tracer:
     axes = _norm_axes(axis, t.ndim)
     n = _count(t.shape, axes)
     s = sum(astype(t, "float32"), axis=axes, keepdims=keepdims)
-    return divide(s, float(n)) if n else divide(s, 0.0)
+    if n == 0:  # numpy: NaN (a division by a literal 0.0 is not reliable in WGSL: lavapipe gave 0)
+        return where(True, math.nan, s)
+    return divide(s, float(n))
 
 
 def _ddof(ddof: Any, correction: Any, name: str) -> float:
@@ -187,7 +189,11 @@ def var(a: Any, axis: Any = None, ddof: Any = 0, keepdims: bool = False, *,
     mu = mean(t, axis=axes, keepdims=True)
     d = subtract(t, mu)
     ss = sum(multiply(d, d), axis=axes, keepdims=keepdims)
-    return divide(ss, builtins.max(n - d_of, 0.0))
+    if n - d_of <= 0:
+        # numpy divides by zero here: inf, or NaN where the sum is 0 (or NaN). Selected, not
+        # divided: WGSL leaves a division by zero indeterminate (lavapipe gave 0)
+        return where(greater(ss, 0.0), math.inf, math.nan)
+    return divide(ss, n - d_of)
 
 
 @_traceable
@@ -229,7 +235,8 @@ def logsumexp(a: Any, axis: Any = None, keepdims: bool = False) -> Tracer:
     if _count(t.shape, axes) == 0:
         out_shape = _kept_shape(t.shape, axes) if keepdims else tuple(
             d for k, d in enumerate(t.shape) if k not in axes)
-        return t.builder.bind(Op.BROADCAST, [_scalar_lit(-math.inf, "float32")], {"shape": out_shape})
+        ninf = _scalar_lit(-math.inf, "float32")
+        return t.builder.bind(Op.BROADCAST, [ninf], {"shape": out_shape})
     m = max(t, axis=axes, keepdims=True)
     # the shift clamped to finite values: a row of -inf (or one holding +inf) shifted by its own
     # maximum would compute inf - inf = NaN; shifted by -FLT_MAX (+FLT_MAX) it sums exp(-inf) = 0
@@ -335,5 +342,7 @@ def nanmean(a: Any, axis: Any = None, keepdims: bool = False) -> Tracer:
         return mean(t, axis=axis, keepdims=keepdims)
     nans = sum(astype(_isnan(t), "int32"), axis=axis, keepdims=keepdims)
     n = subtract(_count(t.shape, _norm_axes(axis, t.ndim)), nans)
-    return divide(nansum(t, axis=axis, keepdims=keepdims), astype(n, "float32"))
+    mean_ = divide(nansum(t, axis=axis, keepdims=keepdims), astype(n, "float32"))
+    # no value left: NaN as numpy, selected (WGSL leaves 0 / 0 indeterminate)
+    return where(equal(n, 0), math.nan, mean_)
 
