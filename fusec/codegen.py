@@ -348,9 +348,9 @@ def _reduce(body: Program, names: dict[int, str], target: str = "gpu") -> tuple[
         acc = f"acc{k}"
         if cached:
             def emit(em: Emitter, idx: Idx, e: Eqn = e, acc: str = acc,
-                     info: Any = info) -> list[str]:
+                     info: Any = info, dt: str = dt) -> list[str]:
                 val = em.value(e.inputs[0], idx)
-                return [f"{indent}{acc} = {info.combine(acc, val)};"]
+                return [f"{indent}{acc} = {info.combine(acc, val, dt)};"]
 
             code, val = unrolled(k, emit), ""
         else:
@@ -361,9 +361,10 @@ def _reduce(body: Program, names: dict[int, str], target: str = "gpu") -> tuple[
         stages.append({
             "acc": acc, "ty": WGSL_TYPE[dt], "identity": wgsl_literal(info.identity(dt), dt),
             "body": code, "cached": cached,
-            "loop": "" if cached else loop(f"{code}\n{indent}{acc} = {info.combine(acc, val)};"),
+            "loop": "" if cached else loop(
+                f"{code}\n{indent}{acc} = {info.combine(acc, val, dt)};"),
             "shared": f"sdata{k}",
-            "combine_shared": info.combine(f"sdata{k}[lid]", f"sdata{k}[lid + s]"),
+            "combine_shared": info.combine(f"sdata{k}[lid]", f"sdata{k}[lid + s]", dt),
             "result": f"red{k}", "after": ""})
         registers[id(e.out)] = (held, f"red{k}")
         stages[-1]["after"] = _hoist(body, names, registers, held, out_shape, prelude.memo,
@@ -531,9 +532,9 @@ def _partial(body: Program, names: dict[int, str], parts: list[Eqn],
         accs.append({
             "acc": acc, "shared": shared, "total": f"total{k}", "ty": WGSL_TYPE[dt],
             "identity": wgsl_literal(info.identity(dt), dt), "out": f"out{out_index[id(p.out)]}",
-            "combine": info.combine(acc, em.value(p.inputs[0], idx)),
-            "combine_shared": info.combine(f"{shared}[lid]", f"{shared}[lid + s]"),
-            "level_combine": [info.combine(f"{shared}[lid]", f"{shared}[lid + {d}u]")
+            "combine": info.combine(acc, em.value(p.inputs[0], idx), dt),
+            "combine_shared": info.combine(f"{shared}[lid]", f"{shared}[lid + s]", dt),
+            "level_combine": [info.combine(f"{shared}[lid]", f"{shared}[lid + {d}u]", dt)
                               for d in levels],
             "store": store_expr(f"total{k}", dt), "store_acc": store_expr(acc, dt)})
     code = _env().get_template("partial.wgsl.j2").render(

@@ -112,7 +112,10 @@ class Emitter:
 
     def fresh(self, prefix: str = "v") -> str:
         self.counter[0] += 1
-        return f"{prefix}{self.counter[0]}"
+        name = f"{prefix}{self.counter[0]}"
+        if name in ("i32", "u32", "f32", "f16"):  # the 32nd index let would shadow type i32
+            return self.fresh(prefix)
+        return name
 
     def let(self, expr: str, prefix: str = "v") -> str:
         if expr.isidentifier():

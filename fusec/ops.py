@@ -310,8 +310,8 @@ def numpy_elementwise(op: Op, args: Sequence[np.ndarray], params: dict[str, Any]
 @dataclass(frozen=True)
 class Reduction:
     op: Op
-    numpy: Callable[..., Any]
-    combine: Callable[[str, str], str]
+    numpy: Callable[..., Any]  # (array, axis=tuple) -> array, computed in the array's dtype
+    combine: Callable[[str, str, str], str]  # (accumulator, value, dtype) -> WGSL expression
     identity: Callable[[str], Any]  # dtype -> Python value
 
 
@@ -323,10 +323,62 @@ def _min_identity(dt: str) -> Any:
     return {"float32": math.inf, "int32": 2**31 - 1, "uint32": 2**32 - 1, "bool": True}[dt]
 
 
+# WGSL's max and min are IEEE maxNum/minNum: a NaN operand is dropped, where numpy's max and min
+# return NaN. The float32 combines of reduce_max and reduce_min are these helpers, so every
+# strategy that combines through the table (row kernels, a thread per output, partial stages and
+# their trees) propagates NaN. NaN is tested on the bits: a compiler may assume that ``x != x``
+# is false. A NaN operand is returned as it is (numpy keeps the first NaN's bits; which NaN comes
+# out here depends on the order of the combines).
+HELPERS["fusec_max_f32"] = """
+fn fusec_max_f32(a: f32, b: f32) -> f32 {
+    // numpy's max: NaN wins (WGSL's max drops it)
+    let na = (bitcast<u32>(a) & 0x7fffffffu) > 0x7f800000u;
+    let nb = (bitcast<u32>(b) & 0x7fffffffu) > 0x7f800000u;
+    return select(select(max(a, b), b, nb), a, na);
+}"""
+HELPERS["fusec_min_f32"] = """
+fn fusec_min_f32(a: f32, b: f32) -> f32 {
+    // numpy's min: NaN wins (WGSL's min drops it)
+    let na = (bitcast<u32>(a) & 0x7fffffffu) > 0x7f800000u;
+    let nb = (bitcast<u32>(b) & 0x7fffffffu) > 0x7f800000u;
+    return select(select(min(a, b), b, nb), a, na);
+}"""
+
+
+def _isnan_wgsl(a: Sequence[str], dt: str) -> str:
+    return f"((bitcast<u32>({a[0]}) & 0x7fffffffu) > 0x7f800000u)" if dt == "float32" else "false"
+
+
+# argmax and argmin (fusec.numpy.reductions) find NaN with isnan. Its row belongs to the
+# elementwise table; it is set here only where that table has none yet, with the same bit test.
+ELEMENTWISE.setdefault(Op.ISNAN, Elementwise(Op.ISNAN, np.isnan, _isnan_wgsl, tol=(0.0, 0.0)))
+
+
+def _minmax_combine(name: str) -> Callable[[str, str, str], str]:
+    def f(a: str, b: str, dt: str) -> str:
+        return f"fusec_{name}_f32({a}, {b})" if dt == "float32" else f"{name}({a}, {b})"
+
+    return f
+
+
+def _np_reduce(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` computed in the operand's own dtype (int32 products and sums wrap around modulo
+    2^32, as on the GPU)."""
+    def f(x: np.ndarray, axis: Any = None) -> Any:
+        with np.errstate(all="ignore"):
+            return fn(x, axis=axis, dtype=x.dtype)
+
+    return f
+
+
 REDUCTIONS: dict[Op, Reduction] = {
-    Op.SUM: Reduction(Op.SUM, np.sum, lambda a, b: f"({a} + {b})", lambda dt: 0),
-    Op.RMAX: Reduction(Op.RMAX, np.max, lambda a, b: f"max({a}, {b})", _max_identity),
-    Op.RMIN: Reduction(Op.RMIN, np.min, lambda a, b: f"min({a}, {b})", _min_identity),
+    Op.SUM: Reduction(Op.SUM, _np_reduce(np.sum), lambda a, b, dt: f"({a} + {b})",
+                      lambda dt: 0),
+    Op.RMAX: Reduction(Op.RMAX, np.max, _minmax_combine("max"), _max_identity),
+    Op.RMIN: Reduction(Op.RMIN, np.min, _minmax_combine("min"), _min_identity),
+    # bool products are computed as int32 (fusec.numpy.prod casts first), as numpy does
+    Op.PROD: Reduction(Op.PROD, _np_reduce(np.prod), lambda a, b, dt: f"({a} * {b})",
+                       lambda dt: 1),
 }
 
 
