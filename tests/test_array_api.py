@@ -91,8 +91,7 @@ def test_asarray_refuses_what_does_not_fit():
         fnp.asarray([-1, 2], dtype=fnp.uint32)
     with pytest.raises(DTypeError, match="complex128 has no fusec counterpart"):
         fnp.asarray([1 + 2j])
-    with pytest.raises(DTypeError, match="float64"):
-        fnp.asarray([1.0], dtype=np.float64)
+    assert fnp.asarray([1.5], dtype=np.float64).dtype == np.float32  # JAX's x64-off default
     with pytest.raises(ValueError, match="one device"):
         fnp.asarray([1.0], device="gpu:3")
 
