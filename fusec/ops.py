@@ -144,15 +144,16 @@ fn fusec_pow(x: f32, y: f32) -> f32 {
         if (floor(y * 0.5) != y * 0.5) { return -r; }
     }
     return r;
-}""",    # --- logarithms and exponentials: lavapipe's log builtin loses all relative accuracy near 1
+}""",
+    # --- logarithms and exponentials: lavapipe's log builtin loses all relative accuracy near 1
     # (log(1 + 1e-6) off by 0.4%; WGSL bounds it only to 2^-21 absolute on [0.5, 2]), so log1p and
     # log2 reduce to the core below, which uses no log builtin.
     "fusec_log1p_core": """
 fn fusec_log1p_core(f: f32) -> f32 {
     // log(1 + f) for f in [sqrt(1/2) - 1, sqrt(2) - 1]. With s = f / (2 + f), log(1 + f) =
-    // 2 atanh(s) = 2s + s R, R = 2s^2/3 + 2s^4/5 + ...; as 2s = f - s f, log(1 + f) = f - s (f - R):
-    // the rounding of s only enters the correction s (f - R) ~ f^2 / 2. |s| <= 0.1716, so the
-    // terms left out (from 2s^10/11) are below 2e-9 relative.
+    // 2 atanh(s) = 2s + s R, R = 2s^2/3 + 2s^4/5 + ...; as 2s = f - s f,
+    // log(1 + f) = f - s (f - R): the rounding of s only enters the correction s (f - R), about
+    // f^2 / 2. |s| <= 0.1716, so the terms left out (from 2s^10/11) are below 2e-9 relative.
     let s = f / (2.0 + f);
     let z = s * s;
     let r = z * (0.6666667 + z * (0.4 + z * (0.2857143 + z * 0.22222222)));
@@ -166,8 +167,9 @@ fn fusec_log1p(x: f32) -> f32 {{
     // near 0 the core takes x itself: 1 + x is never rounded
     if (x >= -0.29289323 && x <= 0.41421357) {{ return fusec_log1p_core(x); }}
     // elsewhere |log1p(x)| > 0.34, so the rounding of u = 1 + x (2^-24 relative) costs at most
-    // 3 ULP. (The classic correction (x - (u - 1)) / u does not survive: lavapipe's compiler
-    // folds x - ((1 + x) - 1) to 0.) u = 2^k m with m in [sqrt(1/2), sqrt(2)): k ln2 + log(m)
+    // 3 ULP. (The classic correction (x - (u - 1)) / u did not survive compilation on lavapipe:
+    // log1p(6e-8) came out 1.2e-7, as if it were 0.) u = 2^k m, m in [sqrt(1/2), sqrt(2)):
+    // log1p(x) = k ln2 + log(m)
     let b = bitcast<u32>(1.0 + x);  // 1 + x >= 2^-24: a normal number
     var k = i32(b >> 23u) - 127;
     var m = bitcast<f32>((b & 0x007fffffu) | 0x3f800000u);
@@ -250,18 +252,18 @@ fn fusec_atan01(r: f32) -> f32 {
             * (0.09090909 - z * (0.07692308 - z * (0.06666667 - z * 0.05882353)))))));
     return select(p, 0.7853982 + p, big);
 }""",
-    "fusec_atan": f"""
-fn fusec_atan(x: f32) -> f32 {{
-    if (fusec_isnan(x)) {{ return x; }}
+    "fusec_atan": """
+fn fusec_atan(x: f32) -> f32 {
+    if (fusec_isnan(x)) { return x; }
     let a = abs(x);
     // above 2^25, pi/2 - 1/a rounds to pi/2 (and 1/a would need a divisor past 2^126)
     var r = 1.5707964;
-    if (a <= 33554432.0) {{
+    if (a <= 33554432.0) {
         let p = fusec_atan01(select(a, 1.0 / a, a > 1.0));
         r = select(p, 1.5707964 - p, a > 1.0);
-    }}
+    }
     return fusec_copysign(r, x);
-}}""",
+}""",
     "fusec_atan2": f"""
 fn fusec_atan2(y: f32, x: f32) -> f32 {{
     // numpy's quadrants, signed zeros and infinities included: atan2(+-0, -0) = +-pi,
@@ -349,17 +351,18 @@ fn fusec_fmod(x: f32, y: f32) -> f32 {{
     if (ey == 0u) {{ ey = 1u; }} else {{ my = my | 0x00800000u; }}
     var r = mx % my;
     var d = ex - ey;
-""" + "\n".join("    if (d >= 8u) { r = (r << 8u) % my; d = d - 8u; }" for _ in range(31)) + f"""
+""" + "\n".join("    if (d >= 8u) { r = (r << 8u) % my; d = d - 8u; }" for _ in range(31)) + """
     r = (r << d) % my;
-    if (r == 0u) {{ return bitcast<f32>(sx); }}
+    if (r == 0u) { return bitcast<f32>(sx); }
     // r 2^(ey - 150) = (r 2^-23) 2^(ey - 127): both products exact
     let v = (f32(r) * 1.1920928955078125e-7) * bitcast<f32>(ey << 23u);
     return bitcast<f32>(bitcast<u32>(v) | sx);
-}}""",
+}""",
     "fusec_rem": """
 fn fusec_rem(x: f32, y: f32) -> f32 {
-    // numpy's remainder takes the divisor's sign: fmod, plus y where the signs differ (exact:
-    // |m| < |y| and both are multiples of the smaller ulp); x % 0, inf % y and NaN give NaN
+    // numpy's remainder takes the divisor's sign: fmod, plus y where the signs differ (exact
+    // when |x| >= |y|; else m = x and x + y rounds once, as in numpy); x % 0, inf % y and NaN
+    // give NaN
     let m = fusec_fmod(x, y);
     if (fusec_isnan(m)) { return m; }
     let sy = bitcast<u32>(y) & 0x80000000u;
@@ -479,10 +482,6 @@ def _by_dtype(float_expr: str | None, int32_expr: str | None = None, uint32_expr
     return f
 
 
-def _same(a: Sequence[str], dt: str) -> str:
-    return a[0]
-
-
 def _rounding(name: str) -> Callable[[Sequence[str], str], str]:
     """floor, ceil, trunc, round: the builtin for floats; integers and bools are already whole."""
     def f(a: Sequence[str], dt: str) -> str:
@@ -497,16 +496,10 @@ def _shift(left: bool) -> Callable[[Sequence[str], str], str]:
     0, or -1 for a negative int32 shifted right)."""
     def f(a: Sequence[str], dt: str) -> str:
         x, n = a
-        amount = n if dt == "uint32" else f"u32({n})"
-        zero = "0u" if dt == "uint32" else "0i"
-        if left:
-            out = zero
-        elif dt == "int32":
-            out = f"select(0i, -1i, {x} < 0i)"
-        else:
-            out = zero
-        op = "<<" if left else ">>"
-        return f"select({out}, {x} {op} {amount}, {amount} < 32u)"
+        if dt == "uint32":
+            return f"select(0u, {x} {'<<' if left else '>>'} {n}, {n} < 32u)"
+        out = "0i" if left else f"select(0i, -1i, {x} < 0i)"
+        return f"select({out}, {x} {'<<' if left else '>>'} u32({n}), u32({n}) < 32u)"
 
     return f
 
@@ -607,10 +600,12 @@ ELEMENTWISE: dict[Op, Elementwise] = {
                     tol=(0.0, 0.0)),
         Elementwise(Op.ISFINITE, _np_isfinite,
                     _by_dtype("fusec_isfinite({0})", "true", "true", "true"), tol=(0.0, 0.0)),
-        # --- logarithms and exponentials (helpers above; measured on lavapipe against float64
-        # over 1e-30..1e30, worst cases below). log1p/log2 come from the core log(1 + f), whose
-        # error is a few ULP (measured: 1.8e-7 relative); expm1 near 0 is a series (measured
-        # 1.6e-7 relative); beyond 0.5 it is exp(x) - 1, so it carries exp's bound (3 + 2|x| ULP).
+        # --- logarithms and exponentials (the helpers above). Measured on lavapipe against
+        # float64 over 1e-30..1e30: log1p 1.9e-7 relative, log2 1.6e-7 (3 ULP: the core
+        # log(1 + f), a few roundings and one division). Held to 1e-6 (17 ULP), which leaves room
+        # for a GPU's division (WGSL: 2.5 ULP) and sqrt. expm1 is a series below 0.5 (measured
+        # 1.2e-7 near 0, 3.5e-7 at 0.5) and exp(x) - 1 beyond, so it carries exp's bound
+        # (3 + 2|x| ULP in WGSL).
         Elementwise(Op.LOG1P, np.log1p, _call("fusec_log1p"), float_only=True, tol=(1e-6, 0.0)),
         Elementwise(Op.LOG2, np.log2, _call("fusec_log2"), float_only=True, tol=(1e-6, 0.0)),
         Elementwise(Op.EXPM1, np.expm1, _call("fusec_expm1"), float_only=True,
@@ -621,8 +616,10 @@ ELEMENTWISE: dict[Op, Elementwise] = {
         # WGSL's tan is sin / cos: the accuracy of sin and cos (lavapipe measured 1.8e-7 relative
         # on [-1.5, 1.5]); near pi/2 the division magnifies cos's absolute error
         Elementwise(Op.TAN, np.tan, _call("tan"), float_only=True, tol=(1e-5, 2e-6)),
-        # atan and atan2: the series and range reduction of fusec_atan01 (measured 2e-7
-        # relative); asin/acos add a sqrt and a division, the inverse hyperbolic functions log1p
+        # atan and atan2: the series and range reduction of fusec_atan01 (measured 1.8e-7 and
+        # 2.1e-7 relative); asin/acos add a sqrt (2.5e-7, 2.8e-7), the inverse hyperbolic
+        # functions go through log1p (asinh 2.0e-7, acosh 2.3e-7, atanh 2.2e-7). Held to 1e-6 (17
+        # ULP) for a GPU's division and sqrt, as log1p.
         Elementwise(Op.ATAN, np.arctan, _call("fusec_atan"), float_only=True, tol=(1e-6, 0.0)),
         Elementwise(Op.ATAN2, np.arctan2, _call("fusec_atan2"), float_only=True,
                     tol=(1e-6, 0.0)),

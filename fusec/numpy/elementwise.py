@@ -207,13 +207,13 @@ def erf(x: Any) -> Tracer:
 
 @_traceable
 def maximum(x1: Any, x2: Any) -> Tracer:
-    """Elementwise maximum."""
+    """Elementwise maximum; NaN in either operand gives NaN, as in numpy and JAX."""
     return _elementwise(Op.MAX, x1, x2)
 
 
 @_traceable
 def minimum(x1: Any, x2: Any) -> Tracer:
-    """Elementwise minimum."""
+    """Elementwise minimum; NaN in either operand gives NaN, as in numpy and JAX."""
     return _elementwise(Op.MIN, x1, x2)
 
 
@@ -271,7 +271,7 @@ def equal(x1: Any, x2: Any) -> Tracer:
 
 @_traceable
 def not_equal(x1: Any, x2: Any) -> Tracer:
-    """Elementwise ``x1 != x2``."""
+    """Elementwise ``x1 != x2`` (True where either is NaN, as in numpy)."""
     return _compare(Op.NE, x1, x2)
 
 
@@ -289,7 +289,7 @@ def where(condition: Any, x: Any, y: Any) -> Tracer:
 
 @_traceable
 def clip(a: Any, a_min: Any = None, a_max: Any = None) -> Tracer:
-    """Limit values to ``[a_min, a_max]`` (either may be None)."""
+    """Limit values to ``[a_min, a_max]`` (either may be None); NaN stays NaN, as in numpy."""
     out = _tracer(a)
     if a_min is not None:
         out = maximum(out, a_min)
