@@ -15,7 +15,7 @@ __all__ = ["relu", "sigmoid", "tanh", "silu", "swish", "gelu", "leaky_relu", "el
 
 @_traceable
 def relu(x: Any) -> Tracer:
-    """``max(x, 0)``."""
+    """``max(x, 0)``; NaN stays NaN, as in JAX."""
     return fnp.maximum(x, 0)
 
 
