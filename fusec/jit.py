@@ -684,7 +684,9 @@ def eager_call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, 
         if isinstance(x, Tracer):
             raise TraceError("a traced value was used outside of its jitted function")
     # the type is part of the key: 1 == 1.0 == True, but they promote differently
-    statics = tuple((i, type(x), x) for i, (_, x) in enumerate(leaves) if not _is_array_leaf(x))
+    # (repr tells -0.0 from 0.0, which compare equal: x / -0.0 is -inf where x / 0.0 is inf)
+    statics = tuple((i, type(x), x, repr(x) if isinstance(x, float) else None)
+                    for i, (_, x) in enumerate(leaves) if not _is_array_leaf(x))
     try:
         key = (fn, td, statics)
         hash(key)

@@ -421,6 +421,16 @@ class Elementwise:
     tol: tuple[float, float] = (1e-6, 0.0)
 
 
+def _div(a: Sequence[str], dt: str) -> str:
+    """x / y. A literal zero divisor is written as a product with an infinity: naga folds
+    ``x / 0.0f`` to 0 (lavapipe gave 0 for 1 / 0.0), where numpy gives +-inf, or nan for 0 / 0,
+    as x * inf does."""
+    if a[1] in ("0.0f", "-0.0f"):
+        inf = "0xff800000u" if a[1].startswith("-") else "0x7f800000u"
+        return f"({a[0]} * bitcast<f32>({inf}))"
+    return f"({a[0]} / {a[1]})"
+
+
 def _neg(a: Sequence[str], dt: str) -> str:
     return f"(0u - {a[0]})" if dt == "uint32" else f"(-{a[0]})"
 
@@ -573,7 +583,7 @@ ELEMENTWISE: dict[Op, Elementwise] = {
         Elementwise(Op.SUB, np.subtract, _bin("-"), bool_ok=False, tol=(1e-7, 0.0)),
         Elementwise(Op.MUL, _np_bool_safe(np.multiply, np.logical_and), _bin("*", "&&"),
                     tol=(1e-7, 0.0)),
-        Elementwise(Op.DIV, np.divide, _bin("/"), float_only=True, tol=(1e-6, 0.0)),
+        Elementwise(Op.DIV, np.divide, _div, float_only=True, tol=(1e-6, 0.0)),
         Elementwise(Op.POW, _np_power, _pow, bool_ok=False, tol=(5e-5, 1e-6)),
         Elementwise(Op.MAX, np.maximum, _minmax(">", "max", "||"), tol=(0.0, 0.0)),
         Elementwise(Op.MIN, np.minimum, _minmax("<", "min", "&&"), tol=(0.0, 0.0)),
