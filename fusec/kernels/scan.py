@@ -51,6 +51,9 @@ SERIAL_SHORT = 4096  # "serial" rows up to this long on GPUs: one kernel
 SERIAL_CHUNK_MIN = 64
 CPU_SHORT = 16384  # "serial" rows up to this long on the "cpu" target: one kernel
 CPU_CHUNK = 4096
+# The last stage of a long row on GPUs takes its chunks last to first: the first stage read them
+# first to last, so the chunks it read last may still be in the L2 cache when this one starts.
+FINISH_BACKWARDS = True
 
 
 @dataclass(frozen=True)
@@ -314,13 +317,17 @@ def _tile_kernel(body: Program, names: dict[int, str], geo: _Geometry, vec: bool
         d *= 2
     out_index = ("job" if geo.inner == 1 else
                  f"(row / {geo.inner}u * {geo.chunks}u + g) * {geo.inner}u + row % {geo.inner}u")
+    groups = -(-jobs // (wg // threads))
+    backwards = FINISH_BACKWARDS and len(e.inputs) > 1
+    # (past the last group, the linear index wraps around to a large value: no live job)
+    first = f"{groups - 1}u - (wid.y * nwg.x + wid.x)" if backwards else "wid.y * nwg.x + wid.x"
     src = _env().get_template("scan_tile.wgsl.j2").render(
-        mode=mode, wg=wg, ct=ct, identity=lit, threads=threads, rounds=rounds, jobs=jobs,
+        first=first, mode=mode, wg=wg, ct=ct, identity=lit, threads=threads, rounds=rounds, jobs=jobs,
         chunk=chunk, chunks=geo.chunks, n=geo.n, tiles=chunk // (4 * threads * rounds),
         tile=4 * threads * rounds, prelude="\n".join(pre.lines), carry=carry,
         loads="\n".join(em.lines), steps=steps, final=f"ks{len(steps) % 2}", stores=stores,
         combine=combine, out_index=out_index)
-    return src, -(-jobs // (wg // threads))
+    return src, groups
 
 
 def _serial_kernel(body: Program, names: dict[int, str], geo: _Geometry,
