@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from helpers import forced_target
 
 import fusec
 import fusec.numpy as fnp
@@ -31,7 +32,6 @@ from fusec.interpret import evaluate
 from fusec.ir import Op
 from fusec.kernels import scan as scan_kernels
 from fusec.numpy.scans import cumulative
-from helpers import forced_target
 
 U = 2.0 ** -24
 S = fusec.ShapeDtype
@@ -329,7 +329,7 @@ def test_traced_and_lowered_ir() -> None:
     assert "scan_reduce axis=0 chunk=16384 layout=tile reduce=sum reverse=False rounds=16" in text
     assert "f32[1024] = scan axis=0 chunk=1024 layout=tile" in text
     assert "f32[16777216] = scan axis=0 chunk=16384 layout=tile reduce=sum reverse=False " \
-           "rounds=4 threads=256" in text
+           "rounds=8 threads=256" in text
 
 
 def test_interpreter_of_the_traced_program_is_numpy(rng: np.random.Generator) -> None:
@@ -347,7 +347,7 @@ def test_gpu_kernels_stream_vec4() -> None:
     assert "var<storage, read> in0: array<vec4<f32>>" in reduce
     assert reduce.count("in0[") == 16  # a chunk of 16384 is 16 vec4 loads per thread
     assert "var<storage, read_write> out0: array<vec4<f32>>" in last
-    assert "out0[" in last and last.count("in0[") == 4  # 4 rounds of a vec4 per tile
+    assert "out0[" in last and last.count("in0[") == 8  # 8 rounds of a vec4 per tile
     assert "1023u - (wid.y * nwg.x + wid.x)" in last  # chunks last to first (see the plan)
 
 

@@ -41,14 +41,26 @@ from ..ir import Eqn, Op, Program, Shape, Var
 from ..ops import scan_identity, wgsl_literal
 
 TILE_THREADS = 256  # threads per job of a long row ("tile" layout)
-TILE_ROUNDS = 4  # rounds per tile of a long row: tiles of 4 x 256 x 4 = 4096 positions
+# rounds per tile of a long row: tiles of 8 x 256 x 4 = 8192 positions, whose scan across the
+# threads takes 16 KiB of workgroup memory (two arrays of 8 x 256 values; every WebGPU device
+# has that much). cumsum of 2^26 float32 on the H100 (us; copy 184, sum 96): rounds 1 293,
+# 2 288, 4 286, 8 282
+TILE_ROUNDS = 8
 SHORT = 4096  # "tile" rows up to this long: one kernel, a job per row
 MANY_ROWS = 1024  # "tile" rows: from this many, one kernel whatever their length
-CHUNKS = (16384, 8192, 4096)  # chunk lengths of long "tile" rows, the longest that gives...
-CHUNK_JOBS = 1024  # ...at least this many jobs (else the shortest)
-SERIAL_THREADS = 1 << 16  # "serial" on GPUs: long rows are cut to give this many threads
-SERIAL_SHORT = 4096  # "serial" rows up to this long on GPUs: one kernel
+# chunk lengths of long "tile" rows: the longest that gives at least CHUNK_JOBS jobs, else the
+# shortest. 2^26 float32 on the H100: chunks of 8192 286, 16384 282, 32768 286, 65536 301 us
+CHUNKS = (16384, 8192)
+CHUNK_JOBS = 1024
+# "serial" on GPUs: rows are cut into chunks (at least SERIAL_CHUNK_MIN long) that give about
+# SERIAL_THREADS threads, unless there are that many rows / 4 already, or the rows are at most
+# SERIAL_SHORT long (a walk of a few hundred loads costs less than two more kernels). cumsum of
+# 8192 x 8192 float32 along axis 0 on the H100: 2^16 threads 623 us, 2^18 325 (loading one
+# position per step); loading 4 per step 358 and 301, 8 325 and 304
+SERIAL_THREADS = 1 << 18
+SERIAL_SHORT = 512
 SERIAL_CHUNK_MIN = 64
+SERIAL_UNROLL = 4  # positions a "serial" thread loads before it combines them
 CPU_SHORT = 16384  # "serial" rows up to this long on the "cpu" target: one kernel
 CPU_CHUNK = 4096
 # The last stage of a long row on GPUs takes its chunks last to first: the first stage read them
@@ -92,10 +104,11 @@ def plan(shape: Shape, axis: int, target: str = "gpu") -> Plan:
     one kernel for rows up to SHORT long, or MANY_ROWS rows and more (a workgroup per row, each
     looping over its row's tiles, fills the GPU); else three stages, chunks of 16384 positions
     where that gives CHUNK_JOBS jobs. Strided rows take the "serial" layout: one kernel up to
-    SERIAL_SHORT positions or with SERIAL_THREADS rows, else chunks that give SERIAL_THREADS
-    threads. The "cpu" target (a software adapter, where barriers are costly and a thread
-    walking its row is what a CPU does best) takes "serial" throughout, in chunks of CPU_CHUNK
-    positions past CPU_SHORT (within codegen.LOOP_BUDGET loop iterations per invocation)."""
+    SERIAL_SHORT positions or from SERIAL_THREADS / 4 rows, else chunks that give about
+    SERIAL_THREADS threads. The "cpu" target (a software adapter, where barriers are costly
+    and a thread walking its row is what a CPU does best) takes "serial" throughout, in chunks
+    of CPU_CHUNK positions past CPU_SHORT (within codegen.LOOP_BUDGET loop iterations per
+    invocation)."""
     n = shape[axis]
     rows = math.prod(shape) // max(n, 1)
     inner = math.prod(shape[axis + 1:])
@@ -104,9 +117,9 @@ def plan(shape: Shape, axis: int, target: str = "gpu") -> Plan:
             return Plan(_serial(n))
         return Plan(_serial(CPU_CHUNK), _serial(CPU_CHUNK))
     if inner != 1:
-        if n <= SERIAL_SHORT or rows >= SERIAL_THREADS:
+        if n <= SERIAL_SHORT or rows >= SERIAL_THREADS // 4:
             return Plan(_serial(n))
-        chunk = max(SERIAL_CHUNK_MIN, -(-n // -(-SERIAL_THREADS // rows)))
+        chunk = max(SERIAL_CHUNK_MIN, -(-n * rows // SERIAL_THREADS))
         if chunk >= n:
             return Plan(_serial(n))
         return Plan(_serial(chunk), _serial(chunk))
@@ -240,6 +253,14 @@ def _carry(em: Emitter, e: Eqn, lit: str, dt: str, index: str) -> str:
     return f"select({lit}, {v}, g > 0u)"
 
 
+def _chunk_index(geo: _Geometry, g: str) -> str:
+    """The flat index of chunk ``g`` of the tile kernel's row in the chunks' array (the array's
+    shape with the axis's length replaced by the number of chunks)."""
+    if geo.inner == 1:
+        return f"row * {geo.chunks}u + {g}"
+    return f"(row / {geo.inner}u * {geo.chunks}u + {g}) * {geo.inner}u + row % {geo.inner}u"
+
+
 def _tile_kernel(body: Program, names: dict[int, str], geo: _Geometry, vec: bool,
                  workgroup_storage: int) -> tuple[str, int]:
     e = body.eqns[0]
@@ -262,10 +283,8 @@ def _tile_kernel(body: Program, names: dict[int, str], geo: _Geometry, vec: bool
         base = pre.let(f"row * {geo.n}u", "b")
     else:
         base = pre.let(f"(row / {geo.inner}u) * {geo.n * geo.inner}u + row % {geo.inner}u", "b")
-    carry_at = (f"(row / {geo.inner}u * {geo.chunks}u + max(g, 1u) - 1u) * {geo.inner}u"
-                f" + row % {geo.inner}u") if geo.inner != 1 else "row * {0}u + max(g, 1u) - 1u" \
-        .format(geo.chunks)
-    carry = _carry(pre, e, lit, dt, carry_at) if mode == "scan" else lit
+    carry = _carry(pre, e, lit, dt, _chunk_index(geo, "max(g, 1u) - 1u")) \
+        if mode == "scan" else lit
     indent = "        " if mode == "scan" else "    "
     em = Emitter(body, names, indent=indent, counter=counter)
     em.memo.update(pre.memo)
@@ -282,7 +301,7 @@ def _tile_kernel(body: Program, names: dict[int, str], geo: _Geometry, vec: bool
             vi = em.let(f"{base} / 4u + {first} / 4u", "t")
             for lane in range(4):
                 phys = 3 - lane if geo.reverse else lane
-                flat = em.let(f"4u * {vi} + {phys}u", "e")
+                flat = f"4u * {vi} + {phys}u"  # read as lane phys of the vec4 at vi
                 em.lane_of[flat] = (vi, phys)
                 lanes.append(_value(em, x, flat, dt))
             valid = [f"{q} < {geo.n}u"] * 4
@@ -315,15 +334,14 @@ def _tile_kernel(body: Program, names: dict[int, str], geo: _Geometry, vec: bool
     while d < threads:
         steps.append(d)
         d *= 2
-    out_index = ("job" if geo.inner == 1 else
-                 f"(row / {geo.inner}u * {geo.chunks}u + g) * {geo.inner}u + row % {geo.inner}u")
+    out_index = _chunk_index(geo, "g")
     groups = -(-jobs // (wg // threads))
     backwards = FINISH_BACKWARDS and len(e.inputs) > 1
     # (past the last group, the linear index wraps around to a large value: no live job)
     first = f"{groups - 1}u - (wid.y * nwg.x + wid.x)" if backwards else "wid.y * nwg.x + wid.x"
     src = _env().get_template("scan_tile.wgsl.j2").render(
-        first=first, mode=mode, wg=wg, ct=ct, identity=lit, threads=threads, rounds=rounds, jobs=jobs,
-        chunk=chunk, chunks=geo.chunks, n=geo.n, tiles=chunk // (4 * threads * rounds),
+        first=first, mode=mode, wg=wg, ct=ct, identity=lit, threads=threads, rounds=rounds,
+        jobs=jobs, chunk=chunk, chunks=geo.chunks, n=geo.n, tiles=chunk // (4 * threads * rounds),
         tile=4 * threads * rounds, prelude="\n".join(pre.lines), carry=carry,
         loads="\n".join(em.lines), steps=steps, final=f"ks{len(steps) % 2}", stores=stores,
         combine=combine, out_index=out_index)
@@ -354,10 +372,14 @@ def _serial_kernel(body: Program, names: dict[int, str], geo: _Geometry,
         if mode == "scan" else lit
     em = Emitter(body, names, indent="        ", counter=counter)
     step = f" * {geo.inner}u" if geo.inner != 1 else ""
-    em.lines.append(f"        let f = base + {_physical(geo, 'q')}{step};")
-    xv = _value(em, x, "f", dt)
-    em.lines.append(f"        let x = {xv};")
+    unroll = min(SERIAL_UNROLL, geo.chunk)
+    for u in range(unroll):
+        # past the chunk's end, the last position again (a load inside the buffer; unused)
+        q = "q0" if u == 0 else em.let(f"min(q0 + {u}u, end - 1u)", "q")
+        em.lines.append(f"        let f{u} = base + {_physical(geo, q)}{step};")
+        em.lines.append(f"        let x{u} = {_value(em, x, f'f{u}', dt)};")
     src = _env().get_template("scan_serial.wgsl.j2").render(
         mode=mode, wg=WORKGROUP, ct=ct, jobs=jobs, chunk=geo.chunk, chunks=geo.chunks, n=geo.n,
-        prelude="\n".join(pre.lines), carry=carry, load="\n".join(em.lines), combine=combine)
+        prelude="\n".join(pre.lines), carry=carry, loads="\n".join(em.lines), combine=combine,
+        unroll=unroll)
     return src, -(-jobs // WORKGROUP)

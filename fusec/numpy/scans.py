@@ -33,7 +33,7 @@ def _axis_of(t: Tracer, axis: Any, name: str) -> tuple[Tracer, int]:
                          "at trace time: pass them as static arguments")
     if t.ndim == 0:
         t = reshape(t, (1,))
-    return t, _norm_axis(axis, t.ndim, f"{name}: axis")
+    return t, _norm_axis(int(axis), t.ndim, f"{name}: axis")
 
 
 def cumulative(x: Any, reduce: str, axis: int, reverse: bool = False) -> Tracer:
