@@ -198,6 +198,16 @@ def test_methods_and_eager_calls(rng: np.random.Generator) -> None:
     np.testing.assert_array_equal(np.asarray(eager), np.maximum.accumulate(x, axis=1))
 
 
+def test_in_a_larger_program(rng: np.random.Generator) -> None:
+    # the scan reads its operand from a buffer: an elementwise producer is a kernel of its own,
+    # and what reads the scan's result fuses as usual
+    x = rng.integers(-8, 9, (6, 300)).astype(np.float32)
+    f = jit(lambda a: fnp.cumsum(a * 2.0 + 1.0, axis=1) - fnp.cummax(a, axis=0) * 0.5)
+    assert len(f.lower(x).kernels) == 4  # a * 2 + 1, the two scans, the difference
+    want = np.cumsum(x * 2 + 1, axis=1) - np.maximum.accumulate(x, axis=0) * 0.5
+    np.testing.assert_array_equal(np.asarray(f(x)), want)  # exact: small integers and halves
+
+
 # --- the Array API functions ----------------------------------------------------------------------
 
 
