@@ -315,6 +315,22 @@ def test_gpu_kernels_match_the_staged_reference(gpu_target: None, shape: tuple[i
     assert_float_scan(got, x, reduce, axis, reverse)
 
 
+def test_gpu_tile_kernels_on_strided_rows(gpu_target: None, monkeypatch: pytest.MonkeyPatch,
+                                          rng: np.random.Generator) -> None:
+    # the plan keeps strided rows "serial" on GPUs (faster there); the tile kernels index them
+    # too, neighbouring jobs on neighbouring columns
+    monkeypatch.setattr(scan_kernels, "TILE_MAX_INNER", 8)
+    for shape, axis, reverse, n_kernels in [((257, 3), 0, True, 1), ((7, 9000, 2), 1, False, 3)]:
+        x = rng.standard_normal(shape).astype(np.float32)
+        f = jit(lambda a: cumulative(a, "sum", axis, reverse))
+        lowered = f.lower(x)
+        assert len(lowered.kernels) == n_kernels
+        assert all(e.params["body"].eqns[0].params["layout"] == "tile" for e in lowered.ir.eqns)
+        got = np.asarray(f(x))
+        np.testing.assert_array_equal(got, evaluate(lowered.ir, [x])[0])
+        assert_float_scan(got, x, "sum", axis, reverse)
+
+
 # --- plans, kernels and the IR --------------------------------------------------------------------
 
 

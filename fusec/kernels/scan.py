@@ -61,6 +61,11 @@ SERIAL_THREADS = 1 << 18
 SERIAL_SHORT = 512
 SERIAL_CHUNK_MIN = 64
 SERIAL_UNROLL = 4  # positions a "serial" thread loads before it combines them
+# strided rows with at most this many columns (the product of the axes after the scanned one)
+# take the "tile" layout on GPUs, more the "serial" one. Measured worse everywhere on the H100
+# (cumsum along axis 0 of 2^26 float32, us, serial / tile: 4 columns 846 / 1018, 8 777 / 4016,
+# 16 352 / 2099, 64 320 / 2117, 1024 322 / 1859): strided rows stay "serial"
+TILE_MAX_INNER = 1
 CPU_SHORT = 16384  # "serial" rows up to this long on the "cpu" target: one kernel
 CPU_CHUNK = 4096
 # The last stage of a long row on GPUs takes its chunks last to first: the first stage read them
@@ -100,12 +105,13 @@ def _short_tile(n: int) -> dict[str, Any]:
 def plan(shape: Shape, axis: int, target: str = "gpu") -> Plan:
     """The stages of a scan of an array of ``shape`` along ``axis``.
 
-    GPUs: contiguous rows (the last axis, or only unit axes after it) take the "tile" layout;
-    one kernel for rows up to SHORT long, or MANY_ROWS rows and more (a workgroup per row, each
-    looping over its row's tiles, fills the GPU); else three stages, chunks of 16384 positions
-    where that gives CHUNK_JOBS jobs. Strided rows take the "serial" layout: one kernel up to
-    SERIAL_SHORT positions or from SERIAL_THREADS / 4 rows, else chunks that give about
-    SERIAL_THREADS threads. The "cpu" target (a software adapter, where barriers are costly
+    GPUs: contiguous rows (the last axis, or only unit axes after it; see TILE_MAX_INNER) take
+    the "tile" layout; one kernel for rows up to SHORT long, or
+    MANY_ROWS rows and more (a workgroup per row, each looping over its row's tiles, fills the
+    GPU); else three stages, chunks of 16384 positions where that gives CHUNK_JOBS jobs. More
+    columns take the "serial" layout (neighbouring threads read neighbouring columns): one
+    kernel up to SERIAL_SHORT positions or from SERIAL_THREADS / 4 rows, else chunks that give
+    about SERIAL_THREADS threads. The "cpu" target (a software adapter, where barriers are costly
     and a thread walking its row is what a CPU does best) takes "serial" throughout, in chunks
     of CPU_CHUNK positions past CPU_SHORT (within codegen.LOOP_BUDGET loop iterations per
     invocation)."""
@@ -116,7 +122,7 @@ def plan(shape: Shape, axis: int, target: str = "gpu") -> Plan:
         if n <= CPU_SHORT:
             return Plan(_serial(n))
         return Plan(_serial(CPU_CHUNK), _serial(CPU_CHUNK))
-    if inner != 1:
+    if inner > 1 and inner > TILE_MAX_INNER:
         if n <= SERIAL_SHORT or rows >= SERIAL_THREADS // 4:
             return Plan(_serial(n))
         chunk = max(SERIAL_CHUNK_MIN, -(-n * rows // SERIAL_THREADS))
@@ -253,14 +259,6 @@ def _carry(em: Emitter, e: Eqn, lit: str, dt: str, index: str) -> str:
     return f"select({lit}, {v}, g > 0u)"
 
 
-def _chunk_index(geo: _Geometry, g: str) -> str:
-    """The flat index of chunk ``g`` of the tile kernel's row in the chunks' array (the array's
-    shape with the axis's length replaced by the number of chunks)."""
-    if geo.inner == 1:
-        return f"row * {geo.chunks}u + {g}"
-    return f"(row / {geo.inner}u * {geo.chunks}u + {g}) * {geo.inner}u + row % {geo.inner}u"
-
-
 def _tile_kernel(body: Program, names: dict[int, str], geo: _Geometry, vec: bool,
                  workgroup_storage: int) -> tuple[str, int]:
     e = body.eqns[0]
@@ -280,10 +278,12 @@ def _tile_kernel(body: Program, names: dict[int, str], geo: _Geometry, vec: bool
     pre = Emitter(body, names, indent="    ", counter=counter)
     # the row's first element and, for the tile's loads, the row's first vec4
     if geo.inner == 1:
-        base = pre.let(f"row * {geo.n}u", "b")
+        base = pre.let(f"job / {geo.chunks}u * {geo.n}u", "b")
     else:
-        base = pre.let(f"(row / {geo.inner}u) * {geo.n * geo.inner}u + row % {geo.inner}u", "b")
-    carry = _carry(pre, e, lit, dt, _chunk_index(geo, "max(g, 1u) - 1u")) \
+        base = pre.let(f"job / {geo.inner * geo.chunks}u * {geo.n * geo.inner}u"
+                       f" + job % {geo.inner}u", "b")
+    # the chunk before this one, along the axis of the carries: inner positions back
+    carry = _carry(pre, e, lit, dt, f"job - select(0u, {geo.inner}u, g > 0u)") \
         if mode == "scan" else lit
     indent = "        " if mode == "scan" else "    "
     em = Emitter(body, names, indent=indent, counter=counter)
@@ -334,7 +334,6 @@ def _tile_kernel(body: Program, names: dict[int, str], geo: _Geometry, vec: bool
     while d < threads:
         steps.append(d)
         d *= 2
-    out_index = _chunk_index(geo, "g")
     groups = -(-jobs // (wg // threads))
     backwards = FINISH_BACKWARDS and len(e.inputs) > 1
     # (past the last group, the linear index wraps around to a large value: no live job)
@@ -344,7 +343,7 @@ def _tile_kernel(body: Program, names: dict[int, str], geo: _Geometry, vec: bool
         jobs=jobs, chunk=chunk, chunks=geo.chunks, n=geo.n, tiles=chunk // (4 * threads * rounds),
         tile=4 * threads * rounds, prelude="\n".join(pre.lines), carry=carry,
         loads="\n".join(em.lines), steps=steps, final=f"ks{len(steps) % 2}", stores=stores,
-        combine=combine, out_index=out_index)
+        combine=combine, inner=geo.inner)
     return src, groups
 
 
