@@ -119,6 +119,19 @@ class Op(Enum):
     # --- kernels of their own kind (scatter, scan, sort: see KERNEL_KIND) ---
     # scatter: section owned by fusec.passes.scatter / fusec.kernels.scatter
     # scan: section owned by fusec.passes.scan / fusec.kernels.scan
+    # the inclusive scan along one axis, as the user functions trace it: params reduce (sum |
+    # prod | max | min), axis, reverse (scan from the end). lower_scan turns it into the stages:
+    CUMULATIVE = "cumulative"
+    # stage: each row (the positions along axis, in scan order) cut into chunks of params
+    # "chunk" positions, each chunk reduced to one value: the result has the input's shape with
+    # the axis's length replaced by the number of chunks. params reduce, axis, reverse, chunk,
+    # layout ("tile" | "serial") and, for "tile", threads and rounds: the order of the reduction
+    # (see ops.scan_reduce_numpy)
+    SCAN_REDUCE = "scan_reduce"
+    # stage: inputs x and optionally carries (the inclusive scan of x's chunk reductions): each
+    # chunk of x scanned, starting from the carry of the chunks before it. params reduce, axis,
+    # reverse, chunk, layout and, for "tile", threads and rounds (see ops.scan_numpy)
+    SCAN = "scan"
     # sort: section owned by fusec.passes.sort / fusec.kernels.sort
     # a fused kernel
     KERNEL = "kernel"  # params: body (Program), name, kind
@@ -145,6 +158,8 @@ INDEXING = frozenset({Op.GATHER})
 # Ops that are whole kernels of another kind than elementwise/reduce/matmul: the fusion pass gives
 # each its own kernel of this kind (codegen: fusec.kernels.<kind>). Filled in by the sections above.
 KERNEL_KIND: dict[Op, str] = {}
+KERNEL_KIND[Op.SCAN_REDUCE] = "scan"
+KERNEL_KIND[Op.SCAN] = "scan"
 
 
 def size_of(shape: Shape) -> int:

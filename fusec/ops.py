@@ -856,6 +856,210 @@ NUMPY_RULES: dict[Op, Callable[[Sequence[np.ndarray], dict[str, Any], tuple[Shap
                                np.ndarray]] = {}
 
 
+# --- scan: cumulative sums, products, maxima and minima along an axis (fusec.passes.scan) ---------
+# ``cumulative`` is numpy's ufunc.accumulate along the axis. Its stages (``scan_reduce``, ``scan``)
+# add floats in another order than numpy does; their references here follow the order the GPU
+# kernels use (fusec.kernels.scan), operation for operation in the array's own dtype, so the
+# interpreter of a lowered program gives the GPU's float32 results bit for bit.
+
+SCAN_REDUCES = ("sum", "prod", "max", "min")
+_SCAN_UFUNC = {"sum": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum}
+
+
+def scan_identity(reduce: str, dtype: str) -> Any:
+    """The value that leaves anything unchanged under ``reduce`` in ``dtype``."""
+    if reduce == "max":
+        return _max_identity(dtype)
+    if reduce == "min":
+        return _min_identity(dtype)
+    return {"sum": 0, "prod": 1}[reduce]
+
+
+def _scan_checked(in_types: Sequence[tuple[Shape, str]], params: dict[str, Any],
+                  n_inputs: tuple[int, ...]) -> tuple[Shape, str, int]:
+    """The operand's shape and dtype and the scanned axis, after checking the params."""
+    from .errors import DTypeError
+
+    if len(in_types) not in n_inputs:
+        raise ShapeError(f"scan op takes {' or '.join(map(str, n_inputs))} operand(s); "
+                         f"got {len(in_types)}")
+    shape, dt = in_types[0]
+    reduce, axis = params.get("reduce"), params.get("axis")
+    if reduce not in SCAN_REDUCES:
+        raise ValueError(f"scan reduce must be one of {SCAN_REDUCES}; got {reduce!r}")
+    if dt == "bool" and reduce in ("sum", "prod"):
+        raise DTypeError(f"a scan's {reduce} of bool is not defined: scan int32 (numpy's "
+                         "cumsum does), or max/min for logical or/and")
+    if not isinstance(axis, int) or not 0 <= axis < len(shape):
+        raise ShapeError(f"scan axis {axis!r} is out of range for shape {shape}")
+    return shape, dt, axis
+
+
+def _scan_layout_checked(params: dict[str, Any]) -> int:
+    """Positions per chunk; for the "tile" layout, check that chunks are whole tiles."""
+    chunk = int(params["chunk"])
+    if chunk < 1:
+        raise ValueError(f"scan chunk must be positive; got {chunk}")
+    if params["layout"] == "tile":
+        threads, rounds = int(params["threads"]), int(params["rounds"])
+        if threads < 1 or threads & (threads - 1) or rounds < 1 or chunk % (4 * threads * rounds):
+            raise ValueError(f"a tile scan needs threads a power of two and chunks of whole tiles "
+                             f"(4 x threads x rounds); got {params}")
+    elif params["layout"] != "serial":
+        raise ValueError(f"scan layout must be tile or serial; got {params['layout']!r}")
+    return chunk
+
+
+def _chunked_shape(shape: Shape, axis: int, chunk: int) -> Shape:
+    return shape[:axis] + (-(-shape[axis] // chunk),) + shape[axis + 1:]
+
+
+def _cumulative_type(in_types: Sequence[tuple[Shape, str]], params: dict[str, Any]
+                     ) -> tuple[Shape, str]:
+    shape, dt, _ = _scan_checked(in_types, params, (1,))
+    return shape, dt
+
+
+def _scan_reduce_type(in_types: Sequence[tuple[Shape, str]], params: dict[str, Any]
+                      ) -> tuple[Shape, str]:
+    shape, dt, axis = _scan_checked(in_types, params, (1,))
+    return _chunked_shape(shape, axis, _scan_layout_checked(params)), dt
+
+
+def _scan_type(in_types: Sequence[tuple[Shape, str]], params: dict[str, Any]
+               ) -> tuple[Shape, str]:
+    shape, dt, axis = _scan_checked(in_types, params, (1, 2))
+    chunk = _scan_layout_checked(params)
+    if len(in_types) == 2 and in_types[1] != (_chunked_shape(shape, axis, chunk), dt):
+        raise ShapeError(f"scan carries must be {dt}{_chunked_shape(shape, axis, chunk)} for "
+                         f"{dt}{shape} in chunks of {chunk}; got {in_types[1][1]}{in_types[1][0]}")
+    return shape, dt
+
+
+def _scan_rows(x: np.ndarray, axis: int, reverse: bool) -> np.ndarray:
+    """x as rows (every other coordinate, in C order) of its positions along ``axis`` in scan
+    order."""
+    m = np.moveaxis(x, axis, -1)
+    rows = m.reshape(math.prod(m.shape[:-1]), m.shape[-1])
+    return rows[:, ::-1] if reverse else rows
+
+
+def _scan_unrows(rows: np.ndarray, shape: Shape, axis: int, reverse: bool) -> np.ndarray:
+    if reverse:
+        rows = rows[:, ::-1]
+    moved = shape[:axis] + shape[axis + 1:] + (shape[axis],)
+    return np.ascontiguousarray(np.moveaxis(rows.reshape(moved), -1, axis))
+
+
+def cumulative_numpy(x: np.ndarray, reduce: str, axis: int, reverse: bool = False) -> np.ndarray:
+    """Reference of ``cumulative``: numpy's accumulate along ``axis`` in x's dtype (integers wrap
+    around), from the end when ``reverse``."""
+    rows = _scan_rows(x, axis, reverse)
+    with np.errstate(all="ignore"):
+        out = _SCAN_UFUNC[reduce].accumulate(rows, axis=-1) if rows.size else rows
+    return _scan_unrows(np.asarray(out, dtype=x.dtype), x.shape, axis, reverse)
+
+
+def _scan_chunks(x: np.ndarray, p: dict[str, Any]) -> tuple[np.ndarray, int, int]:
+    """x's rows cut into chunks, padded with the identity: (rows, chunks, chunk), n, chunks."""
+    rows = _scan_rows(x, int(p["axis"]), bool(p["reverse"]))
+    n, chunk = rows.shape[1], int(p["chunk"])
+    chunks = -(-n // chunk)
+    padded = np.full((rows.shape[0], chunks * chunk), scan_identity(p["reduce"], x.dtype.name),
+                     dtype=x.dtype)
+    padded[:, :n] = rows
+    return padded.reshape(rows.shape[0], chunks, chunk), n, chunks
+
+
+def _tile_total(op: Any, lanes: np.ndarray) -> np.ndarray:
+    """A thread's 4 lane values combined as (l0 op l1) op (l2 op l3)."""
+    return op(op(lanes[..., 0], lanes[..., 1]), op(lanes[..., 2], lanes[..., 3]))
+
+
+def scan_reduce_numpy(x: np.ndarray, p: dict[str, Any]) -> np.ndarray:
+    """Reference of ``scan_reduce``. "serial": a thread folds its chunk from the identity, one
+    position after another. "tile": ``threads`` threads share a chunk of rounds x threads x 4
+    positions, position (k * threads + t) * 4 + lane going to thread t's accumulator ``lane``
+    in round k; each thread's 4 accumulators combine as (0 op 1) op (2 op 3), then the threads'
+    totals in a tree (thread t takes t + s's, s = threads / 2, ..., 1). Positions past the end
+    of the row count as the identity."""
+    op = _SCAN_UFUNC[p["reduce"]]
+    xc, n, chunks = _scan_chunks(x, p)
+    ident = scan_identity(p["reduce"], x.dtype.name)
+    with np.errstate(all="ignore"):
+        if p["layout"] == "serial":
+            start = np.full(xc.shape[:2] + (1,), ident, dtype=x.dtype)
+            acc = op.accumulate(np.concatenate([start, xc], axis=-1), axis=-1)
+            last = np.minimum(int(p["chunk"]), n - np.arange(chunks) * int(p["chunk"]))
+            red = np.take_along_axis(acc, np.broadcast_to(last[None, :, None],
+                                                          acc.shape[:2] + (1,)), axis=-1)[..., 0]
+        else:
+            threads, rounds = int(p["threads"]), int(p["rounds"])
+            parts = xc.reshape(xc.shape[:2] + (rounds, threads, 4))
+            lanes = np.full(xc.shape[:2] + (threads, 4), ident, dtype=x.dtype)
+            for k in range(rounds):
+                lanes = op(lanes, parts[:, :, k])
+            tot = _tile_total(op, lanes)
+            s = threads // 2
+            while s >= 1:
+                tot[..., :s] = op(tot[..., :s], tot[..., s:2 * s])
+                s //= 2
+            red = tot[..., 0]
+    shape = _chunked_shape(x.shape, int(p["axis"]), int(p["chunk"]))
+    return _scan_unrows(np.asarray(red, dtype=x.dtype), shape, int(p["axis"]), False)
+
+
+def scan_numpy(x: np.ndarray, carries: np.ndarray | None, p: dict[str, Any]) -> np.ndarray:
+    """Reference of ``scan``: chunk g of each row starts from carries[g - 1] (the identity for
+    g = 0 or without carries). "serial": a thread folds its chunk position after position.
+    "tile": ``threads`` threads scan a chunk one tile (rounds x threads x 4 positions) after
+    another, position (k * threads + t) * 4 + lane of a tile being thread t's lane ``lane`` in
+    round k. A thread scans its 4 lanes (l0, l0 op l1, ...); the threads' last lanes are scanned
+    across the threads in log2(threads) steps (Kogge-Stone: s[t] = s[t - d] op s[t] for t >= d,
+    d = 1, 2, 4, ...), per round. With r the carry, for each round k: thread t's lanes become
+    (r op s[t - 1]) op lane (the identity for s[-1]), then r = r op s[threads - 1]. The r after
+    the last round carries into the next tile."""
+    op = _SCAN_UFUNC[p["reduce"]]
+    axis, reverse, chunk = int(p["axis"]), bool(p["reverse"]), int(p["chunk"])
+    xc, n, chunks = _scan_chunks(x, p)
+    ident = scan_identity(p["reduce"], x.dtype.name)
+    carry = np.full(xc.shape[:2], ident, dtype=x.dtype)
+    if carries is not None and chunks > 1:
+        carry[:, 1:] = _scan_rows(carries, axis, False)[:, :-1]
+    with np.errstate(all="ignore"):
+        if p["layout"] == "serial":
+            out = op.accumulate(np.concatenate([carry[..., None], xc], axis=-1), axis=-1)[..., 1:]
+        else:
+            threads, rounds = int(p["threads"]), int(p["rounds"])
+            tile = 4 * threads * rounds
+            parts = xc.reshape(xc.shape[:2] + (chunk // tile, rounds, threads, 4))
+            out = np.empty_like(parts)
+            for j in range(chunk // tile):
+                lanes = op.accumulate(parts[:, :, j], axis=-1)
+                s = lanes[..., 3].copy()  # (rows, chunks, rounds, threads)
+                d = 1
+                while d < threads:
+                    s[..., d:] = op(s[..., :-d], s[..., d:])  # numpy reads before it writes
+                    d *= 2
+                before = np.full(s.shape, ident, dtype=x.dtype)
+                before[..., 1:] = s[..., :-1]
+                for k in range(rounds):
+                    pre = op(carry[..., None], before[:, :, k])
+                    out[:, :, j, k] = op(pre[..., None], lanes[:, :, k])
+                    carry = op(carry, s[:, :, k, threads - 1])
+    rows = np.asarray(out, dtype=x.dtype).reshape(xc.shape[0], chunks * chunk)[:, :n]
+    return _scan_unrows(rows, x.shape, axis, reverse)
+
+
+TYPE_RULES[Op.CUMULATIVE] = _cumulative_type
+TYPE_RULES[Op.SCAN_REDUCE] = _scan_reduce_type
+TYPE_RULES[Op.SCAN] = _scan_type
+NUMPY_RULES[Op.CUMULATIVE] = lambda a, p, t: cumulative_numpy(
+    a[0], p["reduce"], int(p["axis"]), bool(p.get("reverse", False)))
+NUMPY_RULES[Op.SCAN_REDUCE] = lambda a, p, t: scan_reduce_numpy(a[0], p)
+NUMPY_RULES[Op.SCAN] = lambda a, p, t: scan_numpy(a[0], a[1] if len(a) > 1 else None, p)
+
+
 def slice_numpy(x: np.ndarray, starts: Sequence[int], steps: Sequence[int],
                 shape: Shape) -> np.ndarray:
     """Reference of ``slice``."""
