@@ -771,3 +771,16 @@ def test_interpreter_matches(rng: np.random.Generator) -> None:
     consts = [np.asarray(c) for c in traced.const_values]
     (got,) = evaluate(traced.program, [x, y, *consts])
     _check_chain(got, x, y)
+
+
+def test_division_by_a_literal_zero_and_a_negative_zero() -> None:
+    """naga folded ``x / 0.0f`` to 0 on lavapipe; numpy gives +-inf, and nan for 0 / 0 and nan.
+    Eager calls with 0.0 and then -0.0 must not share a kernel (the two compare equal)."""
+    x = np.array([1.0, -2.5, 0.0, np.nan, np.inf], np.float32)
+    with np.errstate(all="ignore"):
+        want_pos, want_neg = x / np.float32(0.0), x / np.float32(-0.0)
+    both = fusec.gpu_jit(lambda x: (x / 0.0, x / -0.0, fnp.divide(x, 0.0)))(x)
+    for got, want in zip(both, (want_pos, want_neg, want_pos)):
+        np.testing.assert_array_equal(np.asarray(got), want)
+    np.testing.assert_array_equal(np.asarray(fnp.divide(x, 0.0)), want_pos)
+    np.testing.assert_array_equal(np.asarray(fnp.divide(x, -0.0)), want_neg)

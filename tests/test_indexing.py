@@ -552,8 +552,6 @@ def test_take_modes_axes_and_scalars(rng):
     check(y, np.take(x, [[1], [0]], axis=2))
 
 
-@pytest.mark.xfail(raises=NotImplementedError, strict=False,
-                   reason="mode='wrap' needs Op.REM, which the elementwise work adds")
 def test_take_wrap():
     x = np.arange(7, dtype=np.float32)
     i = np.array([0, 7, -1, -15, 2**31 - 1], np.int32)

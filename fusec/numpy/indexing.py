@@ -737,11 +737,6 @@ def _index_mode(i: Tracer, d: int, mode: Optional[str], what: str
     if mode == "clip":  # numpy's clip: negative indices become 0, no counting from the end
         return (i if i.var.dtype == "uint32" else _elementwise(Op.MAX, i, 0)), None
     if mode == "wrap":
-        from ..ops import ELEMENTWISE
-
-        if Op.REM not in ELEMENTWISE:
-            raise NotImplementedError(f"{what}: mode='wrap' needs the remainder op (Op.REM), "
-                                      "which this build does not have yet")
         return _elementwise(Op.REM, i, d), None
     return i, None
 
