@@ -390,6 +390,9 @@ def fuse(prog: Program, enabled: bool = True, max_bindings: int = 8,
         if len(it.roots) == 1 and "writes_into" in it.roots[0].params:
             # the op updates its operand's buffer in place (scatter): body input j is output k
             params["inplace"] = tuple(it.roots[0].params["writes_into"])
+        if len(it.roots) == 1 and "zero_init" in it.roots[0].params:
+            # outputs accumulated into buffers zero-filled before each call (scatter-add)
+            params["zero_init"] = tuple(it.roots[0].params["zero_init"])
         eqns.append(Eqn(Op.KERNEL, tuple(body.inputs), tuple(body.outputs),  # type: ignore[arg-type]
                         params))
     return Program(list(prog.inputs), eqns, list(prog.outputs))
