@@ -125,7 +125,9 @@ class Op(Enum):
     # into the two stage ops below, kernels of kind "scatter".
     SCATTER = "scatter"
     # inputs updates, i_0 ..; params shape: zeros of that shape with the updates added at the
-    # indices (bool: or-ed); its kernel's output is zero-filled before each call (zero_init)
+    # indices (bool: or-ed); its kernel's output is zero-filled before each call (zero_init).
+    # Both stages list in buffer_inputs the inputs their kernel reads from memory: it computes
+    # the others from their cones (see fusec.passes.fuse)
     SCATTER_ADD = "scatter_add"
     # inputs target, updates, i_0 ..; params mode (set|add|multiply|min|max): the target with the
     # updates combined in. Its kernel updates the target's buffer in place (writes_into): the

@@ -4,6 +4,8 @@ errors. References are written here from numpy alone (not from fusec.ops)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -17,6 +19,7 @@ from fusec.ir import Op
 from fusec.jit import interpret_traced
 from fusec.numpy.scatter import MODES, scatter
 from fusec.passes import Options, run_pipeline
+from fusec.trace import current_builder
 
 DTYPES = ("float32", "int32", "uint32", "bool")
 UFUNC = {"add": np.add, "multiply": np.multiply, "min": np.minimum, "max": np.maximum}
@@ -311,6 +314,79 @@ def test_more_than_65535_workgroups() -> None:
     got = np.asarray(f(x, a.reshape(n, 1), a.reshape(1, n)))
     c = np.bincount(a)
     np.testing.assert_array_equal(got, 5 + np.outer(c, c))
+
+
+def _iota(shape: tuple[int, ...], axis: int) -> Any:
+    """An iota index array, as ``x.at[:, 1::2]`` builds one for a sliced axis."""
+    b = current_builder()
+    assert b is not None
+    return b.bind(Op.IOTA, [], {"shape": shape, "axis": axis, "dtype": "int32"})
+
+
+def test_index_and_update_cones_fuse_into_the_scatter(rng: np.random.Generator) -> None:
+    """Iota index arrays, index arithmetic and broadcast updates are computed inside the
+    scatter kernel, not written to memory first: x.at[i, 1::2].add(v) then elementwise work is
+    still 2 kernels, and a scalar update is never materialised."""
+
+    @fusec.gpu_jit
+    def add(x, i, v):
+        j = _iota((1, 5), 1) * 2 + 1  # columns 1, 3, 5, 7, 9
+        return fusec.numpy.exp(scatter(x, (i.reshape(-1, 1), j), v, "add")) * 2.0
+
+    x = rng.standard_normal((30, 10)).astype(np.float32)
+    i = rng.integers(-35, 35, 6).astype(np.int32)
+    v = rng.standard_normal(5).astype(np.float32)  # broadcast along the rows
+    lowered = add.lower(x, i, v)
+    assert len(lowered.kernels) == 2
+    j = np.arange(1, 10, 2, dtype=np.int32).reshape(1, 5)
+    want = reference(x.astype(np.float64), [i.reshape(-1, 1), j], v.astype(np.float64), "add")
+    np.testing.assert_allclose(np.asarray(add(x, i, v)), np.exp(want) * 2, rtol=1e-5)
+
+    @fusec.gpu_jit
+    def zero_rows(x, i):
+        return scatter(x, (i.reshape(-1, 1), _iota((1, 10), 1)), 0.0, "set")
+
+    lowered = zero_rows.lower(x, i)
+    stage = next(e for e in lowered.ir.eqns if e.op is Op.KERNEL
+                 and e.params["kind"] == "scatter")
+    assert [v.shape for v in stage.inputs] == [(30, 10), (6,)]  # the copy and i: no iota buffer
+    want = x.copy()
+    keep = (i >= -30) & (i < 30)
+    want[i[keep]] = 0
+    np.testing.assert_array_equal(np.asarray(zero_rows(x, i)), want)
+
+
+def test_updates_shared_with_other_kernels_and_chained(rng: np.random.Generator) -> None:
+    """Updates computed by ops another output also needs, and updates that are another
+    scatter's result."""
+
+    @fusec.gpu_jit
+    def f(x, w, i, j):
+        u = fusec.numpy.exp(w) * 0.5
+        y = scatter(x, (i,), u, "max")
+        z = scatter(x, (j,), fusec.numpy.sin(y), "add")
+        return y, z, u
+
+    x = rng.standard_normal(40).astype(np.float32)
+    w = rng.standard_normal(40).astype(np.float32)
+    i, j = rng.integers(-40, 40, 40).astype(np.int32), rng.integers(0, 45, 40).astype(np.int32)
+    y, z, u = f(x, w, i, j)
+    u_want = np.exp(w) * np.float32(0.5)
+    np.testing.assert_allclose(np.asarray(u), u_want, rtol=2e-5)
+    y_want = reference(x, [i], np.asarray(u), "max")
+    np.testing.assert_array_equal(np.asarray(y), y_want)
+    z_want = reference(x.astype(np.float64), [j], np.sin(y_want.astype(np.float64)), "add")
+    np.testing.assert_allclose(np.asarray(z), z_want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_gpu_target_kernels_run(gpu_target: None, rng: np.random.Generator, mode: str) -> None:
+    """The code generated for real GPUs (another loop bound) runs right too."""
+    x = values(rng, (7, 33), "float32", mode)
+    idx = [index_array(rng, 7, (500, 1)), index_array(rng, 33, (500, 1))]
+    u = values(rng, (1, 3), "float32", mode)
+    got = fusec.gpu_jit(lambda x, idx, u: scatter(x, idx, u, mode))(x, tuple(idx), u)
+    check(got, x, idx, u, mode)
 
 
 # --- the lowering and its kernels -----------------------------------------------------------------

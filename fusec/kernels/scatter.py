@@ -2,8 +2,9 @@
 :func:`fusec.passes.scatter.lower_scatter` makes of a scatter.
 
 A thread per update (per element of S, the shape the updates and index arrays broadcast to)
-reads its update and its indices (the :class:`~fusec.emit.Emitter` computes them from the
-buffers, broadcasting included), drops the update if an index is outside its axis, and combines
+computes its update and its indices (the :class:`~fusec.emit.Emitter` does, from the buffers and
+through the elementwise ops, iotas and broadcasts the fusion pass put in the kernel before the
+stage), drops the update if an index is outside its axis, and combines
 the update into the output element with an atomic operation, since other threads may update the
 same element:
 
@@ -93,7 +94,7 @@ def _update(mode: str, dtype: str, u: str) -> str:
 
 def generate(kernel: Eqn, target: str = "gpu", workgroup_storage: int = 16384) -> KernelCode:
     body: Program = kernel.params["body"]
-    (e,) = body.eqns
+    e = body.eqns[-1]  # the stage; the eqns before it compute its updates and indices
     if e.op is Op.SCATTER_ADD:
         mode, rest = "add", e.inputs
     else:

@@ -11,6 +11,12 @@
   buffer in place (``writes_into``: its output is its input 0). The copy keeps ``x`` itself
   unchanged (a program input, or a value read elsewhere); it fuses with whatever computes ``x``.
 
+Both stages are kernels of kind "scatter" that compute their updates and indices themselves:
+``buffer_inputs`` tells the fusion pass which inputs must be buffers (only scatter_into's
+target), so the elementwise ops, iotas and broadcasts that make the others (``x.at[i, 1::2]``
+builds index arrays from iotas; a scalar update is a broadcast) fuse into the scatter kernel
+instead of being written to memory first.
+
 A scatter of no updates, or into an empty array, is its operand.
 """
 
@@ -43,12 +49,13 @@ def lower_scatter(prog: Program, target: str = "gpu") -> Program:
         if e.params["mode"] == "add":
             z = Var(out.shape, out.dtype)
             eqns.append(Eqn(Op.SCATTER_ADD, (u, *idx), (z,),
-                            {"shape": out.shape, "zero_init": (0,)}))
+                            {"shape": out.shape, "zero_init": (0,), "buffer_inputs": ()}))
             eqns.append(Eqn(Op.ADD, (x, z), (out,)))
         else:
             c = Var(out.shape, out.dtype)
             eqns.append(Eqn(Op.CAST, (x,), (c,), {"dtype": out.dtype}))
             eqns.append(Eqn(Op.SCATTER_INTO, (c, u, *idx), (out,),
-                            {"mode": e.params["mode"], "writes_into": ((0, 0),)}))
+                            {"mode": e.params["mode"], "writes_into": ((0, 0),),
+                             "buffer_inputs": (0,)}))
     return Program(list(prog.inputs), eqns, [sub(a) for a in prog.outputs])
 
