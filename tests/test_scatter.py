@@ -4,10 +4,12 @@ errors. References are written here from numpy alone (not from fusec.ops)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from helpers import Delta
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -387,6 +389,28 @@ def test_gpu_target_kernels_run(gpu_target: None, rng: np.random.Generator, mode
     u = values(rng, (1, 3), "float32", mode)
     got = fusec.gpu_jit(lambda x, idx, u: scatter(x, idx, u, mode))(x, tuple(idx), u)
     check(got, x, idx, u, mode)
+
+
+def test_persistent_cache_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                     rng: np.random.Generator) -> None:
+    """Lowered scatter programs (their in-place, zero-fill and buffer_inputs parameters) come
+    back from the disk cache and run the same."""
+    monkeypatch.setenv("FUSEC_CACHE_DIR", str(tmp_path / "cache"))
+    x = rng.standard_normal((9, 4)).astype(np.float32)
+    i = rng.integers(-9, 9, (50, 1)).astype(np.int32)
+    u = rng.standard_normal((50, 4)).astype(np.float32)
+
+    def fn(x, i, u):
+        return scatter(x, (i, _iota((1, 4), 1)), u, "add"), scatter(x, (i, 3), u, "min")
+
+    first = [np.asarray(a) for a in fusec.gpu_jit(fn)(x, i, u)]
+    fusec.clear_cache()
+    with Delta() as d:
+        again = [np.asarray(a) for a in fusec.gpu_jit(fn)(x, i, u)]
+    assert d.disk_hits == 1 and d.lowerings == 0
+    np.testing.assert_array_equal(again[1], first[1])
+    check(again[0], x, [i, np.arange(4, dtype=np.int32).reshape(1, 4)], u, "add")
+    np.testing.assert_array_equal(first[1], reference(x, [i, np.int32(3)], u, "min"))
 
 
 # --- the lowering and its kernels -----------------------------------------------------------------
