@@ -457,33 +457,38 @@ def test_lowered_matches_traced_under_the_interpreter(rng: np.random.Generator, 
             np.testing.assert_array_equal(got, want)
 
 
-def test_kernel_code(cpu_target: None) -> None:
+def _scatter_wgsl(fn: Any, target: str, *arrays: np.ndarray) -> str:
+    """The WGSL of ``fn``'s scatter kernel, generated for ``target`` whatever the adapter."""
+    lowered = fusec.gpu_jit(fn).lower(*_specs(*arrays))
+    stage = next(e for e in lowered.ir.eqns if e.op is Op.KERNEL
+                 and e.params["kind"] == "scatter")
+    return codegen.generate(stage, target).wgsl
+
+
+def test_kernel_code() -> None:
     """WGSL: atomics on the output, the compare-exchange loop bounded under the software
     adapter's loop limit, NaN-propagating helpers only where used."""
     x = np.zeros((100,), np.float32)
     i = np.zeros(70000, np.int32)
     for mode, expect in [("add", "atomicCompareExchangeWeak"), ("set", "atomicStore"),
                          ("min", "fusec_scatter_min(")]:
-        lo = fusec.gpu_jit(lambda x, i: scatter(x, (i,), 1.5, mode)).lower(*_specs(x, i))
-        wgsl = next(k.wgsl for k in lo.kernels if k.kind == "scatter")
+        wgsl = _scatter_wgsl(lambda x, i: scatter(x, (i,), 1.5, mode), "cpu", x, i)
         assert expect in wgsl
         assert ("fn fusec_scatter_min" in wgsl) == (mode == "min")
         if mode != "set":
             assert f"t < {codegen.LOOP_BUDGET}u" in wgsl
     xi = np.zeros((100,), np.int32)
     for mode, fn in [("add", "atomicAdd"), ("min", "atomicMin"), ("max", "atomicMax")]:
-        lo = fusec.gpu_jit(lambda x, i: scatter(x, (i,), 3, mode)).lower(*_specs(xi, i))
-        wgsl = next(k.wgsl for k in lo.kernels if k.kind == "scatter")
+        wgsl = _scatter_wgsl(lambda x, i: scatter(x, (i,), 3, mode), "cpu", xi, i)
         assert f"{fn}(&out0[at], 3i)" in wgsl and "array<atomic<i32>>" in wgsl
         assert "atomicCompareExchangeWeak" not in wgsl
 
 
-def test_gpu_target_bound(gpu_target: None) -> None:
+def test_gpu_target_bound() -> None:
     """On GPUs the loop bound is the number of updates (plus slack): enough in any case."""
     x = np.zeros((10,), np.float32)
     i = np.zeros(70000, np.int32)
-    lo = fusec.gpu_jit(lambda x, i: scatter(x, (i,), 1.5, "multiply")).lower(*_specs(x, i))
-    wgsl = next(k.wgsl for k in lo.kernels if k.kind == "scatter")
+    wgsl = _scatter_wgsl(lambda x, i: scatter(x, (i,), 1.5, "multiply"), "gpu", x, i)
     assert "t < 70016u" in wgsl
 
 

@@ -24,7 +24,8 @@ writes nothing), so a thread fails fewer times than there are updates: ``n + 16`
 suffice (16: slack for the spurious failures a weak exchange may have). On the "cpu" target
 (lavapipe, which ends a shader's loops after 65535 iterations in all) the bound is capped at
 :data:`fusec.emit.LOOP_BUDGET`: few threads run at once there (lanes of 8 on a few cores), so a
-thread fails at most a handful of times whatever the number of updates.
+thread fails at most a handful of times whatever the number of updates. (Measured on 2 cores,
+16.8M float adds into 49 elements: bounds of 6 tries or fewer lost updates, 8 never did.)
 """
 
 from __future__ import annotations
@@ -93,6 +94,8 @@ def _update(mode: str, dtype: str, u: str) -> str:
 
 
 def generate(kernel: Eqn, target: str = "gpu", workgroup_storage: int = 16384) -> KernelCode:
+    """WGSL for a kernel of kind "scatter" (a scatter_add or scatter_into stage, after the ops
+    of its body that compute the stage's updates and indices); a thread per update."""
     body: Program = kernel.params["body"]
     e = body.eqns[-1]  # the stage; the eqns before it compute its updates and indices
     if e.op is Op.SCATTER_ADD:
@@ -126,8 +129,8 @@ def generate(kernel: Eqn, target: str = "gpu", workgroup_storage: int = 16384) -
 
     cas = ""
     update = ""
-    if dtype == "float32" and mode != "set" or dtype in ("int32", "uint32") and (
-            mode == "multiply"):
+    if (dtype == "float32" and mode != "set") or (dtype in ("int32", "uint32")
+                                                   and mode == "multiply"):
         cas = _combine(mode, dtype, "old", u)
     else:
         update = _update(mode, dtype, u)
