@@ -118,6 +118,21 @@ class Op(Enum):
     GATHER = "gather"
     # --- kernels of their own kind (scatter, scan, sort: see KERNEL_KIND) ---
     # scatter: section owned by fusec.passes.scatter / fusec.kernels.scatter
+    # inputs operand, updates, i_0 .. i_{ndim-1} (updates and the integer index arrays broadcast
+    # to one shape S); params mode (set|add|multiply|min|max): out = operand, then for each p of
+    # S, out[i_0[p], ..] (mode)= updates[p]; a negative index counts from the end, an index still
+    # outside its axis drops the update (JAX's default for scatters). lower_scatter rewrites it
+    # into the two stage ops below, kernels of kind "scatter".
+    SCATTER = "scatter"
+    # inputs updates, i_0 ..; params shape: zeros of that shape with the updates added at the
+    # indices (bool: or-ed); its kernel's output is zero-filled before each call (zero_init).
+    # Both stages list in buffer_inputs the inputs their kernel reads from memory: it computes
+    # the others from their cones (see fusec.passes.fuse)
+    SCATTER_ADD = "scatter_add"
+    # inputs target, updates, i_0 ..; params mode (set|add|multiply|min|max): the target with the
+    # updates combined in. Its kernel updates the target's buffer in place (writes_into): the
+    # target must be a value of its own (a copy of the scatter's operand)
+    SCATTER_INTO = "scatter_into"
     # scan: section owned by fusec.passes.scan / fusec.kernels.scan
     # the inclusive scan along one axis, as the user functions trace it: params reduce (sum |
     # prod | max | min), axis, reverse (scan from the end). lower_scan turns it into the stages:
@@ -160,6 +175,9 @@ INDEXING = frozenset({Op.GATHER})
 KERNEL_KIND: dict[Op, str] = {}
 KERNEL_KIND[Op.SCAN_REDUCE] = "scan"
 KERNEL_KIND[Op.SCAN] = "scan"
+# scatter's stages (the primitive itself is lowered before fusion)
+KERNEL_KIND[Op.SCATTER_ADD] = "scatter"
+KERNEL_KIND[Op.SCATTER_INTO] = "scatter"
 
 
 def size_of(shape: Shape) -> int:

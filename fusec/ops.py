@@ -1058,6 +1058,98 @@ NUMPY_RULES[Op.CUMULATIVE] = lambda a, p, t: cumulative_numpy(
     a[0], p["reduce"], int(p["axis"]), bool(p.get("reverse", False)))
 NUMPY_RULES[Op.SCAN_REDUCE] = lambda a, p, t: scan_reduce_numpy(a[0], p)
 NUMPY_RULES[Op.SCAN] = lambda a, p, t: scan_numpy(a[0], a[1] if len(a) > 1 else None, p)
+# --- scatter (fusec.numpy.scatter, fusec.passes.scatter, fusec.kernels.scatter) -----------------
+
+SCATTER_MODES = ("set", "add", "multiply", "min", "max")
+_SCATTER_UFUNCS = {"add": np.add, "multiply": np.multiply, "min": np.minimum, "max": np.maximum}
+
+
+def scatter_shape(target: Shape, types: Sequence[tuple[Shape, str]], what: str) -> Shape:
+    """Check a scatter's updates and index arrays (``types``: updates first) against the array
+    of shape ``target`` they go into; returns S, the shape they broadcast to. The user-facing
+    function (fusec.numpy.scatter) has already cast the updates and checked the indices with
+    messages naming the arguments; this is the IR's rule."""
+    if len(types) != 1 + len(target):
+        raise ShapeError(f"{what} into an array of {len(target)} axes needs as many index arrays; "
+                         f"got {len(types) - 1}")
+    if any(d not in ("int32", "uint32") for _, d in types[1:]):
+        raise ShapeError(f"{what} indices must be int32 or uint32; "
+                         f"got {[d for _, d in types[1:]]}")
+    return broadcast_shapes(*(s for s, _ in types))
+
+
+def _scatter_mode(params: dict[str, Any]) -> str:
+    mode = str(params["mode"])
+    if mode not in SCATTER_MODES:
+        raise ValueError(f"scatter mode must be one of {SCATTER_MODES}; got {mode!r}")
+    return mode
+
+
+def _scatter_type(in_types: Sequence[tuple[Shape, str]], params: dict[str, Any]
+                  ) -> tuple[Shape, str]:
+    """scatter and scatter_into: inputs target, updates, i_0 ..; the result is the target's."""
+    _scatter_mode(params)
+    (shape, dt), (_, udt) = in_types[0], in_types[1]
+    if udt != dt:
+        raise ShapeError(f"scatter updates must have the operand's dtype {dt}; got {udt}")
+    scatter_shape(shape, in_types[1:], "scatter")
+    return shape, dt
+
+
+def _scatter_add_type(in_types: Sequence[tuple[Shape, str]], params: dict[str, Any]
+                      ) -> tuple[Shape, str]:
+    """scatter_add: inputs updates, i_0 ..; params shape: zeros of it, of the updates' dtype."""
+    shape = tuple(params["shape"])
+    scatter_shape(shape, in_types, "scatter_add")
+    return shape, in_types[0][1]
+
+
+def scatter_numpy(operand: np.ndarray, updates: np.ndarray, indices: Sequence[np.ndarray],
+                  mode: str) -> np.ndarray:
+    """Reference of ``scatter``: a copy of ``operand`` with ``updates`` combined in at
+    ``indices`` by numpy's unbuffered ``ufunc.at`` (duplicates accumulate in order); "set"
+    assigns (numpy: the last duplicate wins; the GPU may keep any of them). A negative index
+    counts from the end; indices still outside their axis are dropped."""
+    out = np.array(operand, copy=True, order="C")
+    shape = np.broadcast_shapes(updates.shape, *(i.shape for i in indices))
+    if out.size == 0 or math.prod(shape) == 0:
+        return out
+    u = np.broadcast_to(updates, shape).reshape(-1)
+    keep = np.ones(u.shape, dtype=bool)
+    flat = np.zeros(u.shape, dtype=np.int64)
+    for i, d in zip(indices, operand.shape):
+        k = np.broadcast_to(i, shape).reshape(-1).astype(np.int64)
+        if i.dtype.kind == "i":
+            k = np.where(k < 0, k + d, k)
+        keep &= (k >= 0) & (k < d)
+        flat = flat * d + k
+    view = out.reshape(-1)  # a view: out is a fresh C-ordered copy
+    if mode == "set":
+        view[flat[keep]] = u[keep]
+    else:
+        with np.errstate(all="ignore"):
+            _SCATTER_UFUNCS[mode].at(view, flat[keep], u[keep])
+    return out
+
+
+def _scatter_rule(args: Sequence[np.ndarray], params: dict[str, Any],
+                  out: tuple[Shape, str]) -> np.ndarray:
+    return scatter_numpy(args[0], args[1], args[2:], _scatter_mode(params))
+
+
+def _scatter_add_rule(args: Sequence[np.ndarray], params: dict[str, Any],
+                      out: tuple[Shape, str]) -> np.ndarray:
+    # exactly np.add.at into zeros: the GPU adds the same values in another order (floats round
+    # differently; integers wrap to the same result)
+    return scatter_numpy(np.zeros(out[0], dtype=out[1]), args[0], args[1:], "add")
+
+
+TYPE_RULES[Op.SCATTER] = _scatter_type
+TYPE_RULES[Op.SCATTER_INTO] = _scatter_type
+TYPE_RULES[Op.SCATTER_ADD] = _scatter_add_type
+NUMPY_RULES[Op.SCATTER] = _scatter_rule
+NUMPY_RULES[Op.SCATTER_INTO] = _scatter_rule
+NUMPY_RULES[Op.SCATTER_ADD] = _scatter_add_rule
 
 
 def slice_numpy(x: np.ndarray, starts: Sequence[int], steps: Sequence[int],

@@ -76,9 +76,12 @@ class _Planner:
             if e.op in REDUCING or e.op is Op.MATMUL or (not enabled and e.op not in MOVEMENT):
                 mat.add(id(e.out))
             if e.op in KERNEL_KIND:
-                # a kernel of its own kind (scatter, scan, sort): it reads buffers, not cones
+                # a kernel of its own kind (scatter, scan, sort): it reads buffers, not cones,
+                # unless the op lists the inputs that must be buffers (``buffer_inputs``, e.g. a
+                # scatter's target); it computes its other inputs from their cones
                 mat.update(id(o) for o in e.outs)
-                mat.update(id(a) for a in e.inputs if isinstance(a, Var))
+                must = e.params.get("buffer_inputs", range(len(e.inputs)))
+                mat.update(id(e.inputs[j]) for j in must if isinstance(e.inputs[j], Var))
             if e.op is Op.MATMUL:
                 # operands: only movement ops are recomputed per tile load; arithmetic is not
                 for a in e.inputs:
@@ -142,10 +145,15 @@ class _Planner:
     def body(self, g: _Group, others: list[_Group], aliases: list[Eqn],
              read: Optional[set[int]] = None) -> Program:
         if g.kind not in KIND_ABBR:
-            # a kernel of its own kind: its inputs in the op's order, every output written
+            # a kernel of its own kind: its buffer operands in the op's order, then what its
+            # cone reads; every output written
             e = g.roots[0]
-            ins = list({id(a): a for a in e.inputs if isinstance(a, Var)}.values())
-            return Program(ins, [e], list(e.outs))
+            inside = {id(o) for x in g.eqns.values() for o in x.outs}
+            first = {id(a): a for a in e.inputs
+                     if isinstance(a, Var) and id(a) in self.mat and id(a) not in inside}
+            rest = [v for v in self.leaves(g.eqns, inside) if id(v) not in first]
+            eqns = sorted(g.eqns.values(), key=lambda x: self.order[id(x)])
+            return Program([*first.values(), *rest], eqns, list(e.outs))
         own = {id(o) for o in g.outs()}
         ins = self.leaves(g.eqns, own)
         eqns = sorted(g.eqns.values(), key=lambda e: self.order[id(e)])
@@ -167,7 +175,8 @@ class _Planner:
                 aliases.append(e)
                 continue
             if e.op in KERNEL_KIND:
-                groups.append(_Group([e], KERNEL_KIND[e.op], {id(e): e}))
+                cone = self.cone(e) if "buffer_inputs" in e.params else {}
+                groups.append(_Group([e], KERNEL_KIND[e.op], {id(e): e, **cone}))
                 continue
             kind = ("reduce" if e.op in REDUCING else "matmul" if e.op is Op.MATMUL
                     else "elementwise")
@@ -467,6 +476,9 @@ def fuse(prog: Program, enabled: bool = True, max_bindings: int = 8,
         if len(it.roots) == 1 and "writes_into" in it.roots[0].params:
             # the op updates its operand's buffer in place (scatter): body input j is output k
             params["inplace"] = tuple(it.roots[0].params["writes_into"])
+        if len(it.roots) == 1 and "zero_init" in it.roots[0].params:
+            # outputs accumulated into buffers zero-filled before each call (scatter-add)
+            params["zero_init"] = tuple(it.roots[0].params["zero_init"])
         eqns.append(Eqn(Op.KERNEL, tuple(body.inputs), tuple(body.outputs),  # type: ignore[arg-type]
                         params))
     return Program(list(prog.inputs), eqns, list(prog.outputs))
