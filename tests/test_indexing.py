@@ -7,10 +7,8 @@ inputs hold distinct values, so an element taken from the wrong place shows). Wh
 JAX instead of numpy (index arrays out of range are clamped; take fills), the reference is
 numpy's indexing on indices clamped or masked the same way, written out here.
 
-The ``.at[]`` updates that need the scatter primitive (index arrays, steps other than 1 and -1,
-concrete masks) are marked ``xfail(raises=NotImplementedError)`` while :func:`scatter` is a stub;
-those marks go once it is merged. Updates of unit-step boxes, traced masks and ``.get()`` need no
-scatter and must pass.
+The ``.at[]`` updates of index arrays, steps other than 1 and -1 and concrete masks go through
+the scatter primitive; updates of unit-step boxes, traced masks and ``.get()`` need no scatter.
 """
 
 from __future__ import annotations
@@ -29,10 +27,6 @@ import fusec.numpy as fnp
 from fusec import lax, nn
 from fusec.errors import DTypeError, ShapeError, TraceError
 from fusec.numpy.indexing import IndexingError
-
-scatter_pending = pytest.mark.xfail(
-    raises=NotImplementedError, strict=False,
-    reason="needs fusec.numpy.scatter.scatter, a stub until the scatter work is merged")
 
 
 def distinct(shape: tuple[int, ...], rng: np.random.Generator,
@@ -414,7 +408,6 @@ def test_at_on_a_device_array_stays_on_the_device(rng, monkeypatch):
     check(w, x[1, [0, 4]])
 
 
-@scatter_pending
 def test_at_add_with_repeated_indices_accumulates(rng):
     x = distinct((7, 3), rng)
     i = np.array([0, 6, 0, -1, 2, 0], np.int32)
@@ -425,7 +418,6 @@ def test_at_add_with_repeated_indices_accumulates(rng):
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6)
 
 
-@scatter_pending
 @pytest.mark.parametrize("how,ref", [("min", np.minimum), ("max", np.maximum),
                                      ("multiply", np.multiply)])
 def test_at_min_max_multiply_with_index_arrays(how, ref, rng):
@@ -438,7 +430,6 @@ def test_at_min_max_multiply_with_index_arrays(how, ref, rng):
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5)
 
 
-@scatter_pending
 def test_at_set_with_steps_arrays_and_masks(rng):
     x = distinct((7, 31), rng)
     v = distinct((4, 15), rng)
@@ -456,7 +447,6 @@ def test_at_set_with_steps_arrays_and_masks(rng):
     check(fusec.gpu_jit(lambda x, v: x.at[[0, 5], 3:6].set(v))(x, v[:2, :3]), want)
 
 
-@scatter_pending
 def test_at_drops_out_of_range_updates(rng):
     x = distinct((7,), rng)
     i = np.array([1, 7, -8, 100, -1], np.int32)
@@ -466,7 +456,6 @@ def test_at_drops_out_of_range_updates(rng):
     check(got, want)
 
 
-@scatter_pending
 @pytest.mark.parametrize("idx", [(S(None), [0, 2, 0]), ([1, 1, -7], S(None, None, -2)),
                                  (-1, [3, 1, 3]), ([[0], [6]], None, [1, 2]),
                                  (Ellipsis, np.array([[4, 4]], np.int64))],
@@ -480,7 +469,6 @@ def test_at_add_with_mixed_indices_matches_numpy_add_at(idx, rng):
     check(got, want.astype(np.float32))
 
 
-@scatter_pending
 def test_at_divide_power_and_clip_mode(rng):
     x = rng.uniform(0.5, 2, size=(7,)).astype(np.float32)
     i = np.array([0, 0, 3], np.int32)
@@ -497,7 +485,6 @@ def test_at_divide_power_and_clip_mode(rng):
     check(g(x, v), want)
 
 
-@scatter_pending
 def test_at_with_index_arrays_on_a_device_array(rng):
     x = distinct((7, 5), rng)
     y = fusec.device_put(x).at[np.array([1, 1, 4]), 2:].add(np.float32(10))
