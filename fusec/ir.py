@@ -120,6 +120,25 @@ class Op(Enum):
     # scatter: section owned by fusec.passes.scatter / fusec.kernels.scatter
     # scan: section owned by fusec.passes.scan / fusec.kernels.scan
     # sort: section owned by fusec.passes.sort / fusec.kernels.sort
+    # argsort: params descending; x[..., n] -> int32[..., n], the stable order of x's last axis
+    # (NaN after everything, -0.0 equal to 0.0; descending: the order of the flipped keys, ties
+    # still in input order). Rows up to sort.LOCAL_MAX are sorted by one kernel; longer ones are
+    # lowered into radix passes over 4-bit digits of order-preserving uint32 keys:
+    ARGSORT = "argsort"
+    # params shift, block, first, descending: per row and block of ``block`` elements, how many
+    # keys have each digit (key >> shift) & 15: x[R, n] (first: keys computed from x) or the
+    # state uint32[2, R, n] (keys, then indices) -> uint32[R, 16, blocks]
+    RADIX_HIST = "radix_hist"
+    # exclusive prefix sums of each row of a histogram, flattened digit-major: uint32[R, 16, B]
+    RADIX_SCAN = "radix_scan"
+    # params shift, block, first, last, descending: inputs (x or state, scanned histogram); each
+    # element moves to its digit's offset for its block plus its rank among the block's equal
+    # digits: the stable counting sort by that digit. -> state uint32[2, R, n], or (last) the
+    # int32[R, n] indices
+    RADIX_SCATTER = "radix_scatter"
+    # params side ("left" | "right"): inputs sorted a[n], queries v[...] -> int32[...]: the
+    # binary search of each query in a, comparing order keys as argsort does
+    SEARCHSORTED = "searchsorted"
     # a fused kernel
     KERNEL = "kernel"  # params: body (Program), name, kind
 
@@ -145,6 +164,8 @@ INDEXING = frozenset({Op.GATHER})
 # Ops that are whole kernels of another kind than elementwise/reduce/matmul: the fusion pass gives
 # each its own kernel of this kind (codegen: fusec.kernels.<kind>). Filled in by the sections above.
 KERNEL_KIND: dict[Op, str] = {}
+KERNEL_KIND.update({op: "sort" for op in (Op.ARGSORT, Op.RADIX_HIST, Op.RADIX_SCAN,
+                                          Op.RADIX_SCATTER, Op.SEARCHSORTED)})
 
 
 def size_of(shape: Shape) -> int:

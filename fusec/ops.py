@@ -370,6 +370,201 @@ NUMPY_RULES: dict[Op, Callable[[Sequence[np.ndarray], dict[str, Any], tuple[Shap
                                np.ndarray]] = {}
 
 
+# --- sort: argsort, the radix passes it is lowered into, searchsorted -----------------------------
+# Sorting compares order keys: uint32 words whose unsigned order is the order numpy sorts values
+# in. float32: positive values get the sign bit set, negative ones are inverted (so more negative
+# is smaller); -0.0 takes the key of 0.0 (they compare equal, ties keep input order) and every NaN
+# takes 0xFFFFFFFF (after +inf, in input order, as numpy and JAX sort them). int32: the sign bit
+# flipped. uint32: itself. bool: 0 or 1. A descending order inverts every key.
+
+SORT_RADIX_BITS = 4  # bits of the key each radix pass sorts by
+SORT_DIGITS = 1 << SORT_RADIX_BITS
+
+
+def sort_keys(x: np.ndarray, descending: bool = False) -> np.ndarray:
+    """The uint32 order keys of ``x`` (see above)."""
+    x = np.asarray(x)
+    if x.dtype == np.bool_:
+        k = x.astype(np.uint32)
+    elif x.dtype == np.float32:
+        b = x.view(np.uint32)
+        mag = b & np.uint32(0x7FFFFFFF)
+        k = np.where(b >> np.uint32(31) != 0, ~b, b | np.uint32(0x80000000))
+        k = np.where(mag == 0, np.uint32(0x80000000), k)
+        k = np.where(mag > np.uint32(0x7F800000), np.uint32(0xFFFFFFFF), k)
+    elif x.dtype == np.int32:
+        k = x.view(np.uint32) ^ np.uint32(0x80000000)
+    else:
+        k = x.astype(np.uint32)
+    k = np.asarray(k, dtype=np.uint32)
+    return ~k if descending else k
+
+
+def sort_key_bits(dtype: str) -> int:
+    """How many low bits of a key can differ between elements (bool: only the lowest)."""
+    return 1 if dtype == "bool" else 32
+
+
+def _argsort_numpy(args: Sequence[np.ndarray], p: dict[str, Any],
+                   out: tuple[Shape, str]) -> np.ndarray:
+    keys = sort_keys(args[0], bool(p.get("descending", False)))
+    return np.argsort(keys, axis=-1, kind="stable").astype(np.int32)
+
+
+def _argsort_type(ins: Sequence[tuple[Shape, str]], p: dict[str, Any]) -> tuple[Shape, str]:
+    shape = ins[0][0]
+    if len(shape) < 1:
+        raise ShapeError("argsort sorts along the last axis; a 0-d array has none")
+    if shape[-1] >= 2**31:
+        raise ShapeError(f"argsort: a row of {shape[-1]} elements does not fit int32 indices")
+    return shape, "int32"
+
+
+def _radix_rows(src: np.ndarray, p: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+    """(keys, indices) of a radix pass's input: the array itself (first pass) or the state."""
+    if p["first"]:
+        keys = sort_keys(src, bool(p["descending"]))
+        idx = np.broadcast_to(np.arange(src.shape[-1], dtype=np.uint32), src.shape)
+        return keys, idx
+    return src[0].astype(np.uint32), src[1].astype(np.uint32)
+
+
+def _radix_blocks(n: int, block: int) -> int:
+    return max(1, -(-n // block))
+
+
+def _radix_hist_type(ins: Sequence[tuple[Shape, str]], p: dict[str, Any]) -> tuple[Shape, str]:
+    shape, dt = ins[0]
+    rows_n = _radix_src_shape(shape, dt, p)
+    return (rows_n[0], SORT_DIGITS, _radix_blocks(rows_n[1], int(p["block"]))), "uint32"
+
+
+def _radix_src_shape(shape: Shape, dt: str, p: dict[str, Any]) -> tuple[int, int]:
+    if p["first"]:
+        if len(shape) != 2:
+            raise ShapeError(f"radix pass over x[rows, n]; got shape {shape}")
+        return shape[0], shape[1]
+    if len(shape) != 3 or shape[0] != 2 or dt != "uint32":
+        raise ShapeError(f"radix pass over the state uint32[2, rows, n]; got {dt}{shape}")
+    return shape[1], shape[2]
+
+
+def _digits(keys: np.ndarray, shift: int) -> np.ndarray:
+    return ((keys >> np.uint32(shift)) & np.uint32(SORT_DIGITS - 1)).astype(np.int64)
+
+
+def _radix_hist_numpy(args: Sequence[np.ndarray], p: dict[str, Any],
+                      out: tuple[Shape, str]) -> np.ndarray:
+    keys, _ = _radix_rows(args[0], p)
+    rows, n = keys.shape
+    nb = out[0][2]
+    group = (np.arange(n) // int(p["block"]))[None, :] * SORT_DIGITS + _digits(keys, p["shift"])
+    flat = (group + np.arange(rows)[:, None] * (nb * SORT_DIGITS)).ravel()
+    counts = np.bincount(flat, minlength=rows * nb * SORT_DIGITS).reshape(rows, nb, SORT_DIGITS)
+    return counts.transpose(0, 2, 1).astype(np.uint32)
+
+
+def _radix_scan_type(ins: Sequence[tuple[Shape, str]], p: dict[str, Any]) -> tuple[Shape, str]:
+    shape, dt = ins[0]
+    if len(shape) != 3 or shape[1] != SORT_DIGITS or dt != "uint32":
+        raise ShapeError(f"radix_scan of a histogram uint32[rows, {SORT_DIGITS}, blocks]; got "
+                         f"{dt}{shape}")
+    return shape, dt
+
+
+def _radix_scan_numpy(args: Sequence[np.ndarray], p: dict[str, Any],
+                      out: tuple[Shape, str]) -> np.ndarray:
+    h = args[0].astype(np.int64).reshape(args[0].shape[0], -1)
+    return (np.cumsum(h, axis=1) - h).reshape(args[0].shape).astype(np.uint32)
+
+
+def _radix_scatter_type(ins: Sequence[tuple[Shape, str]], p: dict[str, Any]
+                        ) -> tuple[Shape, str]:
+    rows, n = _radix_src_shape(ins[0][0], ins[0][1], p)
+    want = (rows, SORT_DIGITS, _radix_blocks(n, int(p["block"])))
+    if ins[1] != (want, "uint32"):
+        raise ShapeError(f"radix_scatter's offsets must be uint32{want}; got {ins[1]}")
+    return ((rows, n), "int32") if p["last"] else ((2, rows, n), "uint32")
+
+
+def _radix_scatter_numpy(args: Sequence[np.ndarray], p: dict[str, Any],
+                         out: tuple[Shape, str]) -> np.ndarray:
+    keys, idx = _radix_rows(args[0], p)
+    offsets = args[1].astype(np.int64)
+    rows, n = keys.shape
+    nb = offsets.shape[2]
+    digit = _digits(keys, p["shift"])
+    blk = np.broadcast_to(np.arange(n) // int(p["block"]), (rows, n))
+    # rank of each element among the earlier elements of its block with its digit
+    group = blk * SORT_DIGITS + digit
+    order = np.argsort(group, axis=-1, kind="stable")
+    grouped = np.take_along_axis(group, order, axis=-1)
+    size = nb * SORT_DIGITS
+    counts = np.bincount((grouped + np.arange(rows)[:, None] * size).ravel(),
+                         minlength=rows * size).reshape(rows, size)
+    start = np.cumsum(counts, axis=1) - counts
+    rank = np.empty((rows, n), dtype=np.int64)
+    np.put_along_axis(rank, order, np.arange(n)[None, :] - np.take_along_axis(start, grouped, 1),
+                      axis=-1)
+    r = np.broadcast_to(np.arange(rows)[:, None], (rows, n))
+    dst = offsets[r, digit, blk] + rank
+    if p["last"]:
+        res = np.zeros((rows, n), dtype=np.int32)
+        res[r, dst] = idx.astype(np.int32)
+        return res
+    state = np.zeros((2, rows, n), dtype=np.uint32)
+    state[0][r, dst] = keys
+    state[1][r, dst] = idx
+    return state
+
+
+def _searchsorted_type(ins: Sequence[tuple[Shape, str]], p: dict[str, Any]
+                       ) -> tuple[Shape, str]:
+    (a_shape, a_dt), (v_shape, v_dt) = ins
+    if len(a_shape) != 1:
+        raise ShapeError(f"searchsorted searches a 1-D array; got shape {a_shape}")
+    if a_dt != v_dt:
+        raise ShapeError(f"searchsorted compares equal dtypes; got {a_dt} and {v_dt}")
+    if p.get("side") not in ("left", "right"):
+        raise ShapeError(f"searchsorted side must be 'left' or 'right'; got {p.get('side')!r}")
+    return v_shape, "int32"
+
+
+def searchsorted_numpy(a: np.ndarray, v: np.ndarray, side: str) -> np.ndarray:
+    """Reference of ``searchsorted``: the binary search the kernel runs, step for step (so an
+    unsorted ``a`` gives the kernel's answer too), comparing order keys."""
+    ka, kv = sort_keys(a), sort_keys(v)
+    n = ka.shape[0]
+    lo = np.zeros(kv.shape, dtype=np.int64)
+    hi = np.full(kv.shape, n, dtype=np.int64)
+    while True:
+        active = lo < hi
+        if not active.any():
+            break
+        mid = (lo + hi) // 2
+        km = ka[np.minimum(mid, max(n - 1, 0))]
+        right = (km < kv) if side == "left" else (km <= kv)
+        lo = np.where(active & right, mid + 1, lo)
+        hi = np.where(active & ~right, mid, hi)
+    return lo.astype(np.int32)
+
+
+TYPE_RULES.update({
+    Op.ARGSORT: _argsort_type,
+    Op.RADIX_HIST: _radix_hist_type,
+    Op.RADIX_SCAN: _radix_scan_type,
+    Op.RADIX_SCATTER: _radix_scatter_type,
+    Op.SEARCHSORTED: _searchsorted_type,
+})
+NUMPY_RULES.update({
+    Op.ARGSORT: _argsort_numpy,
+    Op.RADIX_HIST: _radix_hist_numpy,
+    Op.RADIX_SCAN: _radix_scan_numpy,
+    Op.RADIX_SCATTER: _radix_scatter_numpy,
+    Op.SEARCHSORTED: lambda args, p, out: searchsorted_numpy(args[0], args[1], p["side"]),
+})
+
+
 def slice_numpy(x: np.ndarray, starts: Sequence[int], steps: Sequence[int],
                 shape: Shape) -> np.ndarray:
     """Reference of ``slice``."""
