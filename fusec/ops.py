@@ -370,14 +370,20 @@ NUMPY_RULES: dict[Op, Callable[[Sequence[np.ndarray], dict[str, Any], tuple[Shap
                                np.ndarray]] = {}
 
 
-# --- sort: argsort, the radix passes it is lowered into, searchsorted -----------------------------
+# --- sort: argsort and sort, the stages they are lowered into, searchsorted -----------------------
 # Sorting compares order keys: uint32 words whose unsigned order is the order numpy sorts values
 # in. float32: positive values get the sign bit set, negative ones are inverted (so more negative
 # is smaller); -0.0 takes the key of 0.0 (they compare equal, ties keep input order) and every NaN
 # takes 0xFFFFFFFF (after +inf, in input order, as numpy and JAX sort them). int32: the sign bit
 # flipped. uint32: itself. bool: 0 or 1. A descending order inverts every key.
+#
+# The stages carry (key, payload) pairs in a "state" uint32[2, rows, n]: plane 0 the keys, plane 1
+# the payloads, which are the elements' positions in their row (argsort) or, with params
+# values=True, the elements' own words (sort: every value keeps its bits, -0.0 and NaN payloads
+# included). The last stage writes the payloads alone: int32 indices, or the values in the
+# sorted array's dtype (param dtype).
 
-SORT_RADIX_BITS = 4  # bits of the key each radix pass sorts by
+SORT_RADIX_BITS = 8  # bits of the key each radix pass sorts by
 SORT_DIGITS = 1 << SORT_RADIX_BITS
 
 
@@ -405,57 +411,97 @@ def sort_key_bits(dtype: str) -> int:
     return 1 if dtype == "bool" else 32
 
 
+def _words(x: np.ndarray) -> np.ndarray:
+    """The uint32 words a GPU buffer holds for ``x`` (bool: 0 or 1)."""
+    x = np.ascontiguousarray(x)
+    return x.astype(np.uint32) if x.dtype == np.bool_ else x.view(np.uint32)
+
+
+def _from_words(w: np.ndarray, dtype: str) -> np.ndarray:
+    w = np.ascontiguousarray(w, dtype=np.uint32)
+    return w != 0 if dtype == "bool" else w.view(np.dtype(dtype))
+
+
+def _sorted_order(x: np.ndarray, p: dict[str, Any]) -> np.ndarray:
+    return np.argsort(sort_keys(x, bool(p.get("descending", False))), axis=-1, kind="stable")
+
+
 def _argsort_numpy(args: Sequence[np.ndarray], p: dict[str, Any],
                    out: tuple[Shape, str]) -> np.ndarray:
-    keys = sort_keys(args[0], bool(p.get("descending", False)))
-    return np.argsort(keys, axis=-1, kind="stable").astype(np.int32)
+    return _sorted_order(args[0], p).astype(np.int32)
 
 
-def _argsort_type(ins: Sequence[tuple[Shape, str]], p: dict[str, Any]) -> tuple[Shape, str]:
-    shape = ins[0][0]
-    if len(shape) < 1:
-        raise ShapeError("argsort sorts along the last axis; a 0-d array has none")
-    if shape[-1] >= 2**31:
-        raise ShapeError(f"argsort: a row of {shape[-1]} elements does not fit int32 indices")
-    return shape, "int32"
+def _sort_numpy(args: Sequence[np.ndarray], p: dict[str, Any],
+                out: tuple[Shape, str]) -> np.ndarray:
+    return np.take_along_axis(args[0], _sorted_order(args[0], p), axis=-1)
 
 
-def _radix_rows(src: np.ndarray, p: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
-    """(keys, indices) of a radix pass's input: the array itself (first pass) or the state."""
-    if p["first"]:
+def _sort_type(values: bool) -> Callable[[Sequence[tuple[Shape, str]], dict[str, Any]],
+                                         tuple[Shape, str]]:
+    def rule(ins: Sequence[tuple[Shape, str]], p: dict[str, Any]) -> tuple[Shape, str]:
+        shape, dt = ins[0]
+        if len(shape) < 1:
+            raise ShapeError("sorts run along the last axis; a 0-d array has none")
+        if shape[-1] >= 2**31:
+            raise ShapeError(f"a row of {shape[-1]} elements does not fit int32 indices")
+        return shape, (dt if values else "int32")
+
+    return rule
+
+
+def _state_shape(shape: Shape, dt: str) -> tuple[int, int]:
+    if len(shape) != 3 or shape[0] != 2 or dt != "uint32":
+        raise ShapeError(f"a sort stage reads the state uint32[2, rows, n]; got {dt}{shape}")
+    return shape[1], shape[2]
+
+
+def _rows_shape(shape: Shape, dt: str, p: dict[str, Any]) -> tuple[int, int]:
+    """(rows, n) of a stage's source: x[rows, n] on the first stage, else the state."""
+    if p.get("first", False):
+        if len(shape) != 2:
+            raise ShapeError(f"a first sort stage reads x[rows, n]; got shape {shape}")
+        return shape[0], shape[1]
+    return _state_shape(shape, dt)
+
+
+def _final_type(rows: int, n: int, p: dict[str, Any]) -> tuple[Shape, str]:
+    return (rows, n), (str(p["dtype"]) if p["values"] else "int32")
+
+
+def _rows_of(src: np.ndarray, p: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+    """(keys, payloads) of a stage's source: x itself (first stage) or the state."""
+    if p.get("first", False):
         keys = sort_keys(src, bool(p["descending"]))
-        idx = np.broadcast_to(np.arange(src.shape[-1], dtype=np.uint32), src.shape)
-        return keys, idx
+        if p.get("values", False):
+            return keys, _words(src)
+        return keys, np.broadcast_to(np.arange(src.shape[-1], dtype=np.uint32), src.shape)
     return src[0].astype(np.uint32), src[1].astype(np.uint32)
 
 
-def _radix_blocks(n: int, block: int) -> int:
+def _stage_out(keys: np.ndarray, pay: np.ndarray, p: dict[str, Any]) -> np.ndarray:
+    """The state, or (last stage) the payloads as indices or values."""
+    if p.get("last", False):
+        return _from_words(pay, p["dtype"]) if p["values"] else pay.astype(np.int32)
+    return np.stack([keys, pay]).astype(np.uint32)
+
+
+def _blocks_of(n: int, block: int) -> int:
     return max(1, -(-n // block))
-
-
-def _radix_hist_type(ins: Sequence[tuple[Shape, str]], p: dict[str, Any]) -> tuple[Shape, str]:
-    shape, dt = ins[0]
-    rows_n = _radix_src_shape(shape, dt, p)
-    return (rows_n[0], SORT_DIGITS, _radix_blocks(rows_n[1], int(p["block"]))), "uint32"
-
-
-def _radix_src_shape(shape: Shape, dt: str, p: dict[str, Any]) -> tuple[int, int]:
-    if p["first"]:
-        if len(shape) != 2:
-            raise ShapeError(f"radix pass over x[rows, n]; got shape {shape}")
-        return shape[0], shape[1]
-    if len(shape) != 3 or shape[0] != 2 or dt != "uint32":
-        raise ShapeError(f"radix pass over the state uint32[2, rows, n]; got {dt}{shape}")
-    return shape[1], shape[2]
 
 
 def _digits(keys: np.ndarray, shift: int) -> np.ndarray:
     return ((keys >> np.uint32(shift)) & np.uint32(SORT_DIGITS - 1)).astype(np.int64)
 
 
+# radix_hist: uint32[rows, D, blocks]
+def _radix_hist_type(ins: Sequence[tuple[Shape, str]], p: dict[str, Any]) -> tuple[Shape, str]:
+    rows, n = _rows_shape(*ins[0], p)
+    return (rows, SORT_DIGITS, _blocks_of(n, int(p["block"]))), "uint32"
+
+
 def _radix_hist_numpy(args: Sequence[np.ndarray], p: dict[str, Any],
                       out: tuple[Shape, str]) -> np.ndarray:
-    keys, _ = _radix_rows(args[0], p)
+    keys, _ = _rows_of(args[0], p)
     rows, n = keys.shape
     nb = out[0][2]
     group = (np.arange(n) // int(p["block"]))[None, :] * SORT_DIGITS + _digits(keys, p["shift"])
@@ -464,35 +510,41 @@ def _radix_hist_numpy(args: Sequence[np.ndarray], p: dict[str, Any],
     return counts.transpose(0, 2, 1).astype(np.uint32)
 
 
+# radix_scan: uint32[rows, D, blocks + 1]
 def _radix_scan_type(ins: Sequence[tuple[Shape, str]], p: dict[str, Any]) -> tuple[Shape, str]:
     shape, dt = ins[0]
     if len(shape) != 3 or shape[1] != SORT_DIGITS or dt != "uint32":
         raise ShapeError(f"radix_scan of a histogram uint32[rows, {SORT_DIGITS}, blocks]; got "
                          f"{dt}{shape}")
-    return shape, dt
+    return shape[:2] + (shape[2] + 1,), dt
 
 
 def _radix_scan_numpy(args: Sequence[np.ndarray], p: dict[str, Any],
                       out: tuple[Shape, str]) -> np.ndarray:
-    h = args[0].astype(np.int64).reshape(args[0].shape[0], -1)
-    return (np.cumsum(h, axis=1) - h).reshape(args[0].shape).astype(np.uint32)
+    """Per (row, digit): exclusive prefix sums of the counts over the blocks, then the total."""
+    h = args[0].astype(np.int64)
+    c = np.cumsum(h, axis=2)
+    return np.concatenate([c - h, c[:, :, -1:]], axis=2).astype(np.uint32)
 
 
 def _radix_scatter_type(ins: Sequence[tuple[Shape, str]], p: dict[str, Any]
                         ) -> tuple[Shape, str]:
-    rows, n = _radix_src_shape(ins[0][0], ins[0][1], p)
-    want = (rows, SORT_DIGITS, _radix_blocks(n, int(p["block"])))
-    if ins[1] != (want, "uint32"):
+    rows, n = _rows_shape(*ins[0], p)
+    want = (rows, SORT_DIGITS, _blocks_of(n, int(p["block"])) + 1)
+    if tuple(ins[1]) != (want, "uint32"):
         raise ShapeError(f"radix_scatter's offsets must be uint32{want}; got {ins[1]}")
-    return ((rows, n), "int32") if p["last"] else ((2, rows, n), "uint32")
+    return _final_type(rows, n, p) if p["last"] else ((2, rows, n), "uint32")
 
 
 def _radix_scatter_numpy(args: Sequence[np.ndarray], p: dict[str, Any],
                          out: tuple[Shape, str]) -> np.ndarray:
-    keys, idx = _radix_rows(args[0], p)
-    offsets = args[1].astype(np.int64)
+    keys, pay = _rows_of(args[0], p)
+    scanned = args[1].astype(np.int64)
     rows, n = keys.shape
-    nb = offsets.shape[2]
+    nb = scanned.shape[2] - 1
+    # a digit's elements of block b go after the row's smaller digits and its earlier blocks
+    totals = scanned[:, :, nb]
+    offsets = scanned[:, :, :nb] + (np.cumsum(totals, axis=1) - totals)[:, :, None]
     digit = _digits(keys, p["shift"])
     blk = np.broadcast_to(np.arange(n) // int(p["block"]), (rows, n))
     # rank of each element among the earlier elements of its block with its digit
@@ -508,14 +560,62 @@ def _radix_scatter_numpy(args: Sequence[np.ndarray], p: dict[str, Any],
                       axis=-1)
     r = np.broadcast_to(np.arange(rows)[:, None], (rows, n))
     dst = offsets[r, digit, blk] + rank
-    if p["last"]:
-        res = np.zeros((rows, n), dtype=np.int32)
-        res[r, dst] = idx.astype(np.int32)
-        return res
-    state = np.zeros((2, rows, n), dtype=np.uint32)
-    state[0][r, dst] = keys
-    state[1][r, dst] = idx
-    return state
+    new_keys = np.zeros((rows, n), dtype=np.uint32)
+    new_pay = np.zeros((rows, n), dtype=np.uint32)
+    new_keys[r, dst] = keys
+    new_pay[r, dst] = pay
+    return _stage_out(new_keys, new_pay, p)
+
+
+# sort_blocks: x[rows, n] -> state, each aligned block of ``block`` elements of a row sorted
+def _sort_blocks_type(ins: Sequence[tuple[Shape, str]], p: dict[str, Any]) -> tuple[Shape, str]:
+    rows, n = _rows_shape(*ins[0], {"first": True})
+    return (2, rows, n), "uint32"
+
+
+def _sort_blocks_numpy(args: Sequence[np.ndarray], p: dict[str, Any],
+                       out: tuple[Shape, str]) -> np.ndarray:
+    keys, pay = _rows_of(args[0], {**p, "first": True})
+    blk = np.broadcast_to(np.arange(keys.shape[1]) // int(p["block"]), keys.shape)
+    order = np.lexsort((keys, blk), axis=-1)
+    return _stage_out(np.take_along_axis(keys, order, -1), np.take_along_axis(pay, order, -1),
+                      {"last": False})
+
+
+# sort_merge: state sorted in runs of ``run`` -> runs of 2 * run (or, last, the final payloads)
+def _sort_merge_type(ins: Sequence[tuple[Shape, str]], p: dict[str, Any]) -> tuple[Shape, str]:
+    rows, n = _state_shape(*ins[0])
+    return _final_type(rows, n, p) if p["last"] else ((2, rows, n), "uint32")
+
+
+def _sort_merge_numpy(args: Sequence[np.ndarray], p: dict[str, Any],
+                      out: tuple[Shape, str]) -> np.ndarray:
+    """Each element's place in its merged pair of runs: its place in its own run plus the count
+    of the other run's elements before it (smaller keys; equal keys too for the right run), by
+    binary search as the kernel does. Keys are made unique per (row, pair) by a prefix so that
+    one search over all runs at once stays within the element's own pair."""
+    keys, pay = args[0][0].astype(np.uint64), args[0][1]
+    rows, n = keys.shape
+    m = int(p["run"])
+    pos = np.arange(n)
+    q = pos // m
+    pair = q // 2
+    npairs = int(pair[-1]) + 1 if n else 1
+    base = (np.arange(rows)[:, None] * npairs + pair[None, :]).astype(np.uint64) << np.uint64(32)
+    comp = base | keys
+    left = (q % 2 == 0)[None, :].repeat(rows, 0)
+    lc, rc = comp[left], comp[~left]  # each sorted: runs in order, keys sorted within a run
+    cb = base[left], base[~left]
+    count = np.empty((rows, n), dtype=np.int64)
+    count[left] = np.searchsorted(rc, comp[left], "left") - np.searchsorted(rc, cb[0], "left")
+    count[~left] = np.searchsorted(lc, comp[~left], "right") - np.searchsorted(lc, cb[1], "left")
+    dst = pair * 2 * m + (pos - q * m) + count
+    r = np.broadcast_to(np.arange(rows)[:, None], (rows, n))
+    new_keys = np.zeros((rows, n), dtype=np.uint32)
+    new_pay = np.zeros((rows, n), dtype=np.uint32)
+    new_keys[r, dst] = args[0][0]
+    new_pay[r, dst] = pay
+    return _stage_out(new_keys, new_pay, p)
 
 
 def _searchsorted_type(ins: Sequence[tuple[Shape, str]], p: dict[str, Any]
@@ -550,17 +650,23 @@ def searchsorted_numpy(a: np.ndarray, v: np.ndarray, side: str) -> np.ndarray:
 
 
 TYPE_RULES.update({
-    Op.ARGSORT: _argsort_type,
+    Op.ARGSORT: _sort_type(False),
+    Op.SORT: _sort_type(True),
     Op.RADIX_HIST: _radix_hist_type,
     Op.RADIX_SCAN: _radix_scan_type,
     Op.RADIX_SCATTER: _radix_scatter_type,
+    Op.SORT_BLOCKS: _sort_blocks_type,
+    Op.SORT_MERGE: _sort_merge_type,
     Op.SEARCHSORTED: _searchsorted_type,
 })
 NUMPY_RULES.update({
     Op.ARGSORT: _argsort_numpy,
+    Op.SORT: _sort_numpy,
     Op.RADIX_HIST: _radix_hist_numpy,
     Op.RADIX_SCAN: _radix_scan_numpy,
     Op.RADIX_SCATTER: _radix_scatter_numpy,
+    Op.SORT_BLOCKS: _sort_blocks_numpy,
+    Op.SORT_MERGE: _sort_merge_numpy,
     Op.SEARCHSORTED: lambda args, p, out: searchsorted_numpy(args[0], args[1], p["side"]),
 })
 

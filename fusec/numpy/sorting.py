@@ -4,9 +4,8 @@ Order: numpy's, as JAX sorts. Sorts are stable (ties keep their input order); Na
 every other value (+inf included), and -0.0 equals 0.0. ``descending=True`` follows JAX: ``sort``
 gives the ascending sort reversed (NaN first; equal values, such as -0.0 and 0.0, in reverse
 input order), ``argsort`` the indices of a stable descending sort (NaN first, ties in input
-order). All of it is one primitive, ``argsort`` along the last axis (see
-:mod:`fusec.passes.sort`); values are gathered through the indices, so every value keeps its
-bits.
+order). Two primitives sort along the last axis (see :mod:`fusec.passes.sort`): ``argsort``
+gives the indices, ``sort`` the values, each of which keeps its bits.
 """
 
 from __future__ import annotations
@@ -115,8 +114,7 @@ def sort(a: Any, axis: Any = -1, kind: Any = None, order: Any = None, *, stable:
     ascending sort, as JAX does (NaN first)."""
     _check_kind("sort", order)
     t, ax = _sort_axis(_tracer(a), axis, "sort")
-    last = _move_last(t, ax)
-    values = _take_last(last, _argsort_last(last, False))
+    values = t.builder.bind(Op.SORT, [_move_last(t, ax)], {"descending": False}, weak=t.weak)
     if descending:
         values = _reverse_last(values)
     return _move_back(values, ax)
