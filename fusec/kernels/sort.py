@@ -19,6 +19,7 @@ Every kernel compares order keys (:func:`fusec.ops.sort_keys`): the input words 
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Callable
 
 from ..emit import KernelCode, _env, grid_for
@@ -93,7 +94,7 @@ def _local(e: Eqn, target: str) -> tuple[str, int]:
     """argsort / sort of whole rows, or sort_blocks: segments sorted in workgroup memory."""
     x = e.inputs[0]
     n = x.shape[-1]
-    rows = x.size // n if n else 0
+    rows = math.prod(x.shape[:-1])
     seg = int(e.params["block"]) if e.op is Op.SORT_BLOCKS else n
     if seg > LOCAL_MAX:
         raise AssertionError(f"segments of {seg} > {LOCAL_MAX} elements must be lowered")
@@ -197,7 +198,7 @@ def _merge(e: Eqn, target: str) -> tuple[str, int]:
 
 def _search(e: Eqn, target: str) -> tuple[str, int]:
     a, v = e.inputs
-    n, m = a.shape[0], v.size
+    n, m = a.shape[0], math.prod(v.shape)
     src = _env().get_template("sort_search.wgsl.j2").render(
         key_fn=sort_key_wgsl(a.dtype), n=n, m=m, steps=n.bit_length(), wg=SEARCH_THREADS,
         side=e.params["side"])

@@ -22,7 +22,7 @@ import math
 from typing import Any
 
 from ..ir import Eqn, Op, Program, Var
-from ..kernels.sort import LOCAL_MAX, radix_block
+from ..kernels.sort import LOCAL_MAX, RADIX_BLOCKS, radix_block
 from ..ops import SORT_RADIX_BITS, infer_type, sort_key_bits
 
 
@@ -74,7 +74,10 @@ def _lower(e: Eqn, eqns: list[Eqn], target: str, workgroup_storage: int) -> None
     src = x if x.shape == (rows, n) else _bind(eqns, Op.RESHAPE, (x,), {"shape": (rows, n)})
     final = e.out if e.out.shape == (rows, n) else None
     if target == "gpu":
-        out = _radix(src, final, common, radix_block(workgroup_storage), eqns)
+        block = radix_block(workgroup_storage)
+        while block // 2 >= max(n, RADIX_BLOCKS[-1]):  # short rows: blocks they fill
+            block //= 2
+        out = _radix(src, final, common, block, eqns)
     else:
         out = _merge(src, final, common, eqns)
     if out is not e.out:
