@@ -442,8 +442,9 @@ def _sort_type(values: bool) -> Callable[[Sequence[tuple[Shape, str]], dict[str,
         shape, dt = ins[0]
         if len(shape) < 1:
             raise ShapeError("sorts run along the last axis; a 0-d array has none")
-        if shape[-1] >= 2**31:
-            raise ShapeError(f"a row of {shape[-1]} elements does not fit int32 indices")
+        if 2 * math.prod(shape) >= 2**32:
+            raise ShapeError(f"cannot sort {math.prod(shape)} elements (shape {shape}): the "
+                             "sort's keys and indices must fit 2^32 words")
         return shape, (dt if values else "int32")
 
     return rule

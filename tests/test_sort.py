@@ -13,7 +13,6 @@ merges (software adapters), and radix passes (GPUs; run here with small blocks o
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -80,21 +79,16 @@ def sample(rng: np.random.Generator, shape: Any, dtype: str) -> np.ndarray:
     return x
 
 
-@pytest.fixture
-def small_radix_blocks(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """The GPU lowering (radix passes) with blocks of 128 (2 elements a thread), so that short
-    rows take several blocks and lavapipe compiles the kernels quickly."""
-    monkeypatch.setattr(ksort, "RADIX_BLOCKS", (128,))
-    monkeypatch.setattr(ksort, "RADIX_PER_THREAD", 2)
-    monkeypatch.setattr(ksort, "LOCAL_MAX", 64)
+def use_radix(monkeypatch: pytest.MonkeyPatch, block: int = 128, per: int = 2) -> None:
+    """The GPU lowering (radix passes) with small blocks (``per`` elements a thread), so that
+    short rows take several blocks and lavapipe compiles the kernels quickly; rows of more than
+    64 elements take it (with the fixture gpu_target)."""
     import fusec.passes.sort as psort
 
+    monkeypatch.setattr(ksort, "RADIX_BLOCKS", (block,))
+    monkeypatch.setattr(ksort, "RADIX_PER_THREAD", per)
+    monkeypatch.setattr(ksort, "LOCAL_MAX", 64)
     monkeypatch.setattr(psort, "LOCAL_MAX", 64)
-    fusec.config.set("target", "gpu")
-    try:
-        yield
-    finally:
-        fusec.config.set("target", None)
 
 
 def sorts(axis: Any = -1) -> Any:
@@ -173,12 +167,16 @@ def test_long_rows_sort_in_blocks_and_merges(rng: np.random.Generator) -> None:
     assert_bits(adi, np.asarray(ad))
 
 
-@pytest.mark.usefixtures("small_radix_blocks")
-@pytest.mark.parametrize("dtype", ["float32", "bool"])
-def test_radix_passes_sort_long_rows(rng: np.random.Generator, dtype: str) -> None:
+@pytest.mark.usefixtures("gpu_target")
+@pytest.mark.parametrize("dtype,shape,block", [
+    ("float32", (3, 1000), 128), ("bool", (3, 1000), 128), ("float32", (2, 3000), 1024)])
+def test_radix_passes_sort_long_rows(rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch,
+                                     dtype: str, shape: tuple[int, int], block: int) -> None:
     """The GPU lowering: 4 radix passes (1 for bool) over rows of several blocks; three sorts
-    (the ascending values serve both value sorts)."""
-    x = sample(rng, (3, 1000), dtype)
+    (the ascending values serve both value sorts). Blocks of 128 take 64 threads (4 digits a
+    thread in the offsets' scan), blocks of 1024 take 512 (more threads than digits)."""
+    use_radix(monkeypatch, block)
+    x = sample(rng, shape, dtype)
     f = sorts()
     check_sorts(f(x), x)
     lowered = f.lower(x)
@@ -188,12 +186,13 @@ def test_radix_passes_sort_long_rows(rng: np.random.Generator, dtype: str) -> No
         assert_bits(got, np.asarray(want))
 
 
-@pytest.mark.usefixtures("small_radix_blocks")
+@pytest.mark.usefixtures("gpu_target")
 @pytest.mark.parametrize("dtype", ["int32", "uint32"])
-def test_radix_stage_references_compose_to_a_stable_sort(rng: np.random.Generator,
-                                                          dtype: str) -> None:
+def test_radix_stage_references_compose_to_a_stable_sort(
+        rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch, dtype: str) -> None:
     """The interpreter runs the radix stages' numpy references: together they must give the
     stable sort (no GPU compile: the kernels are those of the tests above)."""
+    use_radix(monkeypatch)
     x = rng.integers(0, 2**31 - 1, (2, 700)).astype(dtype)
     x[:, ::3] = x[:, :1]  # ties
     f = fusec.gpu_jit(lambda x: (fnp.sort(x), fnp.argsort(x, descending=True)))
