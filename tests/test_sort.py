@@ -83,12 +83,9 @@ def use_radix(monkeypatch: pytest.MonkeyPatch, block: int = 128, per: int = 2) -
     """The GPU lowering (radix passes) with small blocks (``per`` elements a thread), so that
     short rows take several blocks and lavapipe compiles the kernels quickly; rows of more than
     64 elements take it (with the fixture gpu_target)."""
-    import fusec.passes.sort as psort
-
     monkeypatch.setattr(ksort, "RADIX_BLOCKS", (block,))
     monkeypatch.setattr(ksort, "RADIX_PER_THREAD", per)
     monkeypatch.setattr(ksort, "LOCAL_MAX", 64)
-    monkeypatch.setattr(psort, "LOCAL_MAX", 64)
 
 
 def sorts(axis: Any = -1) -> Any:

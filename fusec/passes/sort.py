@@ -22,7 +22,7 @@ import math
 from typing import Any
 
 from ..ir import Eqn, Op, Program, Var
-from ..kernels.sort import LOCAL_MAX, RADIX_BLOCKS, radix_block
+from ..kernels import sort as kernels
 from ..ops import SORT_RADIX_BITS, infer_type, sort_key_bits
 
 
@@ -54,8 +54,8 @@ def _radix(src: Var, final: Var | None, common: dict[str, Any], block: int,
 
 def _merge(src: Var, final: Var | None, common: dict[str, Any], eqns: list[Eqn]) -> Var:
     n = src.shape[-1]
-    state = _bind(eqns, Op.SORT_BLOCKS, (src,), {"block": LOCAL_MAX, **common})
-    run = LOCAL_MAX
+    state = _bind(eqns, Op.SORT_BLOCKS, (src,), {"block": kernels.LOCAL_MAX, **common})
+    run = kernels.LOCAL_MAX
     while run < n:
         last = 2 * run >= n
         state = _bind(eqns, Op.SORT_MERGE, (state,), {"run": run, "last": last, **common},
@@ -74,8 +74,8 @@ def _lower(e: Eqn, eqns: list[Eqn], target: str, workgroup_storage: int) -> None
     src = x if x.shape == (rows, n) else _bind(eqns, Op.RESHAPE, (x,), {"shape": (rows, n)})
     final = e.out if e.out.shape == (rows, n) else None
     if target == "gpu":
-        block = radix_block(workgroup_storage)
-        while block // 2 >= max(n, RADIX_BLOCKS[-1]):  # short rows: blocks they fill
+        block = kernels.radix_block(workgroup_storage)
+        while block // 2 >= max(n, kernels.RADIX_BLOCKS[-1]):  # short rows: blocks they fill
             block //= 2
         out = _radix(src, final, common, block, eqns)
     else:
@@ -92,7 +92,7 @@ def lower_sort(prog: Program, target: str = "gpu", workgroup_storage: int = 1638
         return prog
     eqns: list[Eqn] = []
     for e in prog.eqns:
-        if e.op in (Op.ARGSORT, Op.SORT) and e.out.shape[-1] > LOCAL_MAX and e.out.size:
+        if e.op in (Op.ARGSORT, Op.SORT) and e.out.shape[-1] > kernels.LOCAL_MAX and e.out.size:
             _lower(e, eqns, target, workgroup_storage)
         else:
             eqns.append(e)
