@@ -148,6 +148,34 @@ class Op(Enum):
     # reverse, chunk, layout and, for "tile", threads and rounds (see ops.scan_numpy)
     SCAN = "scan"
     # sort: section owned by fusec.passes.sort / fusec.kernels.sort
+    # argsort: params descending; x[..., n] -> int32[..., n], the stable order of x's last axis
+    # (NaN after everything, -0.0 equal to 0.0; descending: the order of the inverted keys, ties
+    # still in input order). sort: the same, giving the values (x's dtype, bits kept). Rows up to
+    # fusec.kernels.sort.LOCAL_MAX are sorted by one kernel; longer ones are lowered into stages
+    # over a state uint32[2, R, n] of (order key, payload) pairs (fusec.ops explains both). Params
+    # of the stages: first (reads x[R, n] and computes the keys), last (writes the payloads alone,
+    # as int32 indices or, with values, as dtype), descending, values, dtype.
+    ARGSORT = "argsort"
+    SORT = "sort"
+    # GPUs: least-significant-digit radix passes over 8-bit digits (D = 256). radix_hist (params
+    # shift, block): per row and block of ``block`` elements, how many keys have each digit
+    # (key >> shift) & 255 -> uint32[R, D, blocks]
+    RADIX_HIST = "radix_hist"
+    # per (row, digit): exclusive prefix sums of the counts over the blocks, then their total:
+    # uint32[R, D, blocks + 1]
+    RADIX_SCAN = "radix_scan"
+    # params shift, block: inputs (x or state, scanned histogram); each element moves to its
+    # digit's offset (the row's smaller digits, then the digit's earlier blocks) plus its rank
+    # among the block's equal digits: the stable counting sort by that digit
+    RADIX_SCATTER = "radix_scatter"
+    # software adapters: x[R, n] -> state, each aligned block of ``block`` elements of a row sorted
+    SORT_BLOCKS = "sort_blocks"
+    # params run: the state sorted in runs of ``run`` -> in runs of 2 * run, each element moved to
+    # its place in its own run plus the count of the other run's elements before it
+    SORT_MERGE = "sort_merge"
+    # params side ("left" | "right"): inputs sorted a[n], queries v[...] -> int32[...]: the
+    # binary search of each query in a, comparing order keys as argsort does
+    SEARCHSORTED = "searchsorted"
     # a fused kernel
     KERNEL = "kernel"  # params: body (Program), name, kind
 
@@ -178,6 +206,9 @@ KERNEL_KIND[Op.SCAN] = "scan"
 # scatter's stages (the primitive itself is lowered before fusion)
 KERNEL_KIND[Op.SCATTER_ADD] = "scatter"
 KERNEL_KIND[Op.SCATTER_INTO] = "scatter"
+KERNEL_KIND.update({op: "sort" for op in (Op.ARGSORT, Op.SORT, Op.RADIX_HIST, Op.RADIX_SCAN,
+                                          Op.RADIX_SCATTER, Op.SORT_BLOCKS, Op.SORT_MERGE,
+                                          Op.SEARCHSORTED)})
 
 
 def size_of(shape: Shape) -> int:

@@ -1150,6 +1150,306 @@ TYPE_RULES[Op.SCATTER_ADD] = _scatter_add_type
 NUMPY_RULES[Op.SCATTER] = _scatter_rule
 NUMPY_RULES[Op.SCATTER_INTO] = _scatter_rule
 NUMPY_RULES[Op.SCATTER_ADD] = _scatter_add_rule
+# --- sort: argsort and sort, the stages they are lowered into, searchsorted -----------------------
+# Sorting compares order keys: uint32 words whose unsigned order is the order numpy sorts values
+# in. float32: positive values get the sign bit set, negative ones are inverted (so more negative
+# is smaller); -0.0 takes the key of 0.0 (they compare equal, ties keep input order) and every NaN
+# takes 0xFFFFFFFF (after +inf, in input order, as numpy and JAX sort them). int32: the sign bit
+# flipped. uint32: itself. bool: 0 or 1. A descending order inverts every key.
+#
+# The stages carry (key, payload) pairs in a "state" uint32[2, rows, n]: plane 0 the keys, plane 1
+# the payloads, which are the elements' positions in their row (argsort) or, with params
+# values=True, the elements' own words (sort: every value keeps its bits, -0.0 and NaN payloads
+# included). The last stage writes the payloads alone: int32 indices, or the values in the
+# sorted array's dtype (param dtype).
+
+SORT_RADIX_BITS = 8  # bits of the key each radix pass sorts by
+SORT_DIGITS = 1 << SORT_RADIX_BITS
+
+
+def sort_keys(x: np.ndarray, descending: bool = False) -> np.ndarray:
+    """The uint32 order keys of ``x`` (see above)."""
+    x = np.asarray(x)
+    if x.dtype == np.bool_:
+        k = x.astype(np.uint32)
+    elif x.dtype == np.float32:
+        b = x.view(np.uint32)
+        mag = b & np.uint32(0x7FFFFFFF)
+        k = np.where(b >> np.uint32(31) != 0, ~b, b | np.uint32(0x80000000))
+        k = np.where(mag == 0, np.uint32(0x80000000), k)
+        k = np.where(mag > np.uint32(0x7F800000), np.uint32(0xFFFFFFFF), k)
+    elif x.dtype == np.int32:
+        k = x.view(np.uint32) ^ np.uint32(0x80000000)
+    else:
+        k = x.astype(np.uint32)
+    k = np.asarray(k, dtype=np.uint32)
+    return ~k if descending else k
+
+
+def sort_key_bits(dtype: str) -> int:
+    """How many low bits of a key can differ between elements (bool: only the lowest)."""
+    return 1 if dtype == "bool" else 32
+
+
+def _words(x: np.ndarray) -> np.ndarray:
+    """The uint32 words a GPU buffer holds for ``x`` (bool: 0 or 1)."""
+    x = np.ascontiguousarray(x)
+    return x.astype(np.uint32) if x.dtype == np.bool_ else x.view(np.uint32)
+
+
+def _from_words(w: np.ndarray, dtype: str) -> np.ndarray:
+    w = np.ascontiguousarray(w, dtype=np.uint32)
+    return w != 0 if dtype == "bool" else w.view(np.dtype(dtype))
+
+
+def _sorted_order(x: np.ndarray, p: dict[str, Any]) -> np.ndarray:
+    return np.argsort(sort_keys(x, bool(p.get("descending", False))), axis=-1, kind="stable")
+
+
+def _argsort_numpy(args: Sequence[np.ndarray], p: dict[str, Any],
+                   out: tuple[Shape, str]) -> np.ndarray:
+    return _sorted_order(args[0], p).astype(np.int32)
+
+
+def _sort_numpy(args: Sequence[np.ndarray], p: dict[str, Any],
+                out: tuple[Shape, str]) -> np.ndarray:
+    return np.take_along_axis(args[0], _sorted_order(args[0], p), axis=-1)
+
+
+def _sort_type(values: bool) -> Callable[[Sequence[tuple[Shape, str]], dict[str, Any]],
+                                         tuple[Shape, str]]:
+    def rule(ins: Sequence[tuple[Shape, str]], p: dict[str, Any]) -> tuple[Shape, str]:
+        shape, dt = ins[0]
+        if len(shape) < 1:
+            raise ShapeError("sorts run along the last axis; a 0-d array has none")
+        if 2 * math.prod(shape) >= 2**32:
+            raise ShapeError(f"cannot sort {math.prod(shape)} elements (shape {shape}): the "
+                             "sort's keys and indices must fit 2^32 words")
+        return shape, (dt if values else "int32")
+
+    return rule
+
+
+def _state_shape(shape: Shape, dt: str) -> tuple[int, int]:
+    if len(shape) != 3 or shape[0] != 2 or dt != "uint32":
+        raise ShapeError(f"a sort stage reads the state uint32[2, rows, n]; got {dt}{shape}")
+    return shape[1], shape[2]
+
+
+def _rows_shape(shape: Shape, dt: str, p: dict[str, Any]) -> tuple[int, int]:
+    """(rows, n) of a stage's source: x[rows, n] on the first stage, else the state."""
+    if p.get("first", False):
+        if len(shape) != 2:
+            raise ShapeError(f"a first sort stage reads x[rows, n]; got shape {shape}")
+        return shape[0], shape[1]
+    return _state_shape(shape, dt)
+
+
+def _final_type(rows: int, n: int, p: dict[str, Any]) -> tuple[Shape, str]:
+    return (rows, n), (str(p["dtype"]) if p["values"] else "int32")
+
+
+def _rows_of(src: np.ndarray, p: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+    """(keys, payloads) of a stage's source: x itself (first stage) or the state."""
+    if p.get("first", False):
+        keys = sort_keys(src, bool(p["descending"]))
+        if p.get("values", False):
+            return keys, _words(src)
+        return keys, np.broadcast_to(np.arange(src.shape[-1], dtype=np.uint32), src.shape)
+    return src[0].astype(np.uint32), src[1].astype(np.uint32)
+
+
+def _stage_out(keys: np.ndarray, pay: np.ndarray, p: dict[str, Any]) -> np.ndarray:
+    """The state, or (last stage) the payloads as indices or values."""
+    if p.get("last", False):
+        return _from_words(pay, p["dtype"]) if p["values"] else pay.astype(np.int32)
+    return np.stack([keys, pay]).astype(np.uint32)
+
+
+def _blocks_of(n: int, block: int) -> int:
+    return max(1, -(-n // block))
+
+
+def _digits(keys: np.ndarray, shift: int) -> np.ndarray:
+    return ((keys >> np.uint32(shift)) & np.uint32(SORT_DIGITS - 1)).astype(np.int64)
+
+
+# radix_hist: uint32[rows, D, blocks]
+def _radix_hist_type(ins: Sequence[tuple[Shape, str]], p: dict[str, Any]) -> tuple[Shape, str]:
+    rows, n = _rows_shape(*ins[0], p)
+    return (rows, SORT_DIGITS, _blocks_of(n, int(p["block"]))), "uint32"
+
+
+def _radix_hist_numpy(args: Sequence[np.ndarray], p: dict[str, Any],
+                      out: tuple[Shape, str]) -> np.ndarray:
+    keys, _ = _rows_of(args[0], p)
+    rows, n = keys.shape
+    nb = out[0][2]
+    group = (np.arange(n) // int(p["block"]))[None, :] * SORT_DIGITS + _digits(keys, p["shift"])
+    flat = (group + np.arange(rows)[:, None] * (nb * SORT_DIGITS)).ravel()
+    counts = np.bincount(flat, minlength=rows * nb * SORT_DIGITS).reshape(rows, nb, SORT_DIGITS)
+    return counts.transpose(0, 2, 1).astype(np.uint32)
+
+
+# radix_scan: uint32[rows, D, blocks + 1]
+def _radix_scan_type(ins: Sequence[tuple[Shape, str]], p: dict[str, Any]) -> tuple[Shape, str]:
+    shape, dt = ins[0]
+    if len(shape) != 3 or shape[1] != SORT_DIGITS or dt != "uint32":
+        raise ShapeError(f"radix_scan of a histogram uint32[rows, {SORT_DIGITS}, blocks]; got "
+                         f"{dt}{shape}")
+    return shape[:2] + (shape[2] + 1,), dt
+
+
+def _radix_scan_numpy(args: Sequence[np.ndarray], p: dict[str, Any],
+                      out: tuple[Shape, str]) -> np.ndarray:
+    """Per (row, digit): exclusive prefix sums of the counts over the blocks, then the total."""
+    h = args[0].astype(np.int64)
+    c = np.cumsum(h, axis=2)
+    return np.concatenate([c - h, c[:, :, -1:]], axis=2).astype(np.uint32)
+
+
+def _radix_scatter_type(ins: Sequence[tuple[Shape, str]], p: dict[str, Any]
+                        ) -> tuple[Shape, str]:
+    rows, n = _rows_shape(*ins[0], p)
+    want = (rows, SORT_DIGITS, _blocks_of(n, int(p["block"])) + 1)
+    if tuple(ins[1]) != (want, "uint32"):
+        raise ShapeError(f"radix_scatter's offsets must be uint32{want}; got {ins[1]}")
+    return _final_type(rows, n, p) if p["last"] else ((2, rows, n), "uint32")
+
+
+def _radix_scatter_numpy(args: Sequence[np.ndarray], p: dict[str, Any],
+                         out: tuple[Shape, str]) -> np.ndarray:
+    keys, pay = _rows_of(args[0], p)
+    scanned = args[1].astype(np.int64)
+    rows, n = keys.shape
+    nb = scanned.shape[2] - 1
+    # a digit's elements of block b go after the row's smaller digits and its earlier blocks
+    totals = scanned[:, :, nb]
+    offsets = scanned[:, :, :nb] + (np.cumsum(totals, axis=1) - totals)[:, :, None]
+    digit = _digits(keys, p["shift"])
+    blk = np.broadcast_to(np.arange(n) // int(p["block"]), (rows, n))
+    # rank of each element among the earlier elements of its block with its digit
+    group = blk * SORT_DIGITS + digit
+    order = np.argsort(group, axis=-1, kind="stable")
+    grouped = np.take_along_axis(group, order, axis=-1)
+    size = nb * SORT_DIGITS
+    counts = np.bincount((grouped + np.arange(rows)[:, None] * size).ravel(),
+                         minlength=rows * size).reshape(rows, size)
+    start = np.cumsum(counts, axis=1) - counts
+    rank = np.empty((rows, n), dtype=np.int64)
+    np.put_along_axis(rank, order, np.arange(n)[None, :] - np.take_along_axis(start, grouped, 1),
+                      axis=-1)
+    r = np.broadcast_to(np.arange(rows)[:, None], (rows, n))
+    dst = offsets[r, digit, blk] + rank
+    new_keys = np.zeros((rows, n), dtype=np.uint32)
+    new_pay = np.zeros((rows, n), dtype=np.uint32)
+    new_keys[r, dst] = keys
+    new_pay[r, dst] = pay
+    return _stage_out(new_keys, new_pay, p)
+
+
+# sort_blocks: x[rows, n] -> state, each aligned block of ``block`` elements of a row sorted
+def _sort_blocks_type(ins: Sequence[tuple[Shape, str]], p: dict[str, Any]) -> tuple[Shape, str]:
+    rows, n = _rows_shape(*ins[0], {"first": True})
+    return (2, rows, n), "uint32"
+
+
+def _sort_blocks_numpy(args: Sequence[np.ndarray], p: dict[str, Any],
+                       out: tuple[Shape, str]) -> np.ndarray:
+    keys, pay = _rows_of(args[0], {**p, "first": True})
+    blk = np.broadcast_to(np.arange(keys.shape[1]) // int(p["block"]), keys.shape)
+    order = np.lexsort((keys, blk), axis=-1)
+    return _stage_out(np.take_along_axis(keys, order, -1), np.take_along_axis(pay, order, -1),
+                      {"last": False})
+
+
+# sort_merge: state sorted in runs of ``run`` -> runs of 2 * run (or, last, the final payloads)
+def _sort_merge_type(ins: Sequence[tuple[Shape, str]], p: dict[str, Any]) -> tuple[Shape, str]:
+    rows, n = _state_shape(*ins[0])
+    return _final_type(rows, n, p) if p["last"] else ((2, rows, n), "uint32")
+
+
+def _sort_merge_numpy(args: Sequence[np.ndarray], p: dict[str, Any],
+                      out: tuple[Shape, str]) -> np.ndarray:
+    """Each element's place in its merged pair of runs: its place in its own run plus the count
+    of the other run's elements before it (smaller keys; equal keys too for the right run), by
+    binary search as the kernel does. Keys are made unique per (row, pair) by a prefix so that
+    one search over all runs at once stays within the element's own pair."""
+    keys, pay = args[0][0].astype(np.uint64), args[0][1]
+    rows, n = keys.shape
+    m = int(p["run"])
+    pos = np.arange(n)
+    q = pos // m
+    pair = q // 2
+    npairs = int(pair[-1]) + 1 if n else 1
+    base = (np.arange(rows)[:, None] * npairs + pair[None, :]).astype(np.uint64) << np.uint64(32)
+    comp = base | keys
+    left = (q % 2 == 0)[None, :].repeat(rows, 0)
+    lc, rc = comp[left], comp[~left]  # each sorted: runs in order, keys sorted within a run
+    cb = base[left], base[~left]
+    count = np.empty((rows, n), dtype=np.int64)
+    count[left] = np.searchsorted(rc, comp[left], "left") - np.searchsorted(rc, cb[0], "left")
+    count[~left] = np.searchsorted(lc, comp[~left], "right") - np.searchsorted(lc, cb[1], "left")
+    dst = pair * 2 * m + (pos - q * m) + count
+    r = np.broadcast_to(np.arange(rows)[:, None], (rows, n))
+    new_keys = np.zeros((rows, n), dtype=np.uint32)
+    new_pay = np.zeros((rows, n), dtype=np.uint32)
+    new_keys[r, dst] = args[0][0]
+    new_pay[r, dst] = pay
+    return _stage_out(new_keys, new_pay, p)
+
+
+def _searchsorted_type(ins: Sequence[tuple[Shape, str]], p: dict[str, Any]
+                       ) -> tuple[Shape, str]:
+    (a_shape, a_dt), (v_shape, v_dt) = ins
+    if len(a_shape) != 1:
+        raise ShapeError(f"searchsorted searches a 1-D array; got shape {a_shape}")
+    if a_dt != v_dt:
+        raise ShapeError(f"searchsorted compares equal dtypes; got {a_dt} and {v_dt}")
+    if p.get("side") not in ("left", "right"):
+        raise ShapeError(f"searchsorted side must be 'left' or 'right'; got {p.get('side')!r}")
+    return v_shape, "int32"
+
+
+def searchsorted_numpy(a: np.ndarray, v: np.ndarray, side: str) -> np.ndarray:
+    """Reference of ``searchsorted``: the binary search the kernel runs, step for step (so an
+    unsorted ``a`` gives the kernel's answer too), comparing order keys."""
+    ka, kv = sort_keys(a), sort_keys(v)
+    n = ka.shape[0]
+    lo = np.zeros(kv.shape, dtype=np.int64)
+    hi = np.full(kv.shape, n, dtype=np.int64)
+    while True:
+        active = lo < hi
+        if not active.any():
+            break
+        mid = (lo + hi) // 2
+        km = ka[np.minimum(mid, max(n - 1, 0))]
+        right = (km < kv) if side == "left" else (km <= kv)
+        lo = np.where(active & right, mid + 1, lo)
+        hi = np.where(active & ~right, mid, hi)
+    return lo.astype(np.int32)
+
+
+TYPE_RULES.update({
+    Op.ARGSORT: _sort_type(False),
+    Op.SORT: _sort_type(True),
+    Op.RADIX_HIST: _radix_hist_type,
+    Op.RADIX_SCAN: _radix_scan_type,
+    Op.RADIX_SCATTER: _radix_scatter_type,
+    Op.SORT_BLOCKS: _sort_blocks_type,
+    Op.SORT_MERGE: _sort_merge_type,
+    Op.SEARCHSORTED: _searchsorted_type,
+})
+NUMPY_RULES.update({
+    Op.ARGSORT: _argsort_numpy,
+    Op.SORT: _sort_numpy,
+    Op.RADIX_HIST: _radix_hist_numpy,
+    Op.RADIX_SCAN: _radix_scan_numpy,
+    Op.RADIX_SCATTER: _radix_scatter_numpy,
+    Op.SORT_BLOCKS: _sort_blocks_numpy,
+    Op.SORT_MERGE: _sort_merge_numpy,
+    Op.SEARCHSORTED: lambda args, p, out: searchsorted_numpy(args[0], args[1], p["side"]),
+})
 
 
 def slice_numpy(x: np.ndarray, starts: Sequence[int], steps: Sequence[int],

@@ -1,10 +1,232 @@
-"""Kernels of kind "sort" (not written yet)."""
+"""Kernels of kind "sort": the stages :func:`fusec.passes.sort.lower_sort` lowers a sort into, and
+searchsorted.
+
+* ``argsort``, ``sort`` (rows of at most :data:`LOCAL_MAX` elements) and ``sort_blocks``: a
+  workgroup sorts one or more whole rows (or blocks of a row) in workgroup memory with a bitonic
+  network over (key, index) pairs.
+* ``radix_hist``, ``radix_scan``, ``radix_scatter`` (GPUs): one least-significant-digit radix pass
+  over 8-bit digits of the keys: digit counts per block, their offsets, and the stable scatter of
+  every element to its place.
+* ``sort_merge`` (software adapters): a merge of pairs of sorted runs, a thread per element.
+* ``searchsorted``: a thread per query, a binary search.
+
+Every kernel compares order keys (:func:`fusec.ops.sort_keys`): the input words are bound as
+``u32`` whatever their dtype, so a float's key comes from its bits, never from float arithmetic
+(which may flush subnormals). Each stage computes exactly its numpy reference in
+:mod:`fusec.ops`.
+"""
 
 from __future__ import annotations
 
-from ..emit import KernelCode
-from ..ir import Eqn
+import hashlib
+import math
+from collections.abc import Callable
+
+from ..emit import KernelCode, _env, grid_for
+from ..ir import Eqn, Op, Program
+from ..ops import SORT_DIGITS, SORT_RADIX_BITS
+
+LOCAL_MAX = 2048  # longest row sorted in workgroup memory (keys and indices: 16 KiB)
+LOCAL_THREADS = 256
+RADIX_PER_THREAD = 16  # elements per thread of a scatter workgroup (block / 16 threads)
+RADIX_BLOCKS = (8192, 4096, 2048)  # elements per radix workgroup: the largest that fits
+HIST_THREADS = 256
+HIST_COPIES = 4  # copies of the digit counters in a histogram workgroup
+SCAN_THREADS = 256
+SCAN_PER_THREAD = 8
+SCAN_COLUMN_MAX = 64  # up to this many blocks per row, a thread scans each digit's counts
+SEARCH_THREADS = 256
+MERGE_THREADS = 256
+
+
+def _padded(words: int) -> int:
+    """Words of workgroup memory addressed through the scatter's sp(): one pad word every 32."""
+    return words + words // 32
+
+
+def _scatter_words(block: int) -> int:
+    """Workgroup memory of a scatter workgroup, in words: the block (or the 16 counters of each
+    thread, as many words), a partial sum per thread, an offset per digit."""
+    wg = block // RADIX_PER_THREAD
+    return _padded(max(block, 16 * wg)) + wg + SORT_DIGITS
+
+
+def radix_block(workgroup_storage: int) -> int:
+    """Elements per radix workgroup: the largest block whose scatter fits ``workgroup_storage``
+    bytes of workgroup memory. Larger blocks write longer runs per digit (fewer partly written
+    memory sectors) and make the histograms smaller."""
+    for block in RADIX_BLOCKS:
+        if 4 * _scatter_words(block) <= workgroup_storage:
+            return block
+    return RADIX_BLOCKS[-1]
+
+
+def sort_key_wgsl(dtype: str, descending: bool = False) -> str:
+    """``fn sort_key(b: u32) -> u32``: the order key of a stored word of ``dtype``."""
+    if dtype == "float32":
+        body = ("    let mag = b & 0x7fffffffu;\n"
+                "    var k = select(b | 0x80000000u, ~b, (b >> 31u) != 0u);\n"
+                "    if (mag == 0u) {\n        k = 0x80000000u;\n    }\n"
+                "    if (mag > 0x7f800000u) {\n        k = 0xffffffffu;\n    }\n")
+    elif dtype == "int32":
+        body = "    let k = b ^ 0x80000000u;\n"
+    elif dtype == "bool":
+        body = "    let k = select(0u, 1u, b != 0u);\n"
+    else:
+        body = "    let k = b;\n"
+    ret = "~k" if descending else "k"
+    return f"fn sort_key(b: u32) -> u32 {{\n{body}    return {ret};\n}}\n"
+
+
+def _header(body: Program) -> str:
+    binds = [{"name": f"in{i}", "access": "read", "type": "u32"}
+             for i in range(len(body.inputs))]
+    binds += [{"name": f"out{j}", "access": "read_write", "type": "u32"}
+              for j in range(len(body.outputs))]
+    return str(_env().get_template("bindings.wgsl.j2").render(bindings=binds))
+
+
+def _pow2_at_least(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def _local(e: Eqn, target: str) -> tuple[str, int]:
+    """argsort / sort of whole rows, or sort_blocks: segments sorted in workgroup memory."""
+    x = e.inputs[0]
+    n = x.shape[-1]
+    rows = math.prod(x.shape[:-1])
+    seg = int(e.params["block"]) if e.op is Op.SORT_BLOCKS else n
+    if seg > LOCAL_MAX:
+        raise AssertionError(f"segments of {seg} > {LOCAL_MAX} elements must be lowered")
+    segs = -(-n // seg) if n else 1
+    total = rows * segs
+    p = _pow2_at_least(seg)
+    block = min(LOCAL_MAX, p * _pow2_at_least(max(total, 1)))
+    wg = max(1, min(LOCAL_THREADS, block // 2))
+    per_group = block // p
+    groups = -(-total // per_group) if n else 0
+    mode = {Op.ARGSORT: "index", Op.SORT: "value", Op.SORT_BLOCKS: "state"}[e.op]
+    src = _env().get_template("sort_local.wgsl.j2").render(
+        key_fn=sort_key_wgsl(x.dtype, bool(e.params.get("descending", False))),
+        rows=rows, n=n, seg=seg, segs=segs, total=total, p=p, block=block, wg=wg,
+        per_group=per_group, groups=groups, mode=mode, values=bool(e.params.get("values")),
+        pairs_per_thread=max(1, block // 2 // wg) if p > 1 else 0)
+    return src, groups
+
+
+def _radix_access(e: Eqn) -> tuple[int, int, Callable[[str, str], str], Callable[[str, str], str]]:
+    """(rows, n, key_at, payload_at) of a radix pass's source: WGSL for the key and the payload
+    of the element at (row, position)."""
+    src = e.inputs[0]
+    if e.params["first"]:
+        rows, n = src.shape
+
+        def key_first(r: str, pos: str) -> str:
+            return f"sort_key(in0[{r} * {n}u + {pos}])"
+
+        def pay_first(r: str, pos: str) -> str:
+            return f"in0[{r} * {n}u + {pos}]" if e.params.get("values") else pos
+
+        return rows, n, key_first, pay_first
+    _, rows, n = src.shape
+
+    def key_state(r: str, pos: str) -> str:
+        return f"in0[{r} * {n}u + {pos}]"
+
+    def pay_state(r: str, pos: str) -> str:
+        return f"in0[{rows * n}u + {r} * {n}u + {pos}]"
+
+    return rows, n, key_state, pay_state
+
+
+def _key_fn(e: Eqn) -> str:
+    if e.params["first"]:
+        return sort_key_wgsl(e.inputs[0].dtype, bool(e.params["descending"]))
+    return ""
+
+
+def _hist(e: Eqn, target: str) -> tuple[str, int]:
+    rows, n, key_at, _ = _radix_access(e)
+    block = int(e.params["block"])
+    nb = e.out.shape[2]
+    src = _env().get_template("sort_radix_hist.wgsl.j2").render(
+        key_fn=_key_fn(e), key_at=key_at, rows=rows, n=n, nb=nb, block=block,
+        wg=HIST_THREADS, copies=HIST_COPIES, digits=SORT_DIGITS, shift=int(e.params["shift"]))
+    return src, rows * nb
+
+
+def _scan(e: Eqn, target: str) -> tuple[str, int]:
+    rows, _, nb = e.inputs[0].shape
+    columns = rows * SORT_DIGITS
+    if nb <= SCAN_COLUMN_MAX:
+        src = _env().get_template("sort_radix_scan.wgsl.j2").render(
+            thread_per_column=True, rows=rows, nb=nb, digits=SORT_DIGITS, wg=SCAN_THREADS)
+        return src, -(-columns // SCAN_THREADS)
+    # as many threads as the blocks need, SCAN_THREADS at most
+    wg = min(SCAN_THREADS, _pow2_at_least(-(-nb // SCAN_PER_THREAD)))
+    src = _env().get_template("sort_radix_scan.wgsl.j2").render(
+        thread_per_column=False, rows=rows, nb=nb, digits=SORT_DIGITS, wg=wg,
+        per=SCAN_PER_THREAD, own=" + ".join(f"v{i}" for i in range(SCAN_PER_THREAD)))
+    return src, columns
+
+
+def _scatter(e: Eqn, target: str) -> tuple[str, int]:
+    rows, n, key_at, pay_at = _radix_access(e)
+    block = int(e.params["block"])
+    wg = block // RADIX_PER_THREAD
+    if block % RADIX_PER_THREAD or (SORT_DIGITS % wg and wg % SORT_DIGITS):
+        raise AssertionError(f"radix block {block}: {RADIX_PER_THREAD} elements per thread, "
+                             f"{SORT_DIGITS} digits spread evenly over the threads")
+    nb = e.inputs[1].shape[2] - 1
+    last = bool(e.params["last"])
+    src = _env().get_template("sort_radix_scatter.wgsl.j2").render(
+        key_fn=_key_fn(e), key_at=key_at, idx_at=pay_at, rows=rows, n=n, nb=nb, block=block,
+        wg=wg, per=RADIX_PER_THREAD, digits=SORT_DIGITS, nibbles=SORT_RADIX_BITS // 4,
+        shift=int(e.params["shift"]), last=last, shared=_padded(max(16 * wg, block)),
+        dpt=max(1, SORT_DIGITS // wg), idx_plane="" if last else f"{rows * n}u + ")
+    return src, rows * nb
+
+
+def _merge(e: Eqn, target: str) -> tuple[str, int]:
+    _, rows, n = e.inputs[0].shape
+    run = int(e.params["run"])
+    src = _env().get_template("sort_merge.wgsl.j2").render(
+        rows=rows, n=n, run=run, steps=run.bit_length(), wg=MERGE_THREADS,
+        last=bool(e.params["last"]))
+    return src, -(-(rows * n) // MERGE_THREADS)
+
+
+def _search(e: Eqn, target: str) -> tuple[str, int]:
+    a, v = e.inputs
+    n, m = a.shape[0], math.prod(v.shape)
+    src = _env().get_template("sort_search.wgsl.j2").render(
+        key_fn=sort_key_wgsl(a.dtype), n=n, m=m, steps=n.bit_length(), wg=SEARCH_THREADS,
+        side=e.params["side"])
+    return src, -(-m // SEARCH_THREADS)
+
+
+_STAGES: dict[Op, Callable[[Eqn, str], tuple[str, int]]] = {
+    Op.ARGSORT: _local,
+    Op.SORT: _local,
+    Op.SORT_BLOCKS: _local,
+    Op.RADIX_HIST: _hist,
+    Op.RADIX_SCAN: _scan,
+    Op.RADIX_SCATTER: _scatter,
+    Op.SORT_MERGE: _merge,
+    Op.SEARCHSORTED: _search,
+}
 
 
 def generate(kernel: Eqn, target: str = "gpu", workgroup_storage: int = 16384) -> KernelCode:
-    raise NotImplementedError("sort kernels")
+    """WGSL for a kernel of kind "sort" (its body holds one stage op). The lowering chose the
+    radix block for ``workgroup_storage``; every other kernel fits in the 16 KiB every device
+    offers, and their loops stay far below the software adapters' iteration limit."""
+    body: Program = kernel.params["body"]
+    (e,) = body.eqns
+    if kernel.params.get("inplace"):
+        raise AssertionError("sort kernels never write into their inputs")
+    wgsl, groups = _STAGES[e.op](e, target)
+    full = _header(body) + wgsl
+    key = hashlib.sha256(full.encode()).hexdigest()
+    return KernelCode(kernel.params["name"], "sort", full, grid_for(groups), len(body.inputs),
+                      len(body.outputs), key=key)

@@ -41,7 +41,7 @@ PIPELINE: list[tuple[str, Pass]] = [
     # primitives computed by kernels of their own kind become the ops those kernels compute
     ("lower_scatter", lambda p, o: lower_scatter(p, o.target)),
     ("lower_scan", lambda p, o: lower_scan(p, o.target)),
-    ("lower_sort", lambda p, o: lower_sort(p, o.target)),
+    ("lower_sort", lambda p, o: lower_sort(p, o.target, o.workgroup_storage)),
     ("split_reductions", lambda p, o: split_reductions(p, o.target)),
     ("split_k", lambda p, o: split_k(p, o.target, sums=o.fuse)),
     ("fuse", lambda p, o: fuse(p, enabled=o.fuse, max_bindings=o.max_bindings,

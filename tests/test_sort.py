@@ -1,0 +1,321 @@
+"""sort, argsort, top_k and searchsorted: against numpy's stable sort, bit for bit, on the device.
+
+A stable sort has one right answer, so every check is exact: indices equal, values equal bit for
+bit (NaN payloads and the sign of zero included). Inputs have many ties (stability), NaN, +-inf
+and -0.0 (numpy's order: NaN last, -0.0 equal to 0.0). ``descending`` follows JAX: ``sort`` gives
+the ascending sort reversed, ``argsort`` the stable descending order (ties in input order).
+
+Compile time on the software adapter dominates this module's run time, so the shapes that need
+new kernels are few and chosen to cover the paths: whole rows in workgroup memory, blocks plus
+merges (software adapters), and radix passes (GPUs; run here with small blocks on the forced
+"gpu" target, whose kernels lavapipe compiles slowly at full size).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+import fusec
+import fusec.kernels.sort as ksort
+import fusec.numpy as fnp
+from fusec.errors import FusecError, ShapeError, TraceError
+from fusec.interpret import evaluate
+from fusec.ir import KERNEL_KIND, Op
+from fusec.numpy.sorting import top_k
+from fusec.ops import sort_keys
+from fusec.runtime import Runtime, get_runtime
+
+DTYPES = ["float32", "int32", "uint32", "bool"]
+
+
+# --- references and inputs ------------------------------------------------------------------------
+
+
+def ref_argsort(x: np.ndarray, axis: int = -1, descending: bool = False) -> np.ndarray:
+    """numpy's stable argsort; descending as JAX: stable on the reversed array, mapped back."""
+    if not descending:
+        return np.argsort(x, axis=axis, kind="stable").astype(np.int32)
+    n = x.shape[axis]
+    rev = np.flip(np.argsort(np.flip(x, axis), axis=axis, kind="stable"), axis)
+    return (n - 1 - rev).astype(np.int32)
+
+
+def ref_sort(x: np.ndarray, axis: int = -1, descending: bool = False) -> np.ndarray:
+    out = np.take_along_axis(x, np.argsort(x, axis=axis, kind="stable"), axis)
+    return np.flip(out, axis) if descending else out
+
+
+def assert_bits(got: Any, want: np.ndarray) -> None:
+    """Equal shape, dtype and bits (NaN payloads and signed zeros included)."""
+    got = np.ascontiguousarray(np.asarray(got))
+    want = np.ascontiguousarray(want)
+    assert got.dtype == want.dtype, f"dtype {got.dtype}, expected {want.dtype}"
+    assert got.shape == want.shape, f"shape {got.shape}, expected {want.shape}"
+    if got.dtype == np.bool_:
+        np.testing.assert_array_equal(got, want)
+    else:
+        bad = got.view(np.uint32) != want.view(np.uint32)
+        assert not bad.any(), (f"{bad.sum()} of {bad.size} differ; first at "
+                               f"{np.argwhere(bad)[0]}: got {got[bad][:5]}, want {want[bad][:5]}")
+
+
+def sample(rng: np.random.Generator, shape: Any, dtype: str) -> np.ndarray:
+    """Values with many ties; floats with NaN (two payloads, both signs), +-inf, -0.0 and 0.0."""
+    if dtype == "bool":
+        return rng.random(shape) < 0.4
+    if dtype == "int32":
+        return rng.integers(-6, 6, shape).astype(np.int32) * np.int32(300_000_000)
+    if dtype == "uint32":
+        return (rng.integers(0, 9, shape) * 500_000_000).astype(np.uint32)
+    x = (rng.integers(-8, 8, shape) * 0.75).astype(np.float32)
+    specials = np.array([np.nan, -np.nan, np.inf, -np.inf, -0.0, 0.0, 1e-40, -1e-40],
+                        dtype=np.float32)
+    specials[1] = np.uint32(0x7FC00123).view(np.float32)  # a NaN with a payload
+    mask = rng.random(shape) < 0.25
+    x[mask] = rng.choice(specials, int(mask.sum()))
+    return x
+
+
+def use_radix(monkeypatch: pytest.MonkeyPatch, block: int = 128, per: int = 2) -> None:
+    """The GPU lowering (radix passes) with small blocks (``per`` elements a thread), so that
+    short rows take several blocks and lavapipe compiles the kernels quickly; rows of more than
+    64 elements take it (with the fixture gpu_target)."""
+    monkeypatch.setattr(ksort, "RADIX_BLOCKS", (block,))
+    monkeypatch.setattr(ksort, "RADIX_PER_THREAD", per)
+    monkeypatch.setattr(ksort, "LOCAL_MAX", 64)
+
+
+def sorts(axis: Any = -1) -> Any:
+    """One jitted function: sort and argsort, ascending and descending."""
+    return fusec.gpu_jit(lambda x: (fnp.sort(x, axis=axis), fnp.argsort(x, axis=axis),
+                                    fnp.sort(x, axis=axis, descending=True),
+                                    fnp.argsort(x, axis=axis, descending=True)))
+
+
+def check_sorts(outs: Any, x: np.ndarray, axis: Any = -1) -> None:
+    if axis is None:
+        x, axis = x.ravel(), -1
+    s, a, sd, ad = outs
+    assert_bits(s, ref_sort(x, axis))
+    assert_bits(a, ref_argsort(x, axis))
+    assert_bits(sd, ref_sort(x, axis, descending=True))
+    assert_bits(ad, ref_argsort(x, axis, descending=True))
+
+
+# --- sort and argsort -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_sort_and_argsort_rows_every_dtype(rng: np.random.Generator, dtype: str) -> None:
+    x = sample(rng, (3, 257), dtype)
+    check_sorts(sorts()(x), x)
+
+
+@pytest.mark.parametrize("shape,axis", [
+    ((1,), -1), ((7,), None), ((1000,), 0), ((257, 3), 0), ((257, 3), -1), ((2, 5, 33), 0),
+    ((2, 5, 33), 1), ((2, 5, 33), -1), ((2, 5, 33), None),
+])
+def test_sort_shapes_and_axes(rng: np.random.Generator, shape: tuple[int, ...],
+                              axis: Any) -> None:
+    x = sample(rng, shape, "float32")
+    check_sorts(sorts(axis)(x), x, axis)
+
+
+def test_argsort_is_stable_with_many_ties(rng: np.random.Generator) -> None:
+    x = rng.integers(0, 3, 1000).astype(np.int32)
+    got = np.asarray(fnp.argsort(x))
+    assert_bits(got, np.argsort(x, kind="stable").astype(np.int32))
+    # ties really are in input order: within each value, indices increase
+    for v in range(3):
+        run = got[x[got] == v]
+        assert (np.diff(run) > 0).all()
+
+
+def test_nan_infinities_and_signed_zeros_sort_as_numpy() -> None:
+    nan2 = np.uint32(0xFFC00001).view(np.float32)  # a negative NaN with a payload
+    x = np.array([np.nan, 1.0, -0.0, 0.0, -np.inf, np.inf, nan2, 1.0, 0.0, -0.0, -1.0],
+                 dtype=np.float32)
+    s, a, sd, ad = sorts()(x)
+    assert_bits(a, np.array([4, 10, 2, 3, 8, 9, 1, 7, 5, 0, 6], dtype=np.int32))
+    assert_bits(s, x[[4, 10, 2, 3, 8, 9, 1, 7, 5, 0, 6]])  # zeros keep their signs, in order
+    # descending, as JAX: the ascending values reversed; indices of the stable descending sort
+    assert_bits(sd, x[[6, 0, 5, 7, 1, 9, 8, 3, 2, 10, 4]])
+    assert_bits(ad, np.array([0, 6, 5, 1, 7, 2, 3, 8, 9, 10, 4], dtype=np.int32))
+
+
+def test_long_rows_sort_in_blocks_and_merges(rng: np.random.Generator) -> None:
+    """Rows longer than a workgroup holds (2^16 + 5): on a software adapter, sorted blocks and
+    merge passes; the lowered program's interpretation gives the same bits."""
+    x = sample(rng, (2, 2**16 + 5), "float32")
+    f = fusec.gpu_jit(lambda x: (fnp.sort(x), fnp.argsort(x, descending=True)))
+    s, ad = f(x)
+    assert_bits(s, ref_sort(x))
+    assert_bits(ad, ref_argsort(x, descending=True))
+    lowered = f.lower(x)
+    ops = [e.params["body"].eqns[0].op for e in lowered.ir.eqns if e.op is Op.KERNEL
+           and e.params["kind"] == "sort"]
+    if get_runtime().target == "cpu":  # lavapipe: the software adapters' lowering
+        assert Op.SORT_MERGE in ops and Op.SORT_BLOCKS in ops
+    si, adi = evaluate(lowered.ir, [x])
+    assert_bits(si, np.asarray(s))
+    assert_bits(adi, np.asarray(ad))
+
+
+@pytest.mark.usefixtures("gpu_target")
+@pytest.mark.parametrize("dtype,shape,block", [
+    ("float32", (3, 1000), 128), ("bool", (3, 1000), 128), ("float32", (2, 3000), 1024)])
+def test_radix_passes_sort_long_rows(rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch,
+                                     dtype: str, shape: tuple[int, int], block: int) -> None:
+    """The GPU lowering: 4 radix passes (1 for bool) over rows of several blocks; three sorts
+    (the ascending values serve both value sorts). Blocks of 128 take 64 threads (4 digits a
+    thread in the offsets' scan), blocks of 1024 take 512 (more threads than digits)."""
+    use_radix(monkeypatch, block)
+    x = sample(rng, shape, dtype)
+    f = sorts()
+    check_sorts(f(x), x)
+    lowered = f.lower(x)
+    names = [k.name for k in lowered.kernels]
+    assert sum("radix_scatter" in n for n in names) == (4 if dtype == "float32" else 1) * 3
+    for got, want in zip(evaluate(lowered.ir, [x]), f(x)):
+        assert_bits(got, np.asarray(want))
+
+
+@pytest.mark.usefixtures("gpu_target")
+@pytest.mark.parametrize("dtype", ["int32", "uint32"])
+def test_radix_stage_references_compose_to_a_stable_sort(
+        rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch, dtype: str) -> None:
+    """The interpreter runs the radix stages' numpy references: together they must give the
+    stable sort (no GPU compile: the kernels are those of the tests above)."""
+    use_radix(monkeypatch)
+    x = rng.integers(0, 2**31 - 1, (2, 700)).astype(dtype)
+    x[:, ::3] = x[:, :1]  # ties
+    f = fusec.gpu_jit(lambda x: (fnp.sort(x), fnp.argsort(x, descending=True)))
+    s, ad = evaluate(f.lower(x).ir, [x])
+    assert_bits(s, ref_sort(x))
+    assert_bits(ad, ref_argsort(x, descending=True))
+
+
+def test_sort_keys_order_like_numpy(rng: np.random.Generator) -> None:
+    x = sample(rng, 2000, "float32")
+    k = sort_keys(x)
+    order = np.argsort(k, kind="stable")
+    assert_bits(order, np.argsort(x, kind="stable"))
+    assert (sort_keys(x, descending=True) == ~k).all()
+
+
+def test_sort_of_an_empty_axis_and_of_one_element() -> None:
+    assert_bits(fnp.sort(np.zeros((3, 0), np.float32)), np.zeros((3, 0), np.float32))
+    assert_bits(fnp.argsort(np.array([5], np.int32)), np.array([0], np.int32))
+
+
+def test_sort_methods_and_kind_keyword(rng: np.random.Generator) -> None:
+    x = sample(rng, (4, 9), "int32")
+    f = fusec.gpu_jit(lambda x: (x.sort(axis=0), x.argsort(), fnp.sort(x, kind="quicksort")))
+    s, a, q = f(x)
+    assert_bits(s, ref_sort(x, 0))
+    assert_bits(a, ref_argsort(x))
+    assert_bits(q, ref_sort(x))
+
+
+# --- top_k ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("k", [1, 5, 37])
+def test_top_k_matches_a_stable_descending_sort(rng: np.random.Generator, k: int) -> None:
+    x = sample(rng, (4, 37), "float32")
+    values, indices = fusec.gpu_jit(lambda x: top_k(x, k))(x)
+    # largest first, equal values in index order, NaN counted largest
+    want = np.argsort(~sort_keys(x), axis=-1, kind="stable")[:, :k].astype(np.int32)
+    assert_bits(indices, want)
+    assert_bits(values, np.take_along_axis(x, want, -1))
+
+
+# --- searchsorted ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_searchsorted_duplicates_and_nan(rng: np.random.Generator, side: str) -> None:
+    a = np.sort(rng.integers(-5, 5, 300).astype(np.float32))
+    a[-7:] = np.nan  # sorted as numpy sorts: NaN last
+    v = np.concatenate([rng.integers(-7, 7, 50).astype(np.float32) * 0.5,
+                        np.array([np.nan, -0.0, 0.0, np.inf, -np.inf], np.float32)])
+    a[100:110] = -0.0  # -0.0 and 0.0 compare equal
+    a = np.sort(a)
+    got = fusec.gpu_jit(lambda a, v: fnp.searchsorted(a, v, side=side))(a, v)
+    assert_bits(got, np.searchsorted(a, v, side=side).astype(np.int32))
+
+
+def test_searchsorted_promotes_scalars_and_uses_sorter(rng: np.random.Generator) -> None:
+    a = rng.integers(0, 20, 41).astype(np.int32)
+    order = np.argsort(a, kind="stable").astype(np.int32)
+    v = rng.integers(-2, 22, (3, 4)).astype(np.int32)
+    f = fusec.gpu_jit(lambda a, v, s: (fnp.searchsorted(a, v, sorter=s),
+                                       fnp.searchsorted(fnp.sort(a), 7.5),
+                                       fnp.searchsorted(a, v, side="right", sorter=s)))
+    g, h, r = f(a, v, order)
+    assert_bits(g, np.searchsorted(a, v, sorter=order).astype(np.int32))
+    assert_bits(h, np.asarray(np.searchsorted(np.sort(a), 7.5), np.int32))
+    assert_bits(r, np.searchsorted(a, v, side="right", sorter=order).astype(np.int32))
+
+
+# --- errors ---------------------------------------------------------------------------------------
+
+
+def test_sort_along_a_missing_axis_names_it() -> None:
+    x = np.zeros((3, 4), np.float32)
+    for fn in (fnp.sort, fnp.argsort):
+        with pytest.raises(ShapeError, match="axis 2 is out of bounds.*2 dimensions"):
+            fn(x, axis=2)
+        with pytest.raises(ShapeError, match="axis -3"):
+            fn(x, axis=-3)
+    with pytest.raises(ShapeError, match="sort: axis 1 is out of bounds"):
+        fusec.gpu_jit(lambda x: fnp.sort(x, axis=1))(x[0])
+    with pytest.raises(ShapeError, match="axis -1 is out of bounds.*0 dimensions"):
+        fnp.sort(np.float32(1.0))
+    with pytest.raises(TraceError, match="axis must be an int"):
+        fnp.sort(x, axis=1.5)
+
+
+def test_top_k_and_searchsorted_errors() -> None:
+    x = np.zeros((2, 5), np.float32)
+    with pytest.raises(ShapeError, match="k=6 must be between 0 and the last axis' length 5"):
+        top_k(x, 6)
+    with pytest.raises(ShapeError, match="k=-1"):
+        top_k(x, -1)
+    with pytest.raises(ShapeError, match="0-d"):
+        top_k(np.float32(3.0), 1)
+    with pytest.raises(ShapeError, match="a must be 1-D; got an array of shape \\(2, 5\\)"):
+        fnp.searchsorted(x, 1.0)
+    with pytest.raises(FusecError, match="side must be 'left' or 'right'"):
+        fnp.searchsorted(x[0], 1.0, side="middle")
+    with pytest.raises(ShapeError, match="sorter must have a's shape"):
+        fnp.searchsorted(x[0], 1.0, sorter=np.arange(4, dtype=np.int32))
+
+
+# --- the lowering ---------------------------------------------------------------------------------
+
+
+def test_sort_ops_are_kernels_of_their_own_kind() -> None:
+    for op in (Op.ARGSORT, Op.SORT, Op.RADIX_HIST, Op.RADIX_SCAN, Op.RADIX_SCATTER,
+               Op.SORT_BLOCKS, Op.SORT_MERGE, Op.SEARCHSORTED):
+        assert KERNEL_KIND[op] == "sort"
+
+
+@pytest.mark.usefixtures("gpu_target")
+def test_gpu_lowering_of_a_long_row_is_four_radix_passes(monkeypatch: pytest.MonkeyPatch
+                                                          ) -> None:
+    """Compile-only: 2^20 float32 on a GPU with 48 KiB of workgroup memory (an H100): 4 passes
+    of (histogram, scan, scatter) over blocks of 8192, the last writing the values: no gather."""
+    monkeypatch.setattr(Runtime, "max_workgroup_storage", property(lambda self: 49152))
+    f = fusec.gpu_jit(lambda x: fnp.sort(x))
+    lowered = f.lower(fusec.ShapeDtype((1 << 20,), "float32"))
+    names = [k.name.split("_", 1)[1] for k in lowered.kernels]
+    assert names == ["sort_radix_hist", "sort_radix_scan", "sort_radix_scatter"] * 4
+    scatter = lowered.kernels[2].wgsl
+    assert "var<workgroup> sh: array<u32, 8448>" in scatter  # 8192 keys, padded
+    assert "@workgroup_size(512)" in scatter
+    assert lowered.kernels[2].grid == (128, 1, 1)
+    assert "sort_key(" in scatter and "sort_key(" not in lowered.kernels[5].wgsl
