@@ -1,7 +1,8 @@
 """``fusec.lax``: lower-level array operations in the style of ``jax.lax``.
 
-So far the dynamic slices: windows of a static size whose start is known only when the program
-runs (a traced value) or is a Python int. As in JAX, a start is clamped so that the window fits
+The dynamic slices: windows of a static size whose start is known only when the program runs (a
+traced value) or is a Python int; and ``top_k``, ``cummax``, ``cummin`` (defined with the sorts and
+scans of :mod:`fusec.numpy`). As in JAX, a start is clamped so that the window fits
 inside the array (after a negative start has counted from the end, unless
 ``allow_negative_indices=False``); nothing is ever read or written out of bounds.
 
@@ -23,6 +24,8 @@ from .errors import DTypeError, ShapeError
 from .ir import Lit, Op
 from .numpy._base import _compare, _elementwise, _norm_axis, _traceable, _tracer
 from .numpy.indexing import _host_indices, _iota, _reshape, _slice, _window_update
+from .numpy.scans import cummax, cummin
+from .numpy.sorting import top_k
 from .trace import Tracer, is_device_array
 
 __all__ = [
@@ -31,6 +34,9 @@ __all__ = [
     "dynamic_slice_in_dim",
     "dynamic_update_slice_in_dim",
     "dynamic_index_in_dim",
+    "top_k",
+    "cummax",
+    "cummin",
 ]
 
 _INT32_MAX = 2**31 - 1
