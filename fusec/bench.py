@@ -286,7 +286,7 @@ class Workload:
         return run
 
     def make_inputs(self, rng: np.random.Generator) -> list[np.ndarray]:
-        out = []
+        out: list[np.ndarray] = []
         for spec in self.inputs:
             if spec.high:
                 out.append(rng.integers(0, spec.high, spec.shape, dtype=np.int32))

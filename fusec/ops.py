@@ -221,11 +221,21 @@ fn fusec_sinh(x: f32) -> f32 {
         let e = fusec_expm1(a);
         r = 0.5 * (e + e / (e + 1.0));
     } else {
-        // e^-a < 2^-25 e^a is negligible; (h / 2) h with h = e^(a/2) overflows only with sinh
-        let h = exp(0.5 * a);
-        r = (0.5 * h) * h;
+        // e^-a < 2^-25 e^a is negligible, and e^a / 2 = e^(a - ln 2) overflows only with sinh
+        // (not (h / 2) h with h = e^(a/2): NVIDIA's compiler made that 0.5 (h h), inf from 88.7)
+        r = exp(a - 0.6931472);
     }
     return fusec_copysign(r, x);
+}""",
+    "fusec_tan": """
+fn fusec_tan(x: f32) -> f32 {
+    // NVIDIA's tan (sin / cos at the hardware's absolute accuracy) lost all relative accuracy
+    // for tiny x on the H100; below 1/16 the odd series to x^7 (the rest < 1e-11 relative)
+    let x2 = x * x;
+    if (abs(x) < 0.0625) {
+        return x + x * x2 * (0.33333334 + x2 * (0.13333334 + x2 * 0.053968254));
+    }
+    return tan(x);
 }""",
     "fusec_cosh": """
 fn fusec_cosh(x: f32) -> f32 {
@@ -235,8 +245,7 @@ fn fusec_cosh(x: f32) -> f32 {
         let e = exp(a);
         return 0.5 * (e + 1.0 / e);
     }
-    let h = exp(0.5 * a);
-    return (0.5 * h) * h;
+    return exp(a - 0.6931472);
 }""",
     # --- inverse trigonometric and hyperbolic functions: lavapipe's asin/acos were off by 4e-4
     # relative, atan/atan2 by 2e-5, atan(NaN) gave 0 and atan2 of signed zeros the wrong
@@ -390,21 +399,35 @@ fn fusec_floordiv(x: f32, y: f32) -> f32 {{
     if (q == 0.0) {{ return bitcast<f32>(sign); }}  // a zero with the sign of x / y, as numpy
     return q;
 }}""",
+    # Signed integer division and remainder on magnitudes, in u32: WGSL's i32 % came out wrong on
+    # NVIDIA's Vulkan driver (H100: fmod(-100, 7) gave 2147483548, the bits of -100 % 7 with the
+    # sign bit moved), as its i32 min/max did (see _minmax). u32 / and % were right.
+    "fusec_fmod_i32": """
+fn fusec_fmod_i32(x: i32, y: i32) -> i32 {
+    // C's fmod: the remainder takes x's sign; x % 0 is 0 (numpy); INT_MIN % -1 is 0
+    if (y == 0i) { return 0i; }
+    let ax = select(bitcast<u32>(x), 0u - bitcast<u32>(x), x < 0i);
+    let ay = select(bitcast<u32>(y), 0u - bitcast<u32>(y), y < 0i);
+    let r = ax % ay;
+    return select(bitcast<i32>(r), bitcast<i32>(0u - r), x < 0i);
+}""",
     "fusec_floordiv_i32": """
 fn fusec_floordiv_i32(x: i32, y: i32) -> i32 {
-    // numpy: x // 0 is 0; INT_MIN // -1 wraps to INT_MIN, as WGSL's / gives
+    // numpy: x // 0 is 0; INT_MIN // -1 wraps to INT_MIN
     if (y == 0i) { return 0i; }
-    let q = x / y;
-    return select(q, q - 1i, x - q * y != 0i && ((x < 0i) != (y < 0i)));
+    let ax = select(bitcast<u32>(x), 0u - bitcast<u32>(x), x < 0i);
+    let ay = select(bitcast<u32>(y), 0u - bitcast<u32>(y), y < 0i);
+    let q = ax / ay;
+    if ((x < 0i) == (y < 0i)) { return bitcast<i32>(q); }
+    // the signs differ: -q, one lower when the division was not exact (floor, not truncation)
+    return bitcast<i32>(0u - q - select(0u, 1u, q * ay != ax));
 }""",
     "fusec_rem_i32": """
 fn fusec_rem_i32(x: i32, y: i32) -> i32 {
-    // numpy: x % 0 is 0 (WGSL's % gives 0 for INT_MIN % -1); the result takes y's sign
-    if (y == 0i) { return 0i; }
-    let r = x % y;
+    // numpy: x % 0 is 0; the result takes y's sign
+    let r = fusec_fmod_i32(x, y);
     return select(r, r + y, r != 0i && ((r < 0i) != (y < 0i)));
-}""",
-}
+}""",}
 
 
 @dataclass(frozen=True)
@@ -625,7 +648,7 @@ ELEMENTWISE: dict[Op, Elementwise] = {
         Elementwise(Op.COSH, np.cosh, _call("fusec_cosh"), float_only=True, tol=_TRANSCENDENTAL),
         # WGSL's tan is sin / cos: the accuracy of sin and cos (lavapipe measured 1.8e-7 relative
         # on [-1.5, 1.5]); near pi/2 the division magnifies cos's absolute error
-        Elementwise(Op.TAN, np.tan, _call("tan"), float_only=True, tol=(1e-5, 2e-6)),
+        Elementwise(Op.TAN, np.tan, _call("fusec_tan"), float_only=True, tol=(1e-5, 2e-6)),
         # atan and atan2: the series and range reduction of fusec_atan01 (measured 1.8e-7 and
         # 2.1e-7 relative); asin/acos add a sqrt (2.5e-7, 2.8e-7), the inverse hyperbolic
         # functions go through log1p (asinh 2.0e-7, acosh 2.3e-7, atanh 2.2e-7). Held to 1e-6 (17
@@ -649,7 +672,7 @@ ELEMENTWISE: dict[Op, Elementwise] = {
             "fusec_rem({0}, {1})", "fusec_rem_i32({0}, {1})", "({0} % max({1}, 1u))"),
             bool_ok=False, tol=(2**-24, 0.0)),
         Elementwise(Op.FMOD, np.fmod, _by_dtype(
-            "fusec_fmod({0}, {1})", "({0} % select({1}, 1i, {1} == 0i))", "({0} % max({1}, 1u))"),
+            "fusec_fmod({0}, {1})", "fusec_fmod_i32({0}, {1})", "({0} % max({1}, 1u))"),
             bool_ok=False, tol=(0.0, 0.0)),
         Elementwise(Op.FLOORDIV, np.floor_divide, _by_dtype(
             "fusec_floordiv({0}, {1})", "fusec_floordiv_i32({0}, {1})",
