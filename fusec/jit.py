@@ -531,7 +531,8 @@ class JitFunction:
             _COMPILED_CODE.add(self._code_id)
         config.log_compile(f"traced {self.name} for {', '.join(map(str, avals)) or 'no arrays'} "
                            f"in {1e3 * (time.perf_counter() - t0):.1f} ms")
-        config.debug(3, f"traced IR of {self.name}:\n{prog}")
+        if config.debug_level() >= 3:  # (printing a long program takes a while)
+            config.debug(3, f"traced IR of {self.name}:\n{prog}")
         return Traced(self.name, prog, td, avals, tuple(p for p, _ in leaves), out_tree,
                       b.const_values, self._options([p for p, _ in leaves]), self._binder, key)
 

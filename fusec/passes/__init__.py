@@ -57,7 +57,8 @@ def run_pipeline(prog: Program, opts: Options, check: bool | None = None) -> Pro
         prog = fn(prog, opts)
         if check:
             verify(prog, name)
-        config.debug(5, f"IR after {name}:\n{prog}")
+        if config.debug_level() >= 5:  # (printing a long program costs as much as a pass)
+            config.debug(5, f"IR after {name}:\n{prog}")
     return prog
 
 
