@@ -275,7 +275,13 @@ def test_repeated_calls_start_afresh(rng: np.random.Generator, mode: str) -> Non
     u1, u2 = values(rng, (200,), "int32", mode), values(rng, (200,), "int32", mode)
     with_u1 = np.asarray(f(x, i, u1))
     check(with_u1, x, [i], u1, mode)
-    np.testing.assert_array_equal(np.asarray(f(x, i, u1)), with_u1)
+    again = np.asarray(f(x, i, u1))
+    if mode == "set":
+        # which of several updates of one element wins may change from call to call (as in
+        # JAX): the second call holds one of the candidates too (an H100 picked others)
+        check(again, x, [i], u1, mode)
+    else:
+        np.testing.assert_array_equal(again, with_u1)
     check(f(x, i, u2), x, [i], u2, mode)
 
 
