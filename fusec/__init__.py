@@ -18,6 +18,7 @@ from .errors import (
     DeviceLimitError,
     DTypeError,
     FusecError,
+    IndexingError,
     ShapeError,
     SignatureError,
     StaticArgumentError,
@@ -31,7 +32,7 @@ from .warmup import warmup_from
 
 __all__ = [
     "Array", "CacheInfo", "Compiled", "DTypeError", "DeviceInfo", "DeviceLimitError", "FusecError",
-    "JitFunction", "Lowered", "ShapeDtype", "ShapeError", "SignatureError", "StaticArgumentError",
+    "IndexingError", "JitFunction", "Lowered", "ShapeDtype", "ShapeError", "SignatureError", "StaticArgumentError",
     "TraceError", "Traced", "TracerBoolConversionError", "cache_info", "clear_cache", "config",
     "default_device", "device_put", "gpu_jit", "lax", "nn", "numpy", "warmup_from",
 ]

@@ -34,3 +34,7 @@ class DeviceLimitError(FusecError, ValueError):
 
 class SignatureError(FusecError, TypeError):
     """A compiled function was called with arguments of another signature."""
+
+
+class IndexingError(FusecError, IndexError):
+    """An index does not fit the array: a static integer out of bounds, or too many indices."""

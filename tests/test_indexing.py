@@ -25,8 +25,7 @@ from hypothesis import strategies as st
 import fusec
 import fusec.numpy as fnp
 from fusec import lax, nn
-from fusec.errors import DTypeError, ShapeError, TraceError
-from fusec.numpy.indexing import IndexingError
+from fusec.errors import DTypeError, IndexingError, ShapeError, TraceError
 
 
 def distinct(shape: tuple[int, ...], rng: np.random.Generator,

@@ -33,7 +33,7 @@ from typing import Any, Optional, Union
 import numpy as np
 
 from .. import dtypes
-from ..errors import DTypeError, FusecError, ShapeError, TraceError
+from ..errors import DTypeError, IndexingError, ShapeError, TraceError
 from ..ir import Lit, Op
 from ..ops import broadcast_shapes
 from ..trace import Builder, Tracer, current_builder, is_device_array, run_eager
@@ -49,10 +49,6 @@ from ._base import (
 from .scatter import scatter
 
 __all__ = ["take", "take_along_axis", "diagonal"]
-
-
-class IndexingError(FusecError, IndexError):
-    """An index does not fit the array: a static integer out of bounds, or too many indices."""
 
 
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
