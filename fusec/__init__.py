@@ -32,7 +32,8 @@ from .warmup import warmup_from
 
 __all__ = [
     "Array", "CacheInfo", "Compiled", "DTypeError", "DeviceInfo", "DeviceLimitError", "FusecError",
-    "IndexingError", "JitFunction", "Lowered", "ShapeDtype", "ShapeError", "SignatureError", "StaticArgumentError",
-    "TraceError", "Traced", "TracerBoolConversionError", "cache_info", "clear_cache", "config",
-    "default_device", "device_put", "gpu_jit", "lax", "nn", "numpy", "warmup_from",
+    "IndexingError", "JitFunction", "Lowered", "ShapeDtype", "ShapeError", "SignatureError",
+    "StaticArgumentError", "TraceError", "Traced", "TracerBoolConversionError", "cache_info",
+    "clear_cache", "config", "default_device", "device_put", "gpu_jit", "lax", "nn", "numpy",
+    "warmup_from",
 ]
