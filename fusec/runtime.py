@@ -475,9 +475,7 @@ class Array:
             raise TypeError("len() of a 0-d array")
         return self._shape[0]
 
-    def __getitem__(self, idx: Any) -> Any:
-        # Host-side indexing: reads the array back. Index on the device by slicing before the jit.
-        return self._host_value()[idx]
+    # __getitem__ (indexing on the device) is attached by fusec.numpy, with the operators
 
     def __iter__(self) -> Any:
         return iter(self._host_value())
