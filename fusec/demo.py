@@ -45,7 +45,24 @@ def mean_square(x: Any, axis: int = 0) -> Any:
     return fnp.mean(x * x, axis=axis)
 
 
+@fusec.gpu_jit
+def embed_scatter_sort(table: Any, ids: Any, pos: Any) -> Any:
+    """The array language: a gather fused with a slice and relu (one kernel), a scatter-add of
+    the rows back into the table, and a sort of each row."""
+    h = nn.relu(fnp.take(table, ids, axis=0) + pos[: ids.shape[0]])
+    counts = fnp.zeros(table.shape[0], "float32").at[ids].add(1.0)
+    return fnp.sort(h, axis=-1)[:, ::-1] + counts[ids][:, None]
+
+
 # --- numpy references (float64) -------------------------------------------------------------------
+
+
+def _embed_ref(table: np.ndarray, ids: np.ndarray, pos: np.ndarray) -> np.ndarray:
+    ids = ids.astype(np.int64)  # (main hands references float64 copies of every argument)
+    h = np.maximum(table.astype(np.float64)[ids] + pos[: len(ids)], 0.0)
+    counts = np.zeros(table.shape[0])
+    np.add.at(counts, ids, 1.0)
+    return np.sort(h, axis=-1)[:, ::-1] + counts[ids][:, None]
 
 
 def _gelu_ref(v: np.ndarray) -> np.ndarray:
@@ -90,6 +107,9 @@ def _cases(rng: np.random.Generator) -> list[Case]:
              lambda x, w, b: _gelu_ref(x.astype(np.float64) @ w + b), 1e-4),
         Case("reduction          fnp.mean(x * x, axis=0)", mean_square, (r,), {"axis": 0},
              lambda x, axis: np.mean(x.astype(np.float64) ** 2, axis=axis), 1e-5),
+        Case("indexing           take + slice, .at[ids].add, sort, x[:, ::-1]",
+             embed_scatter_sort, (rand(50, 16), rng.integers(0, 50, 21).astype(np.int32),
+                                  rand(32, 16)), {}, _embed_ref, 1e-6),
     ]
 
 
