@@ -12,7 +12,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from . import config, lax, nn, numpy  # noqa: E402
+from . import config, lax, nn, numpy, random  # noqa: E402
 from .cache import CacheInfo, cache_info, clear_cache
 from .errors import (
     DeviceLimitError,
@@ -34,6 +34,6 @@ __all__ = [
     "Array", "CacheInfo", "Compiled", "DTypeError", "DeviceInfo", "DeviceLimitError", "FusecError",
     "IndexingError", "JitFunction", "Lowered", "ShapeDtype", "ShapeError", "SignatureError",
     "StaticArgumentError", "TraceError", "Traced", "TracerBoolConversionError", "cache_info",
-    "clear_cache", "config", "default_device", "device_put", "gpu_jit", "lax", "nn", "numpy",
+    "clear_cache", "config", "default_device", "device_put", "gpu_jit", "lax", "nn", "numpy", "random",
     "warmup_from",
 ]
