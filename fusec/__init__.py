@@ -34,6 +34,7 @@ __all__ = [
     "Array", "CacheInfo", "Compiled", "DTypeError", "DeviceInfo", "DeviceLimitError", "FusecError",
     "IndexingError", "JitFunction", "Lowered", "ShapeDtype", "ShapeError", "SignatureError",
     "StaticArgumentError", "TraceError", "Traced", "TracerBoolConversionError", "cache_info",
-    "clear_cache", "config", "default_device", "device_put", "gpu_jit", "lax", "nn", "numpy", "random",
+    "clear_cache", "config", "default_device", "device_put", "gpu_jit", "lax", "nn", "numpy",
+    "random",
     "warmup_from",
 ]

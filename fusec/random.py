@@ -15,7 +15,8 @@ How counters map to outputs (fusec's own scheme, documented here; it is not prom
 - ``bits(key, shape)``: element ``i`` of the flattened (C-order) result is ``y0 ^ y1`` where
   ``(y0, y1) = threefry2x32(key, (0, i))``.
 - ``split(key, num)``: new key ``j`` is ``threefry2x32(key, (0, j))``.
-- ``fold_in(key, data)``: ``threefry2x32(key, (0, data))``.
+- ``fold_in(key, data)``: ``threefry2x32(key, (0, data))``, so ``fold_in(key, j)`` equals
+  ``split(key, n)[j]``.
 - ``key(seed)``: ``(0, seed mod 2**32)``.
 
 As with JAX, a key should be used either to draw numbers or to derive keys, not both: ``bits``,
