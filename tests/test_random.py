@@ -246,3 +246,26 @@ def test_errors() -> None:
         fr.key(1.5)
     with pytest.raises(fusec.ShapeError, match="replacement"):
         fr.choice(k, 3, (5,), replace=False)
+
+
+def test_numpy_backend_gives_the_same_bits() -> None:
+    """FUSEC_BACKEND=cpu (the numpy interpreter, in a fresh process) draws the very same words
+    and uniforms as the wgpu adapter here."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import json, numpy as np, fusec.random as fr; k = fr.fold_in(fr.key(9), 4); "
+            "print(json.dumps([np.asarray(fr.bits(k, (5, 7))).tolist(), "
+            "np.asarray(fr.uniform(k, (11,), minval=-1.0, maxval=2.0)).tolist()]))")
+    env = {**os.environ, "FUSEC_BACKEND": "cpu"}
+    root = Path(__file__).resolve().parent.parent
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=root, check=True,
+                         capture_output=True, text=True, timeout=120).stdout
+    cpu_bits, cpu_uniform = json.loads(out.strip().splitlines()[-1])
+    k = fr.fold_in(fr.key(9), 4)
+    np.testing.assert_array_equal(np.asarray(fr.bits(k, (5, 7))), np.array(cpu_bits, np.uint32))
+    np.testing.assert_array_equal(np.asarray(fr.uniform(k, (11,), minval=-1.0, maxval=2.0)),
+                                  np.array(cpu_uniform, np.float32))
