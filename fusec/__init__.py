@@ -12,7 +12,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from . import config, lax, nn, numpy, tree_util  # noqa: E402
+from . import config, lax, nn, numpy, random, tree_util  # noqa: E402
 from .cache import CacheInfo, cache_info, clear_cache
 from .errors import (
     DeviceLimitError,
@@ -35,5 +35,5 @@ __all__ = [
     "IndexingError", "JitFunction", "Lowered", "ShapeDtype", "ShapeError", "SignatureError",
     "StaticArgumentError", "TraceError", "Traced", "TracerBoolConversionError", "cache_info",
     "clear_cache", "config", "default_device", "device_put", "gpu_jit", "lax", "nn", "numpy",
-    "tree_util", "warmup_from",
+    "random", "tree_util", "warmup_from",
 ]
