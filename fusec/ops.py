@@ -83,6 +83,16 @@ fn fusec_isinf(x: f32) -> bool {
 fn fusec_isfinite(x: f32) -> bool {
     return (bitcast<u32>(x) & 0x7fffffffu) < 0x7f800000u;
 }""",
+    # numpy's maximum/minimum (and max/min reductions, scans, scatters): a NaN operand is the
+    # result; WGSL's max and min are IEEE maxNum/minNum and drop it
+    "fusec_max_f32": """
+fn fusec_max_f32(a: f32, b: f32) -> f32 {
+    return select(select(max(a, b), b, fusec_isnan(b)), a, fusec_isnan(a));
+}""",
+    "fusec_min_f32": """
+fn fusec_min_f32(a: f32, b: f32) -> f32 {
+    return select(select(min(a, b), b, fusec_isnan(b)), a, fusec_isnan(a));
+}""",
     "fusec_copysign": """
 fn fusec_copysign(x: f32, y: f32) -> f32 {
     return bitcast<f32>((bitcast<u32>(x) & 0x7fffffffu) | (bitcast<u32>(y) & 0x80000000u));
@@ -485,16 +495,15 @@ def _call(name: str, bool_sym: str | None = None) -> Callable[[Sequence[str], st
 def _minmax(cmp: str, name: str, bool_sym: str) -> Callable[[Sequence[str], str], str]:
     """Integer min and max as selects: NVIDIA's Vulkan compiler (driver 580, H200) computed x for
     the int32 min(min(x, -abs(x)), abs(x)) in some processes; the select form was right. Floats
-    use the builtin, but WGSL's max/min return the number when one operand is NaN (IEEE maxNum);
-    numpy and JAX return NaN, so a NaN operand (found by its bits) is selected instead."""
+    go through fusec_max_f32/fusec_min_f32, which return a NaN operand as numpy and JAX do (WGSL's
+    max/min return the number: IEEE maxNum)."""
     builtin = _call(name, bool_sym)
 
     def f(a: Sequence[str], dt: str) -> str:
         if dt in ("int32", "uint32"):
             return f"select({a[1]}, {a[0]}, {a[0]} {cmp} {a[1]})"
         if dt == "float32":
-            return (f"select(select({builtin(a, dt)}, {a[1]}, fusec_isnan({a[1]})), {a[0]}, "
-                    f"fusec_isnan({a[0]}))")
+            return f"fusec_{name}_f32({a[0]}, {a[1]})"
         return builtin(a, dt)
 
     return f
@@ -780,37 +789,11 @@ def _min_identity(dt: str) -> Any:
     return {"float32": math.inf, "int32": 2**31 - 1, "uint32": 2**32 - 1, "bool": True}[dt]
 
 
-# WGSL's max and min are IEEE maxNum/minNum: a NaN operand is dropped, where numpy's max and min
-# return NaN. The float32 combines of reduce_max and reduce_min are these helpers, so every
-# strategy that combines through the table (row kernels, a thread per output, partial stages and
-# their trees) propagates NaN. NaN is tested on the bits: a compiler may assume that ``x != x``
-# is false. A NaN operand is returned as it is (numpy keeps the first NaN's bits; which NaN comes
-# out here depends on the order of the combines).
-HELPERS["fusec_max_f32"] = """
-fn fusec_max_f32(a: f32, b: f32) -> f32 {
-    // numpy's max: NaN wins (WGSL's max drops it)
-    let na = (bitcast<u32>(a) & 0x7fffffffu) > 0x7f800000u;
-    let nb = (bitcast<u32>(b) & 0x7fffffffu) > 0x7f800000u;
-    return select(select(max(a, b), b, nb), a, na);
-}"""
-HELPERS["fusec_min_f32"] = """
-fn fusec_min_f32(a: f32, b: f32) -> f32 {
-    // numpy's min: NaN wins (WGSL's min drops it)
-    let na = (bitcast<u32>(a) & 0x7fffffffu) > 0x7f800000u;
-    let nb = (bitcast<u32>(b) & 0x7fffffffu) > 0x7f800000u;
-    return select(select(min(a, b), b, nb), a, na);
-}"""
-
-
-def _isnan_wgsl(a: Sequence[str], dt: str) -> str:
-    return f"((bitcast<u32>({a[0]}) & 0x7fffffffu) > 0x7f800000u)" if dt == "float32" else "false"
-
-
-# argmax and argmin (fusec.numpy.reductions) find NaN with isnan. Its row belongs to the
-# elementwise table; it is set here only where that table has none yet, with the same bit test.
-ELEMENTWISE.setdefault(Op.ISNAN, Elementwise(Op.ISNAN, np.isnan, _isnan_wgsl, tol=(0.0, 0.0)))
-
-
+# The float32 combines of reduce_max and reduce_min are the helpers fusec_max_f32 and
+# fusec_min_f32 (see HELPERS), so every strategy that combines through the table (row kernels, a
+# thread per output, partial stages and their trees) propagates NaN as numpy does. A NaN operand is
+# returned as it is (numpy keeps the first NaN's bits; which NaN comes out here depends on the
+# order of the combines).
 def _minmax_combine(name: str) -> Callable[[str, str, str], str]:
     def f(a: str, b: str, dt: str) -> str:
         return f"fusec_{name}_f32({a}, {b})" if dt == "float32" else f"{name}({a}, {b})"

@@ -477,10 +477,10 @@ def test_kernel_code() -> None:
     x = np.zeros((100,), np.float32)
     i = np.zeros(70000, np.int32)
     for mode, expect in [("add", "atomicCompareExchangeWeak"), ("set", "atomicStore"),
-                         ("min", "fusec_scatter_min(")]:
+                         ("min", "fusec_min_f32(")]:
         wgsl = _scatter_wgsl(lambda x, i: scatter(x, (i,), 1.5, mode), "cpu", x, i)
         assert expect in wgsl
-        assert ("fn fusec_scatter_min" in wgsl) == (mode == "min")
+        assert ("fn fusec_min_f32" in wgsl) == (mode == "min")
         if mode != "set":
             assert f"t < {codegen.LOOP_BUDGET}u" in wgsl
     xi = np.zeros((100,), np.int32)
@@ -542,3 +542,19 @@ def test_hypothesis_random_scatters(case: tuple[str, str, np.ndarray, list[np.nd
     mode, _, x, idx, u = case
     got = fusec.gpu_jit(lambda x, idx, u: scatter(x, idx, u, mode))(x, tuple(idx), u)
     check(got, x, idx, u, mode)
+
+
+@pytest.mark.parametrize("mode", ["add", "max"])
+def test_updates_computed_with_helper_functions_in_the_scatter_kernel(
+        rng: np.random.Generator, mode: str) -> None:
+    """Updates the scatter kernel computes itself (a tanh: WGSL's helper fusec_tanh) bring the
+    helper functions they call into the kernel; the scatter kernel once compiled without them."""
+    import fusec.numpy as fnp
+
+    x = rng.standard_normal(9).astype(np.float32)
+    i = rng.integers(-9, 9, 40).astype(np.int32)
+    v = rng.standard_normal(40).astype(np.float32)
+    f = fusec.gpu_jit(lambda x, i, v: scatter(x, (i,), fnp.tanh(v), mode))
+    assert "fn fusec_tanh" in f.lower(x, i, v).as_text("wgsl")
+    # the updates as fusec's own tanh computes them (this test is about the scatter)
+    check(f(x, i, v), x, [i], np.asarray(fnp.tanh(v)), mode)

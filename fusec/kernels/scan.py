@@ -35,6 +35,7 @@ from ..emit import (
     KernelCode,
     _bindings,
     _env,
+    _helpers,
     grid_for,
 )
 from ..ir import Eqn, Op, Program, Shape, Var
@@ -141,26 +142,6 @@ def plan(shape: Shape, axis: int, target: str = "gpu") -> Plan:
 
 # --- code generation ------------------------------------------------------------------------------
 
-_HELPERS = {
-    "scan_max": """
-fn scan_isnan(x: f32) -> bool {
-    // from the bits: a compiler may assume x != x is false
-    return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;
-}
-
-fn scan_max(a: f32, b: f32) -> f32 {
-    // NaN wins, as numpy's maximum (WGSL's max returns the other operand)
-    return select(max(a, b), a + b, scan_isnan(a) || scan_isnan(b));
-}
-""",
-    "scan_min": """
-fn scan_min(a: f32, b: f32) -> f32 {
-    return select(min(a, b), a + b, scan_isnan(a) || scan_isnan(b));
-}
-""",
-}
-
-
 def _combiner(reduce: str, dtype: str) -> Any:
     """WGSL of ``a reduce b`` in the kernel's compute type (bool as u32 words 0 and 1)."""
     def combine(a: str, b: str) -> str:
@@ -169,17 +150,11 @@ def _combiner(reduce: str, dtype: str) -> Any:
         if reduce == "prod":
             return f"({a} * {b})"
         if dtype == "float32":
-            return f"scan_{reduce}({a}, {b})"
+            return f"fusec_{reduce}_f32({a}, {b})"  # NaN wins, as numpy's (see ops.HELPERS)
         # integer max and min as selects (see ops._minmax)
         return f"select({b}, {a}, {a} {'>' if reduce == 'max' else '<'} {b})"
 
     return combine
-
-
-def _helpers(reduce: str, dtype: str) -> str:
-    if dtype != "float32" or reduce not in ("max", "min"):
-        return ""
-    return _HELPERS["scan_max"] + (_HELPERS["scan_min"] if reduce == "min" else "")
 
 
 @dataclass
@@ -235,7 +210,7 @@ def generate(kernel: Eqn, target: str = "gpu", workgroup_storage: int = 16384) -
     else:
         wgsl, groups = _serial_kernel(body, names, geo, target)
     header = _env().get_template("bindings.wgsl.j2").render(bindings=binds)
-    full = header + _helpers(e.params["reduce"], e.out.dtype) + wgsl
+    full = header + _helpers(wgsl) + wgsl
     key = hashlib.sha256(full.encode()).hexdigest()
     return KernelCode(kernel.params["name"], "scan", full, grid_for(groups), len(body.inputs),
                       len(body.outputs), key=key)

@@ -42,6 +42,7 @@ from ..emit import (
     KernelCode,
     _bindings,
     _env,
+    _helpers,
     grid_for,
     strides,
 )
@@ -72,7 +73,7 @@ def _combine(mode: str, dtype: str, old: str, u: str) -> str:
     if dtype == "float32":
         a = f"bitcast<f32>({old})"
         expr = {"add": f"({a} + {u})", "multiply": f"({a} * {u})",
-                "min": f"fusec_scatter_min({a}, {u})", "max": f"fusec_scatter_max({a}, {u})"}[mode]
+                "min": f"fusec_min_f32({a}, {u})", "max": f"fusec_max_f32({a}, {u})"}[mode]
         return f"bitcast<u32>({expr})"
     assert mode == "multiply", f"{mode} of {dtype} needs no compare-exchange loop"
     return f"({old} * {u})"  # wraps modulo 2^32, as numpy's int32/uint32 products
@@ -136,11 +137,11 @@ def generate(kernel: Eqn, target: str = "gpu", workgroup_storage: int = 16384) -
         update = _update(mode, dtype, u)
     bound = n + CAS_SLACK if target == "gpu" else min(n + CAS_SLACK, LOOP_BUDGET)
     bound = min(bound, 2**32 - 1)
+    body_code = "\n".join(em.lines)
     wgsl = _env().get_template("scatter.wgsl.j2").render(
-        bindings=binds, nan_helpers=dtype == "float32" and mode in ("min", "max"),
+        bindings=binds, helpers=_helpers(body_code + cas + update),
         mode=f"{WGSL_TYPE[dtype]} {mode}", n=n, size=out.size, wg=WORKGROUP,
-        body="\n".join(em.lines), inside=" && ".join(inside), at=at, cas=cas, update=update,
-        bound=bound)
+        body=body_code, inside=" && ".join(inside), at=at, cas=cas, update=update, bound=bound)
     key = hashlib.sha256(wgsl.encode()).hexdigest()
     return KernelCode(kernel.params["name"], "scatter", wgsl, grid_for(-(-n // WORKGROUP)),
                       len(body.inputs) - len(inplace), len(body.outputs), key=key)
