@@ -860,6 +860,9 @@ TYPE_RULES: dict[Op, Callable[[Sequence[tuple[Shape, str]], dict[str, Any]],
                               tuple[Shape, str]]] = {}
 NUMPY_RULES: dict[Op, Callable[[Sequence[np.ndarray], dict[str, Any], tuple[Shape, str]],
                                np.ndarray]] = {}
+# ops of several results (loops): (input types, params) -> one (shape, dtype) per result
+MULTI_TYPE_RULES: dict[Op, Callable[[Sequence[tuple[Shape, str]], dict[str, Any]],
+                                    list[tuple[Shape, str]]]] = {}
 
 
 # --- scan: cumulative sums, products, maxima and minima along an axis (fusec.passes.scan) ---------

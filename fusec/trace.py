@@ -16,7 +16,7 @@ import numpy as np
 from . import dtypes
 from .errors import TraceError, TracerBoolConversionError
 from .ir import Eqn, Lit, Op, Program, Var, type_str
-from .ops import infer_type
+from .ops import MULTI_TYPE_RULES, infer_type
 
 
 @dataclass(frozen=True)
@@ -59,6 +59,38 @@ class Builder:
         self._keep: list[Any] = []
         self.input_names: dict[int, str] = {}  # id(var) -> argument path, for error messages
         self.closed = False
+        # values of enclosing traces used here (a sub-trace: a loop body, a vmapped function):
+        # each becomes an extra input; the transform that made the sub-trace feeds the outer value
+        self.captured: list[Tracer] = []
+        self.capture_vars: list[Var] = []
+        self._captured_ids: dict[int, Tracer] = {}
+
+    def capture(self, outer: Tracer) -> Tracer:
+        """``outer``, a tracer of an enclosing open trace, as an input of this one."""
+        hit = self._captured_ids.get(id(outer))
+        if hit is not None:
+            return hit
+        v = Var(outer.shape, outer.var.dtype)
+        self.captured.append(outer)
+        self.capture_vars.append(v)
+        t = Tracer(v, self, outer.weak)
+        self._captured_ids[id(outer)] = t
+        return t
+
+    def adopt(self, x: Tracer) -> Tracer:
+        """``x`` as a value of this trace: itself, or captured from an enclosing trace."""
+        if x.builder is self:
+            return x
+        if not x.builder.closed and x.builder in _STACK and x.builder is not self:
+            return self.capture(x)
+        if x.builder.closed:
+            raise TraceError("a traced value from a finished trace was used; return values from "
+                             "jitted functions instead of keeping tracers")
+        raise TraceError(
+            f"a traced value from another trace was used while tracing {self.name}: "
+            "values computed inside a jitted function cannot escape it (return them "
+            "instead of storing them in globals)"
+        )
 
     def new_input(self, aval: Aval, name: str = "") -> Tracer:
         v = Var(aval.shape, aval.dtype)
@@ -94,13 +126,7 @@ class Builder:
         atoms: list[Union[Var, Lit]] = []
         for x in inputs:
             if isinstance(x, Tracer):
-                if x.builder is not self:
-                    raise TraceError(
-                        f"a traced value from another trace was used while tracing {self.name}: "
-                        "values computed inside a jitted function cannot escape it (return them "
-                        "instead of storing them in globals)"
-                    )
-                atoms.append(x.var)
+                atoms.append(self.adopt(x).var)
             else:
                 atoms.append(x)
         shape, dt = infer_type(op, [(a.shape, a.dtype) for a in atoms], params)
@@ -108,14 +134,99 @@ class Builder:
         self.eqns.append(Eqn(op, tuple(atoms), (out,), params))
         return Tracer(out, self, weak)
 
+    def bind_multi(self, op: Op, inputs: Sequence[Union[Tracer, Lit]], params: dict[str, Any],
+                   n_out: int) -> list[Tracer]:
+        """Bind an op of several results (a loop); single-result ops go through :meth:`bind`."""
+        if n_out == 1 and op not in MULTI_TYPE_RULES:
+            return [self.bind(op, inputs, params)]
+        atoms = [self.adopt(x).var if isinstance(x, Tracer) else x for x in inputs]
+        types = MULTI_TYPE_RULES[op]([(a.shape, a.dtype) for a in atoms], dict(params))
+        outs = tuple(Var(s, d) for s, d in types)
+        self.eqns.append(Eqn(op, tuple(atoms), outs, dict(params)))
+        return [Tracer(v, self, False) for v in outs]
+
     def program(self, outputs: Sequence[Union[Tracer, Lit]]) -> Program:
         outs: list[Union[Var, Lit]] = []
         for o in outputs:
             outs.append(o.var if isinstance(o, Tracer) else o)
-        return Program(self.inputs + self.const_vars, self.eqns, outs)
+        return Program(self.inputs + self.const_vars + self.capture_vars, self.eqns, outs)
 
 
 _STACK: list[Builder] = []
+
+
+@dataclass
+class Closed:
+    """A function traced on its own, inside or outside another trace (a loop body, a vmapped or
+    differentiated function): its program and what its extra inputs are.
+
+    ``program.inputs`` are the arguments' leaves (``n_args`` of them), then the captured
+    constants (``const_values``), then the values of enclosing traces it used (``captured``).
+    """
+
+    program: Program
+    n_args: int
+    const_values: list[Any]
+    captured: list[Tracer]
+    out_tree: Any  # a fusec.tree TreeDef
+    out_weak: tuple[bool, ...]
+
+    @property
+    def out_avals(self) -> list[Aval]:
+        return [Aval(o.shape, o.dtype, w) for o, w in zip(self.program.outputs, self.out_weak)]
+
+
+def trace_function(fun: Callable[..., Any], in_tree: Any, in_avals: Sequence[Aval],
+                   name: str) -> Closed:
+    """Trace ``fun`` for arguments of structure ``in_tree`` whose leaves have ``in_avals``."""
+    from .tree import flatten_with_paths, unflatten
+
+    b = Builder(name)
+    tracers = [b.new_input(a) for a in in_avals]
+    with tracing(b):
+        args = unflatten(in_tree, tracers)
+        out = fun(*args)
+        leaves, out_tree = flatten_with_paths(out, "output")
+        atoms: list[Union[Tracer, Lit]] = []
+        weak: list[bool] = []
+        for path, o in leaves:
+            if isinstance(o, Tracer):
+                t = b.adopt(o)
+                atoms.append(t)
+                weak.append(t.weak)
+            elif isinstance(o, (bool, int, float)) and not isinstance(o, np.generic):
+                atoms.append(Lit(o, dtypes.weak_dtype(o)))
+                weak.append(True)
+            elif isinstance(o, (np.ndarray, np.generic)) or is_device_array(o):
+                atoms.append(b.const(o if is_device_array(o) else np.asarray(o)))
+                weak.append(False)
+            else:
+                raise TraceError(f"{name} returned a {type(o).__name__} at {path}; it must return "
+                                 "arrays, scalars, or tuples/lists/dicts of them")
+    return Closed(b.program(atoms), len(in_avals), list(b.const_values), list(b.captured),
+                  out_tree, tuple(weak))
+
+
+def inline(closed: Closed, args: Sequence[Union[Tracer, Lit]]) -> list[Union[Tracer, Lit]]:
+    """Emit ``closed``'s equations into the current trace, with ``args`` for its arguments."""
+    b = current_builder()
+    if b is None:
+        raise TraceError("inline needs an open trace")
+    prog = closed.program
+    feed: list[Union[Tracer, Lit]] = list(args)
+    feed += [b.const(v) for v in closed.const_values]
+    feed += [b.adopt(t) for t in closed.captured]
+    env: dict[int, Union[Tracer, Lit]] = {id(v): a for v, a in zip(prog.inputs, feed)}
+
+    def read(a: Any) -> Union[Tracer, Lit]:
+        return a if isinstance(a, Lit) else env[id(a)]
+
+    for e in prog.eqns:
+        outs = b.bind_multi(e.op, [read(a) for a in e.inputs], e.params, len(e.outs))
+        for v, t in zip(e.outs, outs):
+            env[id(v)] = t
+    return [read(o) for o in prog.outputs]
+
 
 
 def current_builder() -> Builder | None:

@@ -45,8 +45,7 @@ def _lift(x: Any) -> Operand:
     if isinstance(x, Tracer):
         b = current_builder()
         if b is not None and x.builder is not b:
-            raise TraceError("a traced value from a finished trace was used; return values from "
-                             "jitted functions instead of keeping tracers")
+            return b.adopt(x)  # from an enclosing trace: captured; from a finished one: an error
         return x
     if _is_scalar(x):
         if isinstance(x, np.generic):
