@@ -38,3 +38,8 @@ class SignatureError(FusecError, TypeError):
 
 class IndexingError(FusecError, IndexError):
     """An index does not fit the array: a static integer out of bounds, or too many indices."""
+
+
+class CarryError(TraceError):
+    """A loop body changed its carry's structure, shape or dtype, or the branches of a
+    ``cond``/``switch`` disagree (fusec.lax control flow)."""

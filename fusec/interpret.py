@@ -32,7 +32,28 @@ def lit_value(lit: Lit) -> np.ndarray:
 def eval_eqn(e: Eqn, args: Sequence[np.ndarray]) -> list[np.ndarray]:
     if e.op is Op.KERNEL:
         return evaluate(e.params["body"], args)
+    if e.op is Op.LOOP:
+        return eval_loop(e, args)
     return [_eval_primitive(e, args)]
+
+
+def eval_loop(e: Eqn, args: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """A loop: its body applied ``trips`` times to the carries, or, for a while loop (trips
+    None), until the flag carry is false (the body itself leaves the carries unchanged from
+    then on, so stopping at once gives what the GPU's extra iterations give)."""
+    p = e.params
+    n = int(p["carries"])
+    body: Program = p["body"]
+    carries = list(args[:n])
+    invariants = list(args[n:])
+    if p["trips"] is None:
+        flag = int(p["flag"])
+        while bool(carries[flag]):
+            carries = evaluate(body, carries + invariants)
+    else:
+        for _ in range(int(p["trips"])):
+            carries = evaluate(body, carries + invariants)
+    return carries
 
 
 def _eval_primitive(e: Eqn, args: Sequence[np.ndarray]) -> np.ndarray:

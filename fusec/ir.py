@@ -178,6 +178,13 @@ class Op(Enum):
     SEARCHSORTED = "searchsorted"
     # a fused kernel
     KERNEL = "kernel"  # params: body (Program), name, kind
+    # a compiled loop (section owned by fusec.control_flow / fusec.passes.loops): inputs are the
+    # initial carries (params carries = n of them), then loop-invariant values; results are the
+    # final carries. params body (a Program: carries then invariants in, new carries out), trips
+    # (the static trip count; None for a while loop, which runs until its flag carry, params
+    # flag, is false; its body leaves the carries unchanged once the flag is false), inplace
+    # ((j, k) pairs: carry k is updated in place in input j's buffer, see passes/loops.py)
+    LOOP = "loop"
 
 
 UNARY = frozenset({Op.NEG, Op.ABS, Op.EXP, Op.LOG, Op.SQRT, Op.RSQRT, Op.TANH, Op.SIN, Op.COS,
@@ -294,6 +301,16 @@ class Program:
         yield from self.inputs
         for e in self.eqns:
             yield from e.outs
+
+
+def kernel_eqns(prog: Program) -> Iterator[Eqn]:
+    """The ``kernel`` equations of a lowered program in the order codegen and the runtime agree
+    on: the program's own in order, a loop's body's where the loop stands (depth first)."""
+    for e in prog.eqns:
+        if e.op is Op.KERNEL:
+            yield e
+        elif e.op is Op.LOOP:
+            yield from kernel_eqns(e.params["body"])
 
 
 # --- printing -------------------------------------------------------------------------------------

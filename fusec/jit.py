@@ -33,7 +33,7 @@ from .errors import (
     TraceError,
 )
 from .interpret import evaluate
-from .ir import MOVEMENT, REDUCE, Lit, Op, Program, Var, from_json, to_json
+from .ir import MOVEMENT, REDUCE, Lit, Op, Program, Var, from_json, kernel_eqns, to_json
 from .passes import MemoryAnalysis, Options, analyse, run_pipeline, used_inputs
 from .record import record
 from .runtime import Array, CpuExecutable, GpuExecutable, get_runtime
@@ -380,8 +380,7 @@ def _lower(traced: Traced) -> Lowered:
     else:
         prog = run_pipeline(traced.program, traced.options)
         kernels = [codegen.generate(e, traced.options.target, traced.options.workgroup_storage)
-                   for e in prog.eqns
-                   if e.op is Op.KERNEL]
+                   for e in kernel_eqns(prog)]
         cache.STATS.lowerings += 1
         if key:
             diskcache.store(key, {"ir": to_json(prog),

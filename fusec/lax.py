@@ -6,6 +6,9 @@ scans of :mod:`fusec.numpy`). As in JAX, a start is clamped so that the window f
 inside the array (after a negative start has counted from the end, unless
 ``allow_negative_indices=False``); nothing is ever read or written out of bounds.
 
+Compiled control flow (``fori_loop``, ``while_loop``, ``scan``, ``cond``, ``switch``) lives
+in :mod:`fusec.control_flow` and is exported here.
+
 Like :mod:`fusec.numpy`, these functions trace inside ``gpu_jit`` and run eagerly on the device
 outside it. A dynamic slice is a gather and a dynamic update is an elementwise ``where``: both are
 computed inside the kernel that reads them, fused with the work around them.
@@ -20,6 +23,7 @@ from typing import Any, Union
 import numpy as np
 
 from . import dtypes
+from .control_flow import cond, fori_loop, scan, switch, while_loop
 from .errors import DTypeError, ShapeError
 from .ir import Lit, Op
 from .numpy._base import _compare, _elementwise, _norm_axis, _traceable, _tracer
@@ -37,6 +41,11 @@ __all__ = [
     "top_k",
     "cummax",
     "cummin",
+    "fori_loop",
+    "while_loop",
+    "scan",
+    "cond",
+    "switch",
 ]
 
 _INT32_MAX = 2**31 - 1

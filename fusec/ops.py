@@ -865,6 +865,23 @@ MULTI_TYPE_RULES: dict[Op, Callable[[Sequence[tuple[Shape, str]], dict[str, Any]
                                     list[tuple[Shape, str]]]] = {}
 
 
+def _loop_types(in_types: Sequence[tuple[Shape, str]], params: dict[str, Any]
+                ) -> list[tuple[Shape, str]]:
+    """A loop's results are its carries: the types of its first ``carries`` inputs, which its
+    body maps to themselves (fusec.control_flow checks that when it traces the body)."""
+    body = params["body"]
+    n = int(params["carries"])
+    if len(in_types) != len(body.inputs) or any(
+            (tuple(s), d) != (v.shape, v.dtype) for (s, d), v in zip(in_types, body.inputs)):
+        raise ShapeError("loop: the inputs do not match its body's")
+    if [(o.shape, o.dtype) for o in body.outputs] != [(tuple(s), d) for s, d in in_types[:n]]:
+        raise ShapeError("loop: its body's results do not match its carries")
+    return [(tuple(s), d) for s, d in in_types[:n]]
+
+
+MULTI_TYPE_RULES[Op.LOOP] = _loop_types
+
+
 # --- scan: cumulative sums, products, maxima and minima along an axis (fusec.passes.scan) ---------
 # ``cumulative`` is numpy's ufunc.accumulate along the axis. Its stages (``scan_reduce``, ``scan``)
 # add floats in another order than numpy does; their references here follow the order the GPU

@@ -11,7 +11,7 @@ import os
 import threading
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any, Optional, cast
@@ -22,7 +22,7 @@ from . import cache, config, dtypes
 from . import numpy as fnp
 from .errors import DeviceLimitError, FusecError
 from .interpret import evaluate
-from .ir import Lit, Op, Program, Var
+from .ir import Eqn, Lit, Op, Program, Var
 from .trace import register_array_type
 
 BIND_GROUP_CACHE = 8  # bind groups kept per kernel launch of an executable
@@ -604,6 +604,12 @@ def device_put(x: Any, dtype: Any = None) -> Array:
 
 # --- executables ----------------------------------------------------------------------------------
 
+# A while loop runs on the device in chunks of iterations, one submit and one read of its flag
+# per chunk; chunks double from 2 up to this many iterations (even sizes: the final carries end
+# in the same one of their two buffers whatever the number of chunks). See docs/architecture.md
+# for the measurements behind it.
+WHILE_CHUNK_MAX = 64
+
 
 @dataclass(eq=False)
 class _Launch:
@@ -617,6 +623,7 @@ class _Launch:
     bind_groups: dict[tuple[Any, ...], Any] = field(default_factory=dict)
     gather: Any = None  # slot handles -> the bound ones (reads, then writes) as a tuple (_plan)
     alloc: list[tuple[int, int, Any]] = field(default_factory=list)  # (slot, kind, arg)
+    cap: int = BIND_GROUP_CACHE  # bind groups kept (more inside a loop: three per call)
 
 
 @dataclass
@@ -626,10 +633,12 @@ class _Alias:
     shape: tuple[int, ...]
 
 
-class GpuExecutable:
-    """A lowered program bound to compiled pipelines: run() encodes, submits and returns."""
+class _Steps:
+    """A lowered program's steps (kernel launches, reshape aliases, loops) and the slot (one per
+    value) each reads and writes; buffers are bound to slots when the steps are walked."""
 
-    def __init__(self, rt: Runtime, prog: Program, kernels: Sequence[Any]) -> None:
+    def __init__(self, rt: Runtime, prog: Program, codes: Iterator[Any], in_loop: bool = False
+                 ) -> None:
         self.rt = rt
         self.prog = prog
         slot: dict[int, int] = {}
@@ -647,7 +656,10 @@ class GpuExecutable:
         self.pool_sizes: dict[int, int] = {}
         self.pool: dict[int, Any] = {}  # pooled intermediate buffers, persistent across calls
         self.zeroed: list[int] = []  # pooled buffers cleared to zeros at the start of each call
-        codes = iter(kernels)
+        self.root: dict[int, int] = {}  # slot -> the slot whose buffer it is (aliases, "=J")
+        self.has_loops = False
+        self.has_while = False
+        cap = 4 * BIND_GROUP_CACHE if in_loop else BIND_GROUP_CACHE
         for e in prog.eqns:
             if e.op is Op.KERNEL:
                 code = next(codes)
@@ -660,39 +672,54 @@ class GpuExecutable:
                 # "=J": the output is written into input J's buffer (resolved to its slot)
                 slots = tuple(f"={slot_of(cast(Var, e.inputs[int(sl[1:])]))}"
                               if sl.startswith("=") else sl for sl in slots)
-                self.steps.append(_Launch(pipe, layout, reads,
-                                          [slot_of(o) for o in e.outs], slots, code.grid))
-                for o, sl in zip(e.outs, slots):
-                    if sl.startswith(("p", "z")):
-                        b = int(sl[1:])
-                        self.pool_sizes[b] = max(self.pool_sizes.get(b, 0), o.nbytes)
-                    if sl.startswith("z"):
-                        self.zeroed.append(int(sl[1:]))
+                writes = [slot_of(o) for o in e.outs]
+                self.steps.append(_Launch(pipe, layout, reads, writes, slots, code.grid,
+                                          cap=cap))
+                self._note_slots(e.outs, writes, slots)
+            elif e.op is Op.LOOP:
+                loop = _LoopRun(rt, e, [slot_of(cast(Var, a)) for a in e.inputs], codes)
+                slots = tuple(e.params.get("slots", ("new",) * len(e.outs)))
+                slots = tuple(f"={slot_of(cast(Var, e.inputs[int(sl[1:])]))}"
+                              if sl.startswith("=") else sl for sl in slots)
+                loop.writes = [slot_of(o) for o in e.outs]
+                loop.slots = slots
+                self.steps.append(loop)
+                self._note_slots(e.outs, loop.writes, slots)
+                self.has_loops = True
+                self.has_while = self.has_while or loop.trips is None or loop.body.has_while
             else:
                 assert e.op is Op.RESHAPE and isinstance(e.inputs[0], Var)
-                self.steps.append(_Alias(slot_of(e.inputs[0]), slot_of(e.out), e.out.shape))
+                src, dst = slot_of(e.inputs[0]), slot_of(e.out)
+                self.steps.append(_Alias(src, dst, e.out.shape))
+                self.root[dst] = self.root.get(src, src)
         self.n_inputs = len(prog.inputs)
         self.out_slots: list[Optional[int]] = [slot_of(a) if isinstance(a, Var) else None
                                                for a in prog.outputs]
         self.n_slots = len(self.var_of)
-        self.destroyed = rt.destroyed
-        self._plan()
+        self._plan_steps()
 
-    def _drop_bind_groups(self) -> None:
-        for st in self.steps:
-            if isinstance(st, _Launch):
-                st.bind_groups.clear()
-        self.destroyed = self.rt.destroyed
+    def _note_slots(self, outs: Sequence[Var], writes: list[int], slots: tuple[str, ...]) -> None:
+        for o, w, sl in zip(outs, writes, slots):
+            if sl.startswith(("p", "z")):
+                b = int(sl[1:])
+                self.pool_sizes[b] = max(self.pool_sizes.get(b, 0), o.nbytes)
+            if sl.startswith("z"):
+                self.zeroed.append(int(sl[1:]))
+            if sl.startswith("="):
+                src = int(sl[1:])
+                self.root[w] = self.root.get(src, src)
 
-    def _plan(self) -> None:
-        """Per-call work decided once: where each write goes, what each output is."""
+    def _plan_steps(self) -> None:
+        """Per-call work decided once: where each write goes."""
         rt = self.rt
         for st in self.steps:
             if isinstance(st, _Alias):
                 continue
-            bound = tuple(st.reads + st.writes)
-            # fetches the bound buffers' handles as one tuple (the bind-group cache key)
-            st.gather = itemgetter(*bound) if len(bound) > 1 else (lambda r, s=bound[0]: (r[s],))
+            if isinstance(st, _Launch):
+                bound = tuple(st.reads + st.writes)
+                # fetches the bound buffers' handles as one tuple (the bind-group cache key)
+                st.gather = (itemgetter(*bound) if len(bound) > 1
+                             else (lambda r, s=bound[0]: (r[s],)))
             st.alloc = []
             for w, sl in zip(st.writes, st.slots):
                 if sl == "new":
@@ -703,6 +730,258 @@ class GpuExecutable:
                     st.alloc.append((w, 3, int(sl[1:])))  # the buffer of another slot
                 else:
                     st.alloc.append((w, 2, int(sl[2:])))  # a donated input's buffer
+
+    def preset(self, slots: set[int]) -> None:
+        """Writes to ``slots`` go to buffers bound before the steps are walked (a loop body's
+        carry results: the loop's two buffers per carry)."""
+        for st in self.steps:
+            if isinstance(st, _Alias):
+                continue
+            st.alloc = [(w, 4, None) if w in slots else (w, kind, arg)
+                        for w, kind, arg in st.alloc]
+
+    def drop_bind_groups(self) -> None:
+        for st in self.steps:
+            if isinstance(st, _Launch):
+                st.bind_groups.clear()
+            elif isinstance(st, _LoopRun):
+                st.body.drop_bind_groups()
+
+    def walk(self, bufs: list[Any], raws: list[Any], sink: Any) -> None:
+        """Bind buffers to the slots step by step and hand each dispatch to ``sink`` (the
+        pass being recorded, or a list that a loop replays)."""
+        rt = self.rt
+        for st in self.steps:
+            if type(st) is _Alias:
+                bufs[st.dst] = bufs[st.src]
+                raws[st.dst] = raws[st.src]
+                continue
+            for w, kind, arg in st.alloc:
+                if kind == 4:
+                    continue  # bound by the loop running these steps
+                b: Any
+                if kind == 0:
+                    b = rt.buffer_of_class(arg)
+                elif kind == 1:
+                    b = self.pool.get(arg)
+                    if b is None:
+                        b = self.pool[arg] = rt.buffer(self.pool_sizes[arg])
+                else:
+                    b = bufs[arg]  # a donated input's buffer (2), or another slot's (3)
+                bufs[w] = b
+                raws[w] = b.raw
+            if type(st) is _LoopRun:
+                st.run(bufs, raws, sink)
+                continue
+            if st.grid[0] == 0:
+                continue
+            bound = st.gather(raws)
+            bg = st.bind_groups.get(bound)
+            if bg is None:
+                bg = _bind_group(rt, st, bound)
+            sink.dispatch(st.pipeline, bg, st.grid)
+
+
+def _bind_group(rt: Runtime, st: _Launch, bound: tuple[Any, ...]) -> Any:
+    entries = [{"binding": i, "resource": {"buffer": raw, "offset": 0, "size": raw.size}}
+               for i, raw in enumerate(bound)]
+    bg = rt.device.create_bind_group(layout=st.layout, entries=entries)
+    if len(st.bind_groups) >= st.cap:
+        st.bind_groups.pop(next(iter(st.bind_groups)))
+    st.bind_groups[bound] = bg
+    return bg
+
+
+class _ListSink(list):  # type: ignore[type-arg]
+    """Dispatches collected for replay: one iteration of a loop body."""
+
+    def dispatch(self, pipe: Any, bg: Any, grid: tuple[int, int, int]) -> None:
+        self.append((pipe, bg, grid))
+
+    def replay(self, cmds: Sequence[tuple[Any, Any, tuple[int, int, int]]]) -> None:
+        self.extend(cmds)  # a loop nested in a loop's body
+
+
+class _Recorder:
+    """The command encoder and compute pass of a call being recorded. A while loop's chunk ends
+    the pass and submits (:meth:`read_flag`); recording goes on in a new pass."""
+
+    def __init__(self, rt: Runtime, zeroed: Sequence[Any], timestamps: Any = None) -> None:
+        self.rt = rt
+        self.enc = rt.device.create_command_encoder()
+        for b in zeroed:
+            self.enc.clear_buffer(b)
+        self.cpass = (self.enc.begin_compute_pass(timestamp_writes=timestamps) if timestamps
+                      else self.enc.begin_compute_pass())
+        self.last: Any = None  # the pipeline set last: a loop of one kernel sets it once
+
+    def dispatch(self, pipe: Any, bg: Any, grid: tuple[int, int, int]) -> None:
+        cp = self.cpass
+        if pipe is not self.last:
+            cp.set_pipeline(pipe)
+            self.last = pipe
+        cp.set_bind_group(0, bg)
+        cp.dispatch_workgroups(*grid)
+
+    def replay(self, cmds: Sequence[tuple[Any, Any, tuple[int, int, int]]]) -> None:
+        cp = self.cpass
+        last = self.last
+        for pipe, bg, grid in cmds:
+            if pipe is not last:
+                cp.set_pipeline(pipe)
+                last = pipe
+            cp.set_bind_group(0, bg)
+            cp.dispatch_workgroups(*grid)
+        self.last = last
+
+    def read_flag(self, raw: Any) -> bool:
+        """Submit what is recorded, wait, and read a bool scalar (a while loop's flag)."""
+        rt = self.rt
+        self.cpass.end()
+        rt.device.queue.submit([self.enc.finish()])
+        rt.submitted += 1
+        flag = bool(np.frombuffer(rt.read(raw, 4), dtype=np.uint32)[0])
+        self.enc = rt.device.create_command_encoder()
+        self.cpass = self.enc.begin_compute_pass()
+        self.last = None
+        return flag
+
+    def finish(self) -> None:
+        self.cpass.end()
+        if self.rt.profile:
+            self.rt.resolve_timestamps(self.enc)
+        self.rt.device.queue.submit([self.enc.finish()])
+
+
+class _LoopRun:
+    """A ``loop`` equation: its body's steps recorded ``trips`` times into the call's pass.
+
+    A carry updated in place (``inplace``) has one buffer, the loop's input (a private copy)
+    that is also its result. Every other carry has two, A (the loop's result buffer) and B (the
+    loop's own, kept across calls): iteration i writes one and reads the other, so three sets of
+    bind groups cover every iteration (the first reads the initial values). Each set's
+    dispatches are collected once per call and replayed: no host work per iteration beyond
+    encoding. A while loop replays chunks of even length and reads its flag after each."""
+
+    def __init__(self, rt: Runtime, e: Eqn, ins: list[int], codes: Iterator[Any]) -> None:
+        body: Program = e.params["body"]
+        self.body = _Steps(rt, body, codes, in_loop=True)
+        self.ins = ins  # the slots of the loop's inputs in the enclosing steps
+        self.n = n = int(e.params["carries"])
+        self.trips: Optional[int] = e.params["trips"]
+        self.flag: Optional[int] = e.params.get("flag")
+        inplace = {k for _, k in e.params.get("inplace", ())}
+        self.stationary: list[bool] = []  # per carry: updated in place
+        self.carry_own: list[int] = []  # per carry: the body slot whose buffer holds its result
+        for k in range(n):
+            out = self.body.out_slots[k]
+            assert out is not None, "a loop body's results are buffers (prepare_loops)"
+            own = self.body.root.get(out, out)
+            self.stationary.append(k in inplace)
+            assert (own == k) == (k in inplace), "a carry's result shares a buffer it must not"
+            self.carry_own.append(own)
+        assert not self.body.zeroed, "nothing is zero-filled per iteration in a loop body"
+        self.body.preset({self.carry_own[k] for k in range(n) if not self.stationary[k]})
+        self.spare: dict[int, Any] = {}  # carry -> its B buffer, kept across calls
+        # the loop's results in the enclosing steps (set by _Steps)
+        self.writes: list[int] = []
+        self.slots: tuple[str, ...] = ()
+        self.alloc: list[tuple[int, int, Any]] = []
+
+    def _buffers(self, bufs: list[Any]) -> list[list[Any]]:
+        """Per carry: [A, B] (the result buffer and the loop's own), or the in-place buffer."""
+        rt = self.body.rt
+        out = []
+        for k in range(self.n):
+            res = bufs[self.writes[k]]
+            if self.stationary[k]:
+                out.append([res, res])
+                continue
+            spare = self.spare.get(k)
+            if spare is None:
+                spare = self.spare[k] = rt.buffer(self.body.var_of[k].nbytes)
+            out.append([res, spare])
+        return out
+
+    def _bind(self, bufs: list[Any], pairs: list[list[Any]], parity: list[int], first: bool
+              ) -> tuple[list[Any], list[Any]]:
+        """Body slots for an iteration that writes each carry's buffer ``parity[k]`` and reads
+        the other one (or, on the first iteration, the initial value)."""
+        body = self.body
+        bb: list[Any] = [None] * body.n_slots
+        for k in range(self.n):
+            if self.stationary[k]:
+                bb[k] = pairs[k][0]
+                continue
+            bb[k] = bufs[self.ins[k]] if first else pairs[k][1 - parity[k]]
+            bb[self.carry_own[k]] = pairs[k][parity[k]]
+        for j, s in enumerate(self.ins[self.n:]):
+            bb[self.n + j] = bufs[s]
+        return bb, [None if b is None else b.raw for b in bb]
+
+    def run(self, bufs: list[Any], raws: list[Any], sink: Any) -> None:
+        pairs = self._buffers(bufs)
+        n = self.n
+        # the iteration that writes last must write the result buffers (index 0 of each pair):
+        # a static loop's last iteration is trips - 1; a while loop always runs an even count
+        last = (self.trips - 1) % 2 if self.trips is not None else 1
+
+        def parity(i: int) -> list[int]:
+            # iteration i writes pair index (i + last) % 2: the last iteration writes index 0
+            return [(i + last) % 2] * n
+
+        def configs() -> list[tuple[list[Any], list[Any]]]:
+            # 0: the first iteration; 1: the iterations like the second; 2: like the third
+            return [self._bind(bufs, pairs, parity(i), i == 0) for i in range(3)]
+
+        if self.body.has_while:
+            # a while loop inside: the body is recorded live, iteration by iteration
+            cfgs = configs()
+
+            def one(i: int) -> None:
+                bb, br = cfgs[0 if i == 0 else 1 + (i - 1) % 2]
+                self.body.walk(list(bb), list(br), sink)
+        else:
+            lists = []
+            for bb, br in configs():
+                lst = _ListSink()
+                self.body.walk(bb, br, lst)
+                lists.append(lst)
+
+            def one(i: int) -> None:
+                sink.replay(lists[0 if i == 0 else 1 + (i - 1) % 2])
+
+        if self.trips is not None:
+            for i in range(self.trips):
+                one(i)
+            return
+        flag = pairs[cast(int, self.flag)][0]  # written by every odd iteration
+        assert isinstance(sink, _Recorder), "a while loop is recorded live"
+        i = 0
+        chunk = 2
+        while True:
+            for _ in range(chunk):
+                one(i)
+                i += 1
+            if not sink.read_flag(flag.raw):
+                return
+            chunk = min(2 * chunk, WHILE_CHUNK_MAX)
+
+
+class GpuExecutable(_Steps):
+    """A lowered program bound to compiled pipelines: run() encodes, submits and returns."""
+
+    def __init__(self, rt: Runtime, prog: Program, kernels: Sequence[Any]) -> None:
+        super().__init__(rt, prog, iter(kernels))
+        self.destroyed = rt.destroyed
+        self._plan()
+
+    def _drop_bind_groups(self) -> None:
+        self.drop_bind_groups()
+        self.destroyed = self.rt.destroyed
+
+    def _plan(self) -> None:
+        """Per-call work decided once: what each output is."""
         self.out_plan: list[tuple[int, Any]] = []
         for s, out_atom in zip(self.out_slots, self.prog.outputs):
             if s is None:
@@ -732,6 +1011,8 @@ class GpuExecutable:
                 raws[i] = b.raw
         if self.destroyed != rt.destroyed:
             self._drop_bind_groups()
+        if self.has_loops:
+            return self._run_loops(inputs, bufs, raws)
         rt.submitted += 1
         sub = rt.submitted
         enc = rt.device.create_command_encoder()
@@ -763,7 +1044,7 @@ class GpuExecutable:
             bound = st.gather(raws)
             bg = st.bind_groups.get(bound)
             if bg is None:
-                bg = self._bind_group(st, bound)
+                bg = _bind_group(rt, st, bound)
             cpass.set_pipeline(st.pipeline)
             cpass.set_bind_group(0, bg)
             cpass.dispatch_workgroups(*st.grid)
@@ -785,14 +1066,40 @@ class GpuExecutable:
                 outs.append(Array((), arg.dtype, host=np.asarray(arg.value, dtype=arg.dtype)))
         return outs
 
-    def _bind_group(self, st: _Launch, bound: tuple[Any, ...]) -> Any:
-        entries = [{"binding": i, "resource": {"buffer": raw, "offset": 0, "size": raw.size}}
-                   for i, raw in enumerate(bound)]
-        bg = self.rt.device.create_bind_group(layout=st.layout, entries=entries)
-        if len(st.bind_groups) >= BIND_GROUP_CACHE:
-            st.bind_groups.pop(next(iter(st.bind_groups)))
-        st.bind_groups[bound] = bg
-        return bg
+    def _run_loops(self, inputs: Sequence[Optional[Array]], bufs: list[Any], raws: list[Any]
+                   ) -> list[Any]:
+        """run() for a program with loops: the steps are walked (loops replay their bodies'
+        dispatches); a while loop submits once per chunk of iterations."""
+        rt = self.rt
+        zeroed = []
+        for z in self.zeroed:
+            b = self.pool.get(z)
+            if b is None:
+                b = self.pool[z] = rt.buffer(self.pool_sizes[z])
+            zeroed.append(b.raw)
+        # timestamps bracket one pass: only a program without a while loop has a single one
+        ts = rt.timestamp_writes() if rt.profile and not self.has_while else None
+        rec = _Recorder(rt, zeroed, ts)
+        self.walk(bufs, raws, rec)
+        rec.finish()
+        rt.submitted += 1
+        return self._outputs(inputs, bufs, rt.submitted)
+
+    def _outputs(self, inputs: Sequence[Optional[Array]], bufs: list[Any], sub: int
+                 ) -> list[Any]:
+        fresh = self.out_fresh
+        if fresh is not None:
+            return [_device_array(shape, dtype, bufs[s], sub) for s, shape, dtype in fresh]
+        outs: list[Any] = []
+        for kind, arg in self.out_plan:
+            if kind == 2:
+                s, shape, dtype = arg
+                outs.append(_device_array(shape, dtype, bufs[s], sub))
+            elif kind == 1:
+                outs.append(inputs[arg])
+            else:
+                outs.append(Array((), arg.dtype, host=np.asarray(arg.value, dtype=arg.dtype)))
+        return outs
 
 
 class CpuExecutable:

@@ -17,7 +17,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("dtypes",),
     ("ops",),
     ("interpret", "trace"),
-    ("numpy", "nn", "lax", "random"),
+    ("numpy", "nn", "lax", "random", "control_flow"),
     ("emit", "kernels", "codegen"),
     ("passes",),
     ("runtime",),

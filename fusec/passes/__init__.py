@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .. import codegen, config
 from ..ir import Program
 from .cse import cse
 from .dce import dce, used_inputs
 from .fuse import fuse
+from .loops import prepare_loops
 from .memory import MemoryAnalysis, analyse, plan_memory
 from .scan import lower_scan
 from .scatter import lower_scatter
@@ -30,6 +31,14 @@ class Options:
     target: str = "gpu"  # "cpu" for a software adapter: codegen picks other strategies
     # bytes of workgroup memory a kernel may use (device limit; at least WebGPU's minimum)
     workgroup_storage: int = codegen.WORKGROUP_STORAGE
+    # >= 0: the program is the body of a loop with this many carries (passes/loops.py), of which
+    # those in loop_inplace are updated in place
+    loop_carries: int = -1
+    loop_inplace: tuple[int, ...] = ()
+
+    def for_loop_body(self, carries: int, inplace: tuple[int, ...]) -> Options:
+        """The options a loop's body is lowered with (nothing of it is donated)."""
+        return replace(self, donated=(), loop_carries=carries, loop_inplace=inplace)
 
 
 Pass = Callable[[Program, Options], Program]
@@ -39,11 +48,13 @@ PIPELINE: list[tuple[str, Pass]] = [
     ("cse", lambda p, o: cse(p)),
     ("dce", lambda p, o: dce(p)),
     # primitives computed by kernels of their own kind become the ops those kernels compute
-    ("lower_scatter", lambda p, o: lower_scatter(p, o.target)),
+    ("lower_scatter", lambda p, o: lower_scatter(p, o.target, in_loop=o.loop_carries >= 0)),
     ("lower_scan", lambda p, o: lower_scan(p, o.target)),
     ("lower_sort", lambda p, o: lower_sort(p, o.target, o.workgroup_storage)),
     ("split_reductions", lambda p, o: split_reductions(p, o.target)),
     ("split_k", lambda p, o: split_k(p, o.target, sums=o.fuse)),
+    # loops' bodies lowered on their own, loops' inputs and bodies' results made buffers
+    ("prepare_loops", lambda p, o: prepare_loops(p, o, run_pipeline)),
     ("fuse", lambda p, o: fuse(p, enabled=o.fuse, max_bindings=o.max_bindings,
                                 target=o.target)),
     ("plan_memory", lambda p, o: plan_memory(p, o.donated)),
@@ -64,4 +75,4 @@ def run_pipeline(prog: Program, opts: Options, check: bool | None = None) -> Pro
 
 __all__ = ["PIPELINE", "Options", "run_pipeline", "simplify", "cse", "dce", "split_reductions",
            "split_k", "fuse", "plan_memory", "lower_scatter", "lower_scan", "lower_sort",
-           "analyse", "MemoryAnalysis", "verify", "VerifyError", "used_inputs"]
+           "analyse", "MemoryAnalysis", "verify", "VerifyError", "used_inputs", "prepare_loops"]

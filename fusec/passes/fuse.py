@@ -27,7 +27,8 @@ A value in the cones of k >= 2 kernels is either recomputed in each or materiali
 moves fewer bytes: materialise when ``V * (1 + k) < (k - 1) * L`` where V is its size and L the
 bytes of the materialised values its own cone reads. A kernel that would bind too many buffers is
 split by materialising part of its cone. ``reshape`` of a materialised value is an alias of its
-buffer, not a kernel.
+buffer, not a kernel. A ``loop`` equation is a group of its own kind "loop" that never merges:
+its inputs and results are buffers, and it stays as it is (its body was lowered on its own).
 
 With ``enabled=False`` every compute equation is materialised and nothing merges: one kernel per op
 (movement ops still fold into the index arithmetic of the kernel that reads them), the baseline of
@@ -75,6 +76,10 @@ class _Planner:
         for e in prog.eqns:
             if e.op in REDUCING or e.op is Op.MATMUL or (not enabled and e.op not in MOVEMENT):
                 mat.add(id(e.out))
+            if e.op is Op.LOOP:
+                # a loop runs its own kernels: it reads and writes buffers (passes/loops.py)
+                mat.update(id(o) for o in e.outs)
+                mat.update(id(a) for a in e.inputs if isinstance(a, Var))
             if e.op in KERNEL_KIND:
                 # a kernel of its own kind (scatter, scan, sort): it reads buffers, not cones,
                 # unless the op lists the inputs that must be buffers (``buffer_inputs``, e.g. a
@@ -174,6 +179,9 @@ class _Planner:
             if self.is_alias(e):
                 aliases.append(e)
                 continue
+            if e.op is Op.LOOP:
+                groups.append(_Group([e], "loop", {id(e): e}))
+                continue
             if e.op in KERNEL_KIND:
                 cone = self.cone(e) if "buffer_inputs" in e.params else {}
                 groups.append(_Group([e], KERNEL_KIND[e.op], {id(e): e, **cone}))
@@ -188,8 +196,8 @@ class _Planner:
             groups, aliases = self.base_groups()
             if self.enabled:
                 groups = self.merge(groups, aliases)
-            too_big = next((g for g in groups
-                            if self.n_bindings(g, groups, aliases) > self.max_bindings), None)
+            too_big = next((g for g in groups if g.kind != "loop"
+                            and self.n_bindings(g, groups, aliases) > self.max_bindings), None)
             if too_big is not None:
                 self.mat.add(id(self.split_point(too_big).out))
                 continue
@@ -463,6 +471,9 @@ def fuse(prog: Program, enabled: bool = True, max_bindings: int = 8,
         it = items[i]
         if isinstance(it, Eqn):
             eqns.append(it)
+            continue
+        if it.kind == "loop":
+            eqns.append(it.roots[0])  # the loop as it is: its body has its own kernels
             continue
         body = bodies[id(it)]
         ops: list[str] = []

@@ -13,6 +13,9 @@ The result is recorded on each kernel equation as ``params["slots"]``, one entry
 * ``"=J"``: the buffer of the kernel's input J, which it updates in place. Fusion presets
   ``params["inplace"]`` for such kernels (a scatter into a copy of its operand): the output is the
   same buffer as that input for the whole program, like a reshape's alias;
+A ``loop`` equation's results get slots like a kernel's outputs (an in-place carry's result
+is ``"=J"``: the buffer of the loop's input J, a copy of the carry's initial value).
+
 * ``"zN"``: pooled buffer N, filled with zeros at the start of every call (``params["zero_init"]``
   lists such outputs: a scatter-add accumulates into them). It is never shared with another value.
 """
@@ -31,7 +34,7 @@ def _roots(prog: Program) -> dict[int, int]:
         if e.op is Op.RESHAPE and isinstance(e.inputs[0], Var):
             src = id(e.inputs[0])
             root[id(e.out)] = root.get(src, src)
-        if e.op is Op.KERNEL:
+        if e.op is Op.KERNEL or e.op is Op.LOOP:
             for j, k in e.params.get("inplace", ()):
                 src = id(e.inputs[j])
                 root[id(e.outs[k])] = root.get(src, src)
@@ -83,7 +86,7 @@ def plan_memory(prog: Program, donated: tuple[int, ...] = ()) -> Program:
     holder: dict[int, str] = {}  # owner id -> slot name
     eqns: list[Eqn] = []
     for i, e in enumerate(prog.eqns):
-        if e.op is not Op.KERNEL:
+        if e.op is not Op.KERNEL and e.op is not Op.LOOP:
             eqns.append(e)
             continue
         slots = []
@@ -164,7 +167,7 @@ def analyse(prog: Program) -> MemoryAnalysis:
     pool: dict[str, int] = {}
     unplanned = outputs = donated = 0
     for e in prog.eqns:
-        if e.op is not Op.KERNEL:
+        if e.op is not Op.KERNEL and e.op is not Op.LOOP:
             continue
         for o, slot in zip(e.outs, e.params.get("slots", ("new",) * len(e.outs))):
             if slot.startswith("="):

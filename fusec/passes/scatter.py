@@ -28,7 +28,11 @@ from ..ir import Atom, Eqn, Op, Program, Var
 from ..ops import broadcast_shapes
 
 
-def lower_scatter(prog: Program, target: str = "gpu") -> Program:
+def lower_scatter(prog: Program, target: str = "gpu", in_loop: bool = False) -> Program:
+    """``in_loop``: the program is a loop's body, where no buffer can be zero-filled per
+    iteration: a scatter-add becomes a copy and a scatter_into as the other modes do. A scatter
+    marked ``into_operand`` (fusec.control_flow: a loop carry updated in place) becomes a
+    scatter_into its operand itself, without the copy."""
     subst: dict[int, Atom] = {}
     eqns: list[Eqn] = []
 
@@ -46,7 +50,11 @@ def lower_scatter(prog: Program, target: str = "gpu") -> Program:
         if out.size == 0 or updates == 0:
             subst[id(out)] = x  # nothing to combine
             continue
-        if e.params["mode"] == "add":
+        if e.params.get("into_operand"):
+            eqns.append(Eqn(Op.SCATTER_INTO, (x, u, *idx), (out,),
+                            {"mode": e.params["mode"], "writes_into": ((0, 0),),
+                             "buffer_inputs": (0,)}))
+        elif e.params["mode"] == "add" and not in_loop:
             z = Var(out.shape, out.dtype)
             eqns.append(Eqn(Op.SCATTER_ADD, (u, *idx), (z,),
                             {"shape": out.shape, "zero_init": (0,), "buffer_inputs": ()}))

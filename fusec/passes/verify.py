@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ..errors import FusecError
 from ..ir import Op, Program, Var
-from ..ops import infer_type
+from ..ops import MULTI_TYPE_RULES, infer_type
 
 
 class VerifyError(FusecError):
@@ -36,6 +36,11 @@ def verify(prog: Program, where: str = "") -> None:
                     (a.shape, a.dtype) != (b.shape, b.dtype) for a, b in zip(e.outs, body.outputs)):
                 raise VerifyError(
                     f"kernel {e.params.get('name')} outputs do not match its body{ctx}")
+        elif e.op is Op.LOOP:
+            verify(e.params["body"], where)
+            types = MULTI_TYPE_RULES[Op.LOOP]([(a.shape, a.dtype) for a in e.inputs], e.params)
+            if [(o.shape, o.dtype) for o in e.outs] != types:
+                raise VerifyError(f"eqn {i} (loop) results do not match its carries{ctx}")
         else:
             if len(e.outs) != 1:
                 raise VerifyError(f"primitive {e.op.value} must define one value{ctx}")
