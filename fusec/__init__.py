@@ -15,6 +15,7 @@ __version__ = "0.1.0"
 from . import config, lax, nn, numpy, random, tree_util  # noqa: E402
 from .cache import CacheInfo, cache_info, clear_cache
 from .errors import (
+    CarryError,
     DeviceLimitError,
     DTypeError,
     FusecError,
@@ -31,7 +32,8 @@ from .trace import ShapeDtype
 from .warmup import warmup_from
 
 __all__ = [
-    "Array", "CacheInfo", "Compiled", "DTypeError", "DeviceInfo", "DeviceLimitError", "FusecError",
+    "Array", "CacheInfo", "CarryError", "Compiled", "DTypeError", "DeviceInfo", "DeviceLimitError",
+    "FusecError",
     "IndexingError", "JitFunction", "Lowered", "ShapeDtype", "ShapeError", "SignatureError",
     "StaticArgumentError", "TraceError", "Traced", "TracerBoolConversionError", "cache_info",
     "clear_cache", "config", "default_device", "device_put", "gpu_jit", "lax", "nn", "numpy",

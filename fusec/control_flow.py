@@ -268,7 +268,7 @@ def fori_loop(lower: Any, upper: Any, body_fun: Callable[[Any, Any], Any], init_
     weak = [a.weak for a in avals]
 
     def step(i: Tracer, cs: list[AtomT]) -> list[AtomT]:
-        return inline(closed, [i, *cs])
+        return list(_arrays(inline(closed, [i, *cs]), closed.out_weak))
 
     uses_i = _uses(closed.program, closed.program.inputs[0])
     out = _counted(step, init, lo, trips, _unroll_count(unroll, trips, "fori_loop"), uses_i,
@@ -430,7 +430,7 @@ def scan(f: Callable[[Any, Any], tuple[Any, Any]], init: Any, xs: Any = None,
         pos = position(i)
         res = inline(closed, [*state[:nc], *x_at(pos)])
         bufs = [buf.at[pos].set(y) for buf, y in zip(state[nc:], res[nc:])]  # type: ignore
-        return [*res[:nc], *bufs]
+        return [*_arrays(res[:nc], cweak), *bufs]
 
     ybufs = [zeros((n, *a.shape), a.dtype) for a in yavals]
     uses_i = bool(xts) or bool(yavals)
