@@ -240,22 +240,9 @@ class Lowered:
         raise ValueError(f"as_text: what must be 'ir' or 'wgsl'; got {what!r}")
 
     def cost_analysis(self) -> dict[str, float]:
-        """Estimated flops and bytes moved through device memory by the kernels."""
-        flops = 0
-        nbytes = 0
-        for e in self.ir.eqns:
-            if e.op is not Op.KERNEL:
-                continue
-            nbytes += sum(a.nbytes for a in e.inputs if isinstance(a, Var))
-            nbytes += sum(o.nbytes for o in e.outs)
-            for be in e.params["body"].eqns:
-                if be.op is Op.MATMUL:
-                    a, b = be.inputs
-                    flops += 2 * math.prod(be.out.shape) * a.shape[-1]
-                elif be.op in REDUCE:
-                    flops += be.inputs[0].size if isinstance(be.inputs[0], Var) else 1
-                elif be.op not in MOVEMENT:
-                    flops += be.out.size
+        """Estimated flops and bytes moved through device memory by the kernels. A loop's body
+        counts once per iteration (a while loop's once: its trip count is not known)."""
+        flops, nbytes = _cost(self.ir)
         return {"flops": float(flops), "bytes accessed": float(nbytes),
                 "kernels": float(len(self.kernels))}
 
@@ -351,6 +338,32 @@ class Compiled:
     @property
     def ir(self) -> Program:
         return self.lowered.ir
+
+
+def _cost(prog: Program) -> tuple[int, int]:
+    """(flops, bytes) of a lowered program's kernels; loops' bodies times their trip counts."""
+    flops = 0
+    nbytes = 0
+    for e in prog.eqns:
+        if e.op is Op.LOOP:
+            f, n = _cost(e.params["body"])
+            trips = e.params["trips"] if e.params["trips"] is not None else 1
+            flops += trips * f
+            nbytes += trips * n
+            continue
+        if e.op is not Op.KERNEL:
+            continue
+        nbytes += sum(a.nbytes for a in e.inputs if isinstance(a, Var))
+        nbytes += sum(o.nbytes for o in e.outs)
+        for be in e.params["body"].eqns:
+            if be.op is Op.MATMUL:
+                a, b = be.inputs
+                flops += 2 * math.prod(be.out.shape) * a.shape[-1]
+            elif be.op in REDUCE:
+                flops += be.inputs[0].size if isinstance(be.inputs[0], Var) else 1
+            elif be.op not in MOVEMENT:
+                flops += be.out.size
+    return flops, nbytes
 
 
 def lower(traced: Traced) -> Lowered:

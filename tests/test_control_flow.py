@@ -462,3 +462,28 @@ def test_bound_pred_and_branch_errors() -> None:
                    x)
     with pytest.raises(fusec.DTypeError, match="index has dtype float32"):
         lax.switch(fusec.device_put(np.float32(0)), [lambda a: a], x)
+
+
+# --- the persistent cache and the structural hash -------------------------------------------------
+
+
+def test_loop_body_is_part_of_the_hash_and_survives_the_disk_cache(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def make(k: float) -> fusec.JitFunction:
+        return fusec.gpu_jit(lambda xs: lax.scan(lambda c, x: (c * k + x, c), 0.0, xs))
+
+    xs = np.arange(12, dtype=F32)
+    a, b = make(0.5).trace(xs).ir, make(0.25).trace(xs).ir
+    assert "0.25:f32" in str(b) and a.hash() != b.hash()  # bodies differ in one literal
+    monkeypatch.setenv("FUSEC_CACHE_DIR", str(tmp_path / "cache"))
+    first = make(0.5)
+    want = np.asarray(first(xs)[1])
+    second = make(0.5)  # a new function object: its lowering comes from the disk
+    with Delta() as d:
+        got = np.asarray(second(xs)[1])
+    assert d.disk_hits == 1 and d.lowerings == 0
+    np.testing.assert_array_equal(got, want)
+    carries = [0.0]
+    for x in xs[:-1]:
+        carries.append(carries[-1] * 0.5 + x)
+    _close(got, np.array(carries))
