@@ -499,7 +499,9 @@ class JitFunction:
         self._warned_retrace = False
         # the code object: a lambda re-created in a loop shares it, two lambdas on a line do not
         self._code_id = getattr(fun, "__code__", None)
-        functools.update_wrapper(self, fun)  # type: ignore[arg-type]
+        # (not the __dict__: a callable object's attributes, such as a transform's .fun, would
+        # overwrite this object's own)
+        functools.update_wrapper(self, fun, updated=())  # type: ignore[arg-type]
         cache.register(self)
 
     def clear(self) -> None:
