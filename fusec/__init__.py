@@ -12,7 +12,15 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from . import config, lax, nn, numpy, random, tree_util  # noqa: E402
+from . import (  # noqa: E402
+    config,
+    control_flow_ad,  # noqa: F401,E402  (registers the loop op's autodiff rules)
+    lax,
+    nn,
+    numpy,
+    random,
+    tree_util,
+)
 from .autodiff import custom_vjp, grad, jacfwd, jacrev, jvp, stop_gradient, value_and_grad, vjp
 from .cache import CacheInfo, cache_info, clear_cache
 from .errors import (

@@ -158,8 +158,11 @@ def _mark_inplace(body: Program, n: int) -> list[int]:
 
 
 def _bind_loop(closed: Closed, init: Sequence[Tracer], trips: Optional[int],
-               flag: Optional[int] = None) -> list[Tracer]:
-    """Emit one ``loop`` equation running ``closed`` (carries in, carries out) on ``init``."""
+               flag: Optional[int] = None, write_once: Sequence[int] = ()) -> list[Tracer]:
+    """Emit one ``loop`` equation running ``closed`` (carries in, carries out) on ``init``.
+    ``write_once``: carries (scan's ys) that start as constants and that the body updates in
+    place, each iteration writing rows no other iteration writes (for reverse mode: their
+    cotangent needs no zeroing of written rows, and their start gets none)."""
     b = _builder()
     prog = closed.program
     n = len(init)
@@ -178,6 +181,9 @@ def _bind_loop(closed: Closed, init: Sequence[Tracer], trips: Optional[int],
                               "inplace": tuple((k, k) for k in inplace)}
     if flag is not None:
         params["flag"] = keep.index(flag)
+    once = tuple(keep.index(k) for k in write_once if k in keep and keep.index(k) in inplace)
+    if once:
+        params["write_once"] = once
     res = b.bind_multi(Op.LOOP, [init[k] for k in keep] + invariants, params, len(keep))
     final = list(init)
     for k, r in zip(keep, res):
@@ -186,7 +192,8 @@ def _bind_loop(closed: Closed, init: Sequence[Tracer], trips: Optional[int],
 
 
 def _counted(step: Callable[[Tracer, list[AtomT]], list[AtomT]], init: list[Tracer],
-             start: int, trips: int, unroll: int, uses_i: bool, name: str) -> list[AtomT]:
+             start: int, trips: int, unroll: int, uses_i: bool, name: str,
+             write_once: Sequence[int] = ()) -> list[AtomT]:
     """Run ``step(i, carries)`` for i = start .. start + trips - 1: unrolled when short, else one
     loop equation whose body runs ``unroll`` steps (the remainder unrolled after it)."""
     c: list[AtomT] = list(init)
@@ -206,10 +213,11 @@ def _counted(step: Callable[[Tracer, list[AtomT]], list[AtomT]], init: list[Trac
 
     if uses_i:
         closed = _trace(body_i, [Aval((), "int32", True), *avals], name)
-        res = _bind_loop(closed, [_scalar(start), *init], n_iter)[1:]
+        res = _bind_loop(closed, [_scalar(start), *init], n_iter,
+                         write_once=[1 + k for k in write_once])[1:]
     else:
         closed = _trace(lambda *cs: body_i(_scalar(0), *cs)[1:], avals, name)
-        res = _bind_loop(closed, init, n_iter)
+        res = _bind_loop(closed, init, n_iter, write_once=write_once)
     c = list(res)
     for t in range(rem):
         c = step(_scalar(start + n_iter * k + t), c)
@@ -434,7 +442,8 @@ def scan(f: Callable[[Any, Any], tuple[Any, Any]], init: Any, xs: Any = None,
 
     ybufs = [zeros((n, *a.shape), a.dtype) for a in yavals]
     uses_i = bool(xts) or bool(yavals)
-    out = _counted(step, [*cinit, *ybufs], 0, n, u, uses_i, "scan")
+    out = _counted(step, [*cinit, *ybufs], 0, n, u, uses_i, "scan",
+                   write_once=range(nc, nc + len(ybufs)))
     return (unflatten(ctree, _arrays(out[:nc], cweak)), unflatten(ytree[0], list(out[nc:])))
 
 

@@ -189,7 +189,9 @@ class Op(Enum):
     # final carries. params body (a Program: carries then invariants in, new carries out), trips
     # (the static trip count; None for a while loop, which runs until its flag carry, params
     # flag, is false; its body leaves the carries unchanged once the flag is false), inplace
-    # ((j, k) pairs: carry k is updated in place in input j's buffer, see passes/loops.py)
+    # ((j, k) pairs: carry k is updated in place in input j's buffer, see passes/loops.py) and,
+    # optionally, write_once (in-place carries whose rows each iteration writes once, from a
+    # constant start: scan's ys; fusec.control_flow_ad relies on it)
     LOOP = "loop"
 
 

@@ -487,3 +487,122 @@ def test_loop_body_is_part_of_the_hash_and_survives_the_disk_cache(
     for x in xs[:-1]:
         carries.append(carries[-1] * 0.5 + x)
     _close(got, np.array(carries))
+
+
+# --- autodiff through loops -----------------------------------------------------------------------
+
+
+def _fd(fn, a: np.ndarray, eps: float = 1e-5) -> np.ndarray:
+    """Central differences of a float64 numpy function."""
+    a = np.asarray(a, np.float64)
+    out = np.zeros(a.shape)
+    for j in np.ndindex(a.shape):
+        hi, lo = a.copy(), a.copy()
+        hi[j] += eps
+        lo[j] -= eps
+        out[j] = (fn(hi) - fn(lo)) / (2 * eps)
+    return out
+
+
+def test_grad_through_fori_loop(rng: np.random.Generator) -> None:
+    x = rng.standard_normal(6).astype(F32)
+    w = (rng.standard_normal(6) * 0.5).astype(F32)
+
+    def loss(x, w):
+        c = lax.fori_loop(0, 9, lambda i, c: fnp.tanh(c * w + 0.1 * i), x)
+        return (c * c).sum()
+
+    def ref(x, w):
+        c = x
+        for i in range(9):
+            c = np.tanh(c * w + 0.1 * i)
+        return (c * c).sum()
+
+    gx, gw = fusec.gpu_jit(fusec.grad(loss, argnums=(0, 1)))(x, w)
+    _close(gx, _fd(lambda a: ref(a, w.astype(np.float64)), x), rtol=1e-3, atol=1e-5)
+    _close(gw, _fd(lambda a: ref(x.astype(np.float64), a), w), rtol=1e-3, atol=1e-5)
+
+
+def test_grad_through_scan_accumulates_xs_rows_in_place(rng: np.random.Generator) -> None:
+    xs = rng.standard_normal((23, 3)).astype(F32)
+    c0 = rng.standard_normal(3).astype(F32)
+    w = rng.standard_normal(3).astype(F32)
+
+    def loss(xs, c0, w):
+        c, ys = lax.scan(lambda c, x: (fnp.sin(c) * w + x, c * x), c0, xs, reverse=True)
+        return ys.sum() + (c * c).sum()
+
+    def ref(xs, c0, w):
+        c, tot = c0, 0.0
+        for t in reversed(range(len(xs))):
+            tot += (c * xs[t]).sum()
+            c = np.sin(c) * w + xs[t]
+        return tot + (c * c).sum()
+
+    g = fusec.gpu_jit(fusec.grad(loss, argnums=(0, 1, 2)))
+    gxs, gc0, gw = g(xs, c0, w)
+    x64, c64, w64 = (a.astype(np.float64) for a in (xs, c0, w))
+    _close(gxs, _fd(lambda a: ref(a, c64, w64), xs), rtol=1e-3, atol=1e-4)
+    _close(gc0, _fd(lambda a: ref(x64, a, w64), c0), rtol=1e-3, atol=1e-4)
+    _close(gw, _fd(lambda a: ref(x64, c64, a), w), rtol=1e-3, atol=1e-4)
+    # the reverse loop adds each step's row of d/dxs into its accumulator in place, and reads
+    # the ys' cotangent row by row: no pass over all of xs or ys per iteration
+    loops = _loops(g.trace(xs, c0, w).ir)
+    reverse = loops[-1]
+    assert any(e.op is Op.SCATTER and e.params.get("into_operand")
+               for e in reverse.params["body"].eqns)
+    assert all(v.shape != (23, 23, 3) for e in loops for v in e.outs)  # ys are never stacked
+
+
+def test_grad_through_in_place_buffer_and_nested_loops(rng: np.random.Generator) -> None:
+    buf0 = rng.standard_normal((3, 4)).astype(F32)
+    v = rng.standard_normal(4).astype(F32)
+
+    def loss(buf0, v):
+        def step(i, b):
+            inner = lax.fori_loop(0, 5, lambda j, u: u * 0.9 + v * 0.1, b[(i + 1) % 3])
+            return b.at[i % 3].set(inner * 0.5 + v * i)
+        b = lax.fori_loop(0, 7, step, buf0)
+        return (b * b).sum()
+
+    def ref(buf0, v):
+        b = buf0.copy()
+        for i in range(7):
+            u = b[(i + 1) % 3]
+            for _ in range(5):
+                u = u * 0.9 + v * 0.1
+            b[i % 3] = u * 0.5 + v * i
+        return (b * b).sum()
+
+    gb, gv = fusec.gpu_jit(fusec.grad(loss, argnums=(0, 1)))(buf0, v)
+    b64, v64 = buf0.astype(np.float64), v.astype(np.float64)
+    _close(gb, _fd(lambda a: ref(a, v64), buf0), rtol=1e-3, atol=1e-4)
+    _close(gv, _fd(lambda a: ref(b64, a), v), rtol=1e-3, atol=1e-4)
+
+
+def test_jvp_through_fori_and_while_and_no_grad_of_while() -> None:
+    def f(x):
+        return lax.while_loop(lambda s: s[0] < 6, lambda s: (s[0] + 1, fnp.sin(s[1]) * 1.5),
+                              (0, x))[1]
+
+    def ref(x):
+        for _ in range(6):
+            x = np.sin(x) * 1.5
+        return x
+
+    jf = fusec.gpu_jit(lambda x, dx: fusec.jvp(f, (x,), (dx,)))
+    p, t = jf(np.float32(0.7), np.float32(2.0))
+    _close(p, np.float32(ref(0.7)))
+    _close(t, np.float32(2.0 * _fd(ref, np.array(0.7))), rtol=1e-4)
+    g = fusec.gpu_jit(lambda x, dx: fusec.jvp(
+        lambda x: lax.fori_loop(0, 8, lambda i, c: c * c * 0.5 + 0.1, x), (x,), (dx,)))
+    p, t = g(np.float32(0.9), np.float32(1.0))
+
+    def ref2(x):
+        for _ in range(8):
+            x = x * x * 0.5 + 0.1
+        return x
+
+    _close(t, np.float32(_fd(ref2, np.array(0.9))), rtol=1e-4)
+    with pytest.raises(fusec.TraceError, match="while_loop is not supported"):
+        fusec.grad(lambda x: lax.while_loop(lambda s: s < 5.0, lambda s: s * 2.0, x))(F32(1))
