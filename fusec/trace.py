@@ -258,8 +258,10 @@ def _control_flow_error(t: Tracer, what: str) -> TracerBoolConversionError:
     return TracerBoolConversionError(
         f"{what} on a traced value ({type_str(t.shape, t.var.dtype)}) while tracing "
         f"{t.builder.name}: inside @gpu_jit its value is not known until the GPU runs. "
-        "To choose between values elementwise use fusec.numpy.where(cond, a, b); to branch in "
-        "Python on an argument, make it static: @gpu_jit(static_argnames=('name',))."
+        "To choose between values elementwise use fusec.numpy.where(cond, a, b); for a branch or "
+        "a loop that depends on traced values use fusec.lax.cond, fusec.lax.while_loop or "
+        "fusec.lax.fori_loop; to branch in Python on an argument, make it static: "
+        "@gpu_jit(static_argnames=('name',))."
     )
 
 
