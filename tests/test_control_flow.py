@@ -303,6 +303,48 @@ def test_while_loop_inside_fori_loop() -> None:
     _close(f(np.float32(0.0)), np.float32(want))
 
 
+def test_while_loop_inside_scan_and_cond_inside_fori() -> None:
+    xs = np.array([1, 5, 3, 10, 2, 20, 7], F32)
+    f = fusec.gpu_jit(lambda xs: lax.scan(
+        lambda c, r: (lax.while_loop(lambda v: v < r, lambda v: v + 1.5, c), c), 0.0, xs))
+    c, ys = f(xs)
+    want_c, want_ys = 0.0, []
+    for r in xs:
+        want_ys.append(want_c)
+        while want_c < r:
+            want_c += 1.5
+    _close(c, np.float32(want_c))
+    _close(ys, np.array(want_ys))
+    x = np.arange(5, dtype=F32)
+    g = fusec.gpu_jit(lambda x: lax.fori_loop(
+        0, 10, lambda i, c: lax.cond(i % 2 == 0, lambda a: a + 1, lambda a: a * 2, c), x))
+    want = x.astype(np.float64)
+    for i in range(10):
+        want = want + 1 if i % 2 == 0 else want * 2
+    _close(g(x), want)
+
+
+def test_loops_unfused_donated_empty_and_partly_used() -> None:
+    x = np.arange(5, dtype=F32)
+    f = fusec.gpu_jit(lambda x: lax.scan(lambda c, r: (c + r, c * r), 0.0, x), fuse=False)
+    c, ys = f(x)
+    _close(c, np.float32(10))
+    _close(ys, np.array([0, 0, 2, 9, 24], F32))
+    d = fusec.gpu_jit(lambda x, w: lax.fori_loop(0, 9, lambda i, c: c * w, x) + x,
+                      donate_argnums=(0, 1))
+    xd = fusec.device_put(x)
+    _close(d(xd, fusec.device_put(F32(2))), x * 513)
+    assert xd.is_deleted
+    e = fusec.gpu_jit(lambda e, x: lax.fori_loop(0, 9, lambda i, c: (c[0] * 2, c[1] + 1), (e, x)))
+    empty, y = e(np.zeros((0, 3), F32), x)
+    assert np.asarray(empty).shape == (0, 3)
+    _close(y, x + 9)
+    p = fusec.gpu_jit(lambda x: lax.fori_loop(0, 9, lambda i, c: (c[0] + 1, c[1] * 2), (x, x))[1])
+    _close(p(x), x * 512)
+    unused = fusec.gpu_jit(lambda x: (lax.fori_loop(0, 9, lambda i, c: c * 2, x), x + 1)[1])
+    assert not _loops(unused.lower(x).ir)  # dead loops go
+
+
 # --- nesting, closures, the interpreter -----------------------------------------------------------
 
 

@@ -75,7 +75,7 @@ class _Planner:
         mat: set[int] = set(self.input_pos) | self.out_ids
         for e in prog.eqns:
             if e.op in REDUCING or e.op is Op.MATMUL or (not enabled and e.op not in MOVEMENT):
-                mat.add(id(e.out))
+                mat.update(id(o) for o in e.outs)
             if e.op is Op.LOOP:
                 # a loop runs its own kernels: it reads and writes buffers (passes/loops.py)
                 mat.update(id(o) for o in e.outs)
