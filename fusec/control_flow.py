@@ -437,7 +437,8 @@ def scan(f: Callable[[Any, Any], tuple[Any, Any]], init: Any, xs: Any = None,
     def step(i: Tracer, state: list[AtomT]) -> list[AtomT]:
         pos = position(i)
         res = inline(closed, [*state[:nc], *x_at(pos)])
-        bufs = [buf.at[pos].set(y) for buf, y in zip(state[nc:], res[nc:])]  # type: ignore
+        ys = _arrays(res[nc:], [a.weak for a in yavals])
+        bufs = [buf.at[pos].set(y) for buf, y in zip(state[nc:], ys)]  # type: ignore
         return [*_arrays(res[:nc], cweak), *bufs]
 
     ybufs = [zeros((n, *a.shape), a.dtype) for a in yavals]
