@@ -487,7 +487,9 @@ class JitFunction:
         self._warned_retrace = False
         # the code object: a lambda re-created in a loop shares it, two lambdas on a line do not
         self._code_id = getattr(fun, "__code__", None)
-        functools.update_wrapper(self, fun)  # type: ignore[arg-type]
+        # name and docstring only: copying the wrapped object's __dict__ (updated=) would let a
+        # callable object's attributes (a vmapped function's .fun) overwrite this one's
+        functools.update_wrapper(self, fun, updated=())  # type: ignore[arg-type]
         cache.register(self)
 
     def clear(self) -> None:
