@@ -1792,8 +1792,8 @@ def _batch_searchsorted(b: Any, args: Sequence[Any], dims: Sequence[BatchDim],
 
 
 BATCH_RULES: dict[Op, BatchRule] = {
-    # the table's rows, and the elementwise ops without one (CAST, IPOW: params; COPY: identity)
-    **{op: _elementwise_rule(op) for op in [*ELEMENTWISE, Op.CAST, Op.IPOW, Op.COPY]},
+    # the table's rows and the two elementwise ops with params (CAST, IPOW) that have none
+    **{op: _elementwise_rule(op) for op in [*ELEMENTWISE, Op.CAST, Op.IPOW]},
     **{op: _reduction_rule(op) for op in REDUCTIONS},
     Op.MATMUL: _batch_matmul,
     Op.RESHAPE: _batch_reshape,
