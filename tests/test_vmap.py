@@ -15,7 +15,6 @@ primitives; a test checks that together they call every batching rule with a bat
 from __future__ import annotations
 
 import functools
-import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,9 +34,9 @@ from fusec.tree import flatten
 # ops that only the pass pipeline creates (stages of lowered reductions, scans, scatters and
 # sorts, copies, and fused kernels): a traced program never holds them (they have no type rule
 # for tracing, or no fusec function binds them), so vmap needs no rule for them
-LOWERING_ONLY = frozenset({Op.COPY, Op.PARTIAL, Op.SCAN_REDUCE, Op.SCAN, Op.SCATTER_ADD, Op.SCATTER_INTO,
-                           Op.RADIX_HIST, Op.RADIX_SCAN, Op.RADIX_SCATTER, Op.SORT_BLOCKS,
-                           Op.SORT_MERGE, Op.KERNEL})
+LOWERING_ONLY = frozenset({Op.COPY, Op.PARTIAL, Op.SCAN_REDUCE, Op.SCAN, Op.SCATTER_ADD,
+                           Op.SCATTER_INTO, Op.RADIX_HIST, Op.RADIX_SCAN, Op.RADIX_SCATTER,
+                           Op.SORT_BLOCKS, Op.SORT_MERGE, Op.KERNEL})
 
 SIZES = (1, 3, 7)
 
@@ -119,25 +118,31 @@ def run_cases(cases: list[VCase]) -> None:
         got_leaves, _ = flatten(got[i])
         examples = [flatten(per_index[b][i])[0] for b in range(c.size)]
         for k, g in enumerate(got_leaves):
-            axis = c.out_axes if isinstance(c.out_axes, int) else c.out_axes[k]
-            want = np.stack([np.asarray(e[k]) for e in examples], axis=axis)
+            axis = c.out_axes if not isinstance(c.out_axes, (tuple, list)) else c.out_axes[k]
+            if axis is None:  # an output the same for every example, not stacked
+                for e in examples[1:]:
+                    _check(f"{c.name} (output {k}, unbatched)", e[k], examples[0][k], c.tol)
+                want = np.asarray(examples[0][k])
+            else:
+                want = np.stack([np.asarray(e[k]) for e in examples], axis=axis)
             _check(f"{c.name} (output {k})", g, want, c.tol)
 
 
 def _batched(rng: np.random.Generator, gen: Callable[[np.random.Generator, Any], np.ndarray],
              shape: tuple[int, ...], axis: Any, size: int) -> np.ndarray:
     """Random values of one example's ``shape`` with a batch axis of ``size`` at ``axis``."""
+    full = list(shape)
     if axis is not None:
-        shape = list(shape)
-        shape.insert(axis if axis >= 0 else len(shape) + 1 + axis, size)
-    return np.asarray(gen(rng, tuple(shape)))
+        full.insert(axis if axis >= 0 else len(full) + 1 + axis, size)
+    return np.asarray(gen(rng, tuple(full)))
 
 
 # --- elementwise ---------------------------------------------------------------------------------
 
 # (per-example shapes, in_axes) per arity: the batch axis kept in place (equal shapes, equal
 # axes), moved (an unbatched operand of several axes, operands of other ranks), scalars
-LAYOUTS = {
+Layout = tuple[tuple[tuple[int, ...], ...], tuple[Any, ...]]
+LAYOUTS: dict[int, list[Layout]] = {
     1: [(((7,),), (0,)), (((3, 5),), (1,)), (((2, 3),), (-1,)), (((),), (0,))],
     2: [(((3, 5), (3, 5)), (0, 0)), (((3, 5), (5,)), (1, None)), (((5,), (2, 5)), (0, -1)),
         (((), (4,)), (None, 0)), (((3, 1), (1, 4)), (-1, 1)), (((2, 3), ()), (2, None))],
@@ -351,3 +356,235 @@ def test_other_primitives_match_loop(rng: np.random.Generator,
     untested = set(ops.BATCH_RULES) - rule_calls - ELEMENTWISE_OPS - {Op.IOTA}
     # iota has no operand, so it is never batched
     assert not untested, f"batching rules no case ran: {untested}"
+
+
+# --- axes, pytrees, composition -------------------------------------------------------------------
+
+
+def test_in_axes_and_out_axes(rng: np.random.Generator) -> None:
+    """Negative axes, None, and out_axes moving the batch axis anywhere in each output."""
+    f = functools.partial(_f, rng)
+
+    def two(x: Any, y: Any) -> Any:
+        return x * y.sum(), fnp.tanh(x).T
+
+    def unbatched_out(x: Any, w: Any) -> Any:
+        return x @ w, w * 2.0
+
+    C = VCase
+    run_cases([
+        C("out_1", lambda x: x * 2.0, [f(3, 4, 5)], (0,), 3, out_axes=1),
+        C("out_-1", lambda x: fnp.exp(x), [f(4, 7, 5)], (1,), 7, out_axes=-1),
+        C("out_-2", lambda x: x[::-1], [f(4, 5, 3)], (-1,), 3, out_axes=-2),
+        C("out_tuple", two, [f(3, 4, 3), f(4, 3)], (-1, 1), 3, out_axes=(1, 0)),
+        C("out_none", unbatched_out, [f(3, 2, 4), f(4, 5)], (0, None), 3, out_axes=(2, None)),
+        C("in_none_first", lambda w, x: w - x, [f(5), f(1, 5)], (None, 0), 1, out_axes=-1),
+        C("out_broadcast", lambda x, w: (x + 1.0, w), [f(7, 2), f(2, 3)], (0, None), 7,
+          out_axes=(0, 1)),
+        C("identity", lambda x: x, [f(3, 7, 2)], (1,), 7, out_axes=2),
+    ])
+
+
+def test_pytree_arguments_and_outputs(rng: np.random.Generator) -> None:
+    """in_axes and out_axes as pytree prefixes: a dict of axes for a dict argument, one axis for
+    a whole subtree; outputs in dicts and tuples."""
+    w, bias = _f(rng, 4, 3), _f(rng, 7, 3)
+    xs, ts = _f(rng, 7, 4), _f(rng, 3, 7)
+
+    def layer(params: Any, batch: Any) -> Any:
+        x, t = batch
+        y = fnp.tanh(x @ params["w"] + params["b"])
+        return {"y": y, "err": ((y - t) ** 2).sum(), "w": params["w"]}
+
+    f = fusec.vmap(layer, in_axes=({"w": None, "b": 0}, (0, 1)),
+                   out_axes={"y": 1, "err": 0, "w": None})
+    for run in (f, fusec.gpu_jit(f)):
+        got = run({"w": w, "b": bias}, (xs, ts))
+        assert sorted(got) == ["err", "w", "y"]
+        per = [fusec.gpu_jit(layer)({"w": w, "b": bias[k]}, (xs[k], ts[:, k])) for k in range(7)]
+        _check("y", got["y"], np.stack([np.asarray(p["y"]) for p in per], axis=1), SUM_TOL)
+        _check("err", got["err"], np.stack([np.asarray(p["err"]) for p in per]), SUM_TOL)
+        _check("w", got["w"], w, (0.0, 0.0))
+    # one axis for a whole argument tree; a list of axes for a list argument
+    g = fusec.vmap(lambda ps, qs: ps[0] * ps[1] + qs[0], in_axes=[0, [None]])
+    a, b, c = _f(rng, 3, 2), _f(rng, 3, 2), _f(rng, 2)
+    _check("prefix", g((a, b), [c]), a * b + c, (1e-6, 1e-6))
+
+
+def test_keyword_arguments_and_scalars(rng: np.random.Generator) -> None:
+    """Keyword arguments are batched along axis 0 (as in JAX); Python scalars with in_axes None
+    stay weakly typed."""
+    x, s = _f(rng, 3, 4), _f(rng, 3)
+    f = fusec.vmap(lambda x, scale: x * scale)
+    _check("kwargs", f(x, scale=s), x * s[:, None], (1e-6, 0.0))
+    g = fusec.vmap(lambda x, k: x * k, in_axes=(0, None))
+    ints = np.arange(6, dtype=np.int32).reshape(3, 2)
+    out = g(ints, 3)
+    _check("weak int", out, ints * np.int32(3), (0.0, 0.0))
+    _check("weak float", g(x, 0.5), x * np.float32(0.5), (0.0, 0.0))
+    # a Python scalar output broadcast along the batch, weakly typed like the scalar
+    h = fusec.gpu_jit(lambda x: fusec.vmap(lambda r: 2)(x) + np.zeros(3, np.uint32))
+    got = np.asarray(h(x))
+    assert got.dtype == np.uint32 and got.tolist() == [2, 2, 2]
+
+
+def test_axis_size_without_batched_arguments(rng: np.random.Generator) -> None:
+    w = _f(rng, 2, 3)
+    f = fusec.vmap(lambda w: fnp.sin(w), in_axes=None, axis_size=5)
+    _check("broadcast", f(w), np.broadcast_to(np.asarray(fusec.gpu_jit(fnp.sin)(w)), (5, 2, 3)),
+           (0.0, 0.0))
+    g = fusec.vmap(lambda: fnp.arange(4), axis_size=3, out_axes=1)
+    _check("no args", g(), np.broadcast_to(np.arange(4, dtype=np.int32)[:, None], (4, 3)),
+           (0.0, 0.0))
+    # axis_size that agrees with the arguments is allowed
+    x = _f(rng, 3, 2)
+    _check("agrees", fusec.vmap(lambda x: -x, axis_size=3)(x), -x, (0.0, 0.0))
+
+
+def test_nested_vmap(rng: np.random.Generator) -> None:
+    """vmap(vmap(f)) over two axes: every (i, j) pair, as a double loop gives."""
+    xs, ys = _f(rng, 3, 4), _f(rng, 7, 4)
+
+    def f(x: Any, y: Any) -> Any:
+        return fnp.dot(x, y) + fnp.sin(x).sum() * y[0]
+
+    inner = fusec.vmap(f, in_axes=(None, 0))          # one x, every y
+    outer = fusec.vmap(inner, in_axes=(0, None))      # every x
+    one = fusec.gpu_jit(f)
+    want = np.array([[np.asarray(one(x, y)) for y in ys] for x in xs])
+    got = outer(xs, ys)
+    _check("nested", got, want, SUM_TOL)
+    # the other nesting order, the outer batch axis placed second: out[i, j] again
+    swapped = fusec.vmap(fusec.vmap(f, in_axes=(0, None), out_axes=0), in_axes=(None, 0),
+                         out_axes=1)
+    _check("nested, out_axes", swapped(xs, ys), want, SUM_TOL)
+    # three levels: a batch of batches of batches
+    zs = _f(rng, 2, 3, 1, 4)
+    triple = fusec.vmap(fusec.vmap(fusec.vmap(lambda z: fnp.cumsum(z) * z[-1])))
+    zw = np.asarray(fusec.gpu_jit(lambda z: fnp.cumsum(z) * z[-1])(zs.reshape(-1, 4)[0]))
+    got3 = np.asarray(triple(zs))
+    assert got3.shape == (2, 3, 1, 4)
+    np.testing.assert_allclose(got3[0, 0, 0], zw, rtol=1e-6)
+    want3 = np.cumsum(zs, axis=-1) * zs[..., -1:]
+    np.testing.assert_allclose(got3, want3, rtol=1e-5, atol=1e-6)
+
+
+def test_jit_of_vmap_and_vmap_of_jit(rng: np.random.Generator) -> None:
+    """gpu_jit(vmap(f)), vmap(gpu_jit(f)) (the inner jit inlines) and eager vmap agree; eager
+    vmap compiles once per signature."""
+    x, w = _f(rng, 7, 5), _f(rng, 5, 3)
+
+    def f(x: Any, w: Any) -> Any:
+        return fnp.maximum(x @ w, 0.0).sum() + fnp.sort(x)[0]
+
+    want = np.stack([np.asarray(fusec.gpu_jit(f)(r, w)) for r in x])
+    jf = fusec.gpu_jit(f)
+    variants = {
+        "eager": fusec.vmap(f, in_axes=(0, None)),
+        "jit(vmap)": fusec.gpu_jit(fusec.vmap(f, in_axes=(0, None))),
+        "vmap(jit)": fusec.vmap(jf, in_axes=(0, None)),
+        "jit(vmap(jit))": fusec.gpu_jit(fusec.vmap(jf, in_axes=(0, None))),
+    }
+    for name, g in variants.items():
+        out = g(x, w)
+        assert isinstance(out, fusec.Array), name
+        _check(name, out, want, SUM_TOL)
+    assert jf._traces == 0  # inlined into the vmapped trace, never compiled on its own
+    eager = variants["eager"]
+    with Delta() as d:
+        eager(x, w)
+        fusec.vmap(f, in_axes=(0, None))(fusec.device_put(x), w)  # a new vmap of the same f
+    assert (d.traces, d.lowerings, d.pipelines_compiled) == (0, 0, 0)
+
+
+def test_batched_program_fuses(rng: np.random.Generator) -> None:
+    """An elementwise chain vmapped over axis 1 is one kernel, as the chain itself is."""
+    x = _f(rng, 4, 7, 5)
+
+    def chain(v: Any) -> Any:
+        return fnp.tanh(v * 2.0 + 1.0) - fnp.exp(-v)
+
+    lowered = fusec.gpu_jit(fusec.vmap(chain, in_axes=1)).lower(x)
+    assert len(lowered.kernels) == 1
+    # a row reduction vmapped over rows is one reduction kernel
+    red = fusec.gpu_jit(fusec.vmap(lambda r: fnp.exp(r - r.max()).sum())).lower(_f(rng, 9, 33))
+    assert len(red.kernels) <= len(fusec.gpu_jit(lambda r: fnp.exp(r - r.max()).sum())
+                                   .lower(_f(rng, 33)).kernels)
+
+
+def test_closing_over_outer_values(rng: np.random.Generator) -> None:
+    """A vmapped function may use values of the enclosing trace (unbatched there), values of an
+    enclosing vmap (batched by it), and concrete arrays."""
+    x, ys, c = _f(rng, 4), _f(rng, 3, 4), _f(rng, 4)
+    dev = fusec.device_put(_f(rng, 4))
+
+    @fusec.gpu_jit
+    def g(x: Any, ys: Any) -> Any:
+        s = fnp.sin(x)
+        return fusec.vmap(lambda y: y * s + x.sum() + c - dev)(ys)
+
+    want = ys * np.sin(x.astype(np.float64)) + x.sum() + c - np.asarray(dev)
+    _check("outer tracer", g(x, ys), want.astype(np.float32), (1e-5, 1e-5))
+
+    # the inner function closes over the outer vmap's per-example value
+    xs, zs = _f(rng, 7, 4), _f(rng, 3, 4)
+    h = fusec.vmap(lambda x: fusec.vmap(lambda z: fnp.dot(x, z))(zs))
+    _check("outer vmap value", h(xs), xs @ zs.T, SUM_TOL)
+    h2 = fusec.vmap(lambda z: fusec.vmap(lambda x: fnp.dot(x, z))(xs), in_axes=0, out_axes=1)
+    _check("outer vmap value, out_axes", h2(zs), xs @ zs.T, SUM_TOL)
+
+
+# --- errors ---------------------------------------------------------------------------------------
+
+
+def _raises(exc: type[Exception], *words: str) -> Any:
+    class Check:
+        def __enter__(self) -> None:
+            self.ctx = pytest.raises(exc)
+            self.info = self.ctx.__enter__()
+
+        def __exit__(self, *a: Any) -> bool:
+            handled = self.ctx.__exit__(*a)
+            msg = str(self.info.value)
+            for w in words:
+                assert w in msg, f"{w!r} not in: {msg}"
+            assert isinstance(self.info.value, fusec.FusecError)
+            return bool(handled)
+
+    return Check()
+
+
+def test_errors_name_the_argument() -> None:
+    x, y = np.zeros((3, 4), np.float32), np.zeros((5, 4), np.float32)
+    two = lambda x, y: x + y  # noqa: E731
+    for wrap in (lambda f: f, fusec.gpu_jit):  # eagerly and inside a trace
+        with _raises(fusec.ShapeError, "'x'", "'y'", "3", "5"):
+            wrap(fusec.vmap(two))(x, y)
+        with _raises(fusec.ShapeError, "'y'", "axis 2", "(3, 4)"):
+            wrap(fusec.vmap(two, in_axes=(0, 2)))(x, y[:3])
+        with _raises(fusec.ShapeError, "in_axes has 3 entries", "2 positional"):
+            wrap(fusec.vmap(two, in_axes=(0, 0, 0)))(x, x)
+        with _raises(fusec.ShapeError, "no argument is batched", "axis_size"):
+            wrap(fusec.vmap(two, in_axes=None))(x, x)
+        with _raises(fusec.ShapeError, "axis_size is 4", "'x'", "3"):
+            wrap(fusec.vmap(two, axis_size=4))(x, x)
+        with _raises(fusec.ShapeError, "'p'", "{'a': 0}", "{'b': *}"):
+            wrap(fusec.vmap(lambda p: p["b"], in_axes=({"a": 0},)))({"b": x})
+        with _raises(fusec.ShapeError, "argument 'x'", "not a container"):
+            wrap(fusec.vmap(lambda x: x, in_axes=((0, 1),)))(x)
+        with _raises(fusec.ShapeError, "'p['w']'", "axis -3"):
+            wrap(fusec.vmap(lambda p: p["w"], in_axes=({"w": -3},)))({"w": x})
+        with _raises(fusec.ShapeError, "'s'", "0 axes"):
+            wrap(fusec.vmap(lambda x, s: x * s))(x, 2.0)
+        with _raises(fusec.ShapeError, "out_axes is None", "output"):
+            wrap(fusec.vmap(lambda x: x * 2, out_axes=None))(x)
+        with _raises(fusec.ShapeError, "out_axes gives axis 2", "output"):
+            wrap(fusec.vmap(lambda x: x.sum(), out_axes=2))(x)
+        with _raises(fusec.ShapeError, "out_axes", "(*, *)"):
+            wrap(fusec.vmap(lambda x: (x, x), out_axes=(0, 0, 0)))(x)
+    with _raises(fusec.TraceError, "in_axes"):
+        fusec.vmap(two, in_axes="x")
+    with _raises(fusec.TraceError, "out_axes"):
+        fusec.vmap(two, out_axes=(0, 1.5))
+    with _raises(fusec.TraceError, "axis_size"):
+        fusec.vmap(two, axis_size=-1)
