@@ -106,22 +106,27 @@ class _Vmapped:
         return f"<{self.name}>"
 
 
-# one gpu_jit per (function, axes): vmap(f)(x) in a loop compiles once
+# one gpu_jit per (function, axes), so that vmap(f)(x) in a loop compiles once. Keyed weakly by
+# the function; the jitted closure refers to it weakly too (a strong reference from the value
+# would keep the key alive for ever).
 _JITS: weakref.WeakKeyDictionary[Any, dict[Any, JitFunction]] = weakref.WeakKeyDictionary()
 
 
 def _cached_jit(v: _Vmapped) -> JitFunction:
-    key: Any = (repr(v.in_axes), repr(v.out_axes), v.axis_size)
+    in_axes, out_axes, axis_size, name = v.in_axes, v.out_axes, v.axis_size, v.name
+    key: Any = (repr(in_axes), repr(out_axes), axis_size)
     try:
+        ref: Callable[[], Any] = weakref.ref(v.fun)
         per_fun = _JITS.setdefault(v.fun, {})
-    except TypeError:  # not weakly referenceable: no sharing between vmap objects
-        per_fun = {}
+    except TypeError:  # not weakly referenceable: a jit of this vmap object's own
+        fun = v.fun
+        ref, per_fun = (lambda: fun), {}
     jf = per_fun.get(key)
     if jf is None:
         def batched(*args: Any, **kwargs: Any) -> Any:
-            return batch_call(v.fun, args, kwargs, v.in_axes, v.out_axes, v.axis_size, v.name)
+            return batch_call(ref(), args, kwargs, in_axes, out_axes, axis_size, name)
 
-        batched.__qualname__ = batched.__name__ = v.name
+        batched.__qualname__ = batched.__name__ = name
         jf = JitFunction(batched)
         per_fun[key] = jf
     return jf
