@@ -13,6 +13,7 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from . import config, lax, nn, numpy, random, tree_util  # noqa: E402
+from .autodiff import custom_vjp, grad, jacfwd, jacrev, jvp, stop_gradient, value_and_grad, vjp
 from .cache import CacheInfo, cache_info, clear_cache
 from .errors import (
     DeviceLimitError,
@@ -36,5 +37,6 @@ __all__ = [
     "IndexingError", "JitFunction", "Lowered", "ShapeDtype", "ShapeError", "SignatureError",
     "StaticArgumentError", "TraceError", "Traced", "TracerBoolConversionError", "cache_info",
     "clear_cache", "config", "default_device", "device_put", "gpu_jit", "lax", "nn", "numpy",
-    "random", "tree_util", "vmap", "warmup_from",
+    "random", "tree_util", "vmap", "warmup_from", "grad", "value_and_grad", "vjp", "jvp",
+    "jacrev", "jacfwd", "custom_vjp", "stop_gradient",
 ]

@@ -65,6 +65,8 @@ class Op(Enum):
     ISFINITE = "isfinite"
     NOT = "not"  # logical not of bool, bitwise invert of integers
     COPY = "copy"  # identity: a value that must be a buffer of its own (scatter's operand)
+    # identity whose derivative is zero (fusec.lax.stop_gradient); simplify removes it
+    STOP_GRADIENT = "stop_gradient"
     # elementwise, binary
     ADD = "add"
     SUB = "sub"
@@ -176,6 +178,10 @@ class Op(Enum):
     # params side ("left" | "right"): inputs sorted a[n], queries v[...] -> int32[...]: the
     # binary search of each query in a, comparing order keys as argsort does
     SEARCHSORTED = "searchsorted"
+    # inputs y, x_0 ..: y (the result of a function with a custom derivative, fusec.custom_vjp),
+    # made to depend on that function's arguments x_i for autodiff, whose rule calls the user's
+    # backward function; params: rule (a key of fusec.autodiff's registry). simplify removes it
+    CUSTOM_VJP = "custom_vjp"
     # a fused kernel
     KERNEL = "kernel"  # params: body (Program), name, kind
 
@@ -184,7 +190,7 @@ UNARY = frozenset({Op.NEG, Op.ABS, Op.EXP, Op.LOG, Op.SQRT, Op.RSQRT, Op.TANH, O
                    Op.ERF, Op.CAST, Op.IPOW, Op.FLOOR, Op.CEIL, Op.TRUNC, Op.ROUND, Op.SIGN,
                    Op.SIGNBIT, Op.LOG1P, Op.EXPM1, Op.LOG2, Op.TAN, Op.SINH, Op.COSH, Op.ASIN,
                    Op.ACOS, Op.ATAN, Op.ASINH, Op.ACOSH, Op.ATANH, Op.ISNAN, Op.ISINF,
-                   Op.ISFINITE, Op.NOT, Op.COPY})
+                   Op.ISFINITE, Op.NOT, Op.COPY, Op.STOP_GRADIENT})
 BINARY = frozenset({Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.POW, Op.MAX, Op.MIN, Op.GT, Op.GE, Op.LT,
                     Op.LE, Op.EQ, Op.NE, Op.REM, Op.FMOD, Op.FLOORDIV, Op.ATAN2, Op.COPYSIGN,
                     Op.AND, Op.OR, Op.XOR, Op.SHL, Op.SHR})

@@ -487,8 +487,8 @@ class JitFunction:
         self._warned_retrace = False
         # the code object: a lambda re-created in a loop shares it, two lambdas on a line do not
         self._code_id = getattr(fun, "__code__", None)
-        # name and docstring only: copying the wrapped object's __dict__ (updated=) would let a
-        # callable object's attributes (a vmapped function's .fun) overwrite this one's
+        # (not the __dict__: a callable object's attributes, such as a transform's .fun, would
+        # overwrite this object's own)
         functools.update_wrapper(self, fun, updated=())  # type: ignore[arg-type]
         cache.register(self)
 

@@ -6,7 +6,7 @@ import math
 from typing import Any
 
 from . import numpy as fnp
-from .numpy._base import _traceable
+from .numpy._base import _stop_gradient, _traceable
 from .trace import Tracer
 
 __all__ = ["relu", "sigmoid", "tanh", "silu", "swish", "gelu", "leaky_relu", "elu", "softmax",
@@ -64,7 +64,8 @@ def elu(x: Any, alpha: float = 1.0) -> Tracer:
 @_traceable
 def softmax(x: Any, axis: int = -1) -> Tracer:
     """``exp(x) / sum(exp(x))`` along ``axis``, shifted by the maximum for stability."""
-    shifted = x - fnp.max(x, axis=axis, keepdims=True)
+    # the shift does not change the value: autodiff does not differentiate it (as JAX)
+    shifted = x - _stop_gradient(fnp.max(x, axis=axis, keepdims=True))
     e = fnp.exp(shifted)
     return e / fnp.sum(e, axis=axis, keepdims=True)
 
@@ -72,7 +73,7 @@ def softmax(x: Any, axis: int = -1) -> Tracer:
 @_traceable
 def log_softmax(x: Any, axis: int = -1) -> Tracer:
     """``x - log(sum(exp(x)))`` along ``axis``, computed stably."""
-    shifted = x - fnp.max(x, axis=axis, keepdims=True)
+    shifted = x - _stop_gradient(fnp.max(x, axis=axis, keepdims=True))
     return shifted - fnp.log(fnp.sum(fnp.exp(shifted), axis=axis, keepdims=True))
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
@@ -452,6 +452,9 @@ class Elementwise:
     # (rtol, atol) of the GPU float32 result against a float64 reference, from WGSL's accuracy rules
     # (e.g. exp: 3 + 2|x| ULP; division 2.5 ULP) and measured on lavapipe and the H100/H200.
     tol: tuple[float, float] = (1e-6, 0.0)
+    # g * d(out)/d(operand i) (see "derivatives of the elementwise ops"); None: not
+    # differentiable (results that are not floats: predicates, bitwise ops, integer division)
+    deriv: Optional[Callable[..., Any]] = None
 
 
 def _div(a: Sequence[str], dt: str) -> str:
@@ -594,47 +597,182 @@ def _np_bool_safe(fn: Callable[..., Any], bool_fn: Callable[..., Any]) -> Callab
     return f
 
 
+# --- derivatives of the elementwise ops (fusec.autodiff) ------------------------------------------
+# deriv(b, ins, out, g, i) -> g * d(out)/d(ins[i]), or None where that derivative is zero (or the
+# input is not differentiable). b is the current trace's Builder; ins are tracers or, for literal
+# operands, Python scalars; out is the op's result; g is a cotangent (reverse mode) or a tangent
+# of ins[i] (forward mode): an elementwise derivative is the same product in both modes. The
+# products broadcast: reverse mode sums them back to the operand's shape.
+# Rules use the tracers' Python operators (fusec.numpy attaches them) and b.bind for the rest.
+
+
+def ad_atom(x: Any) -> Any:
+    """A rule's operand as an IR atom: tracers as they are, Python scalars as float32 literals."""
+    from .ir import Lit as _Lit
+
+    if isinstance(x, (bool, int, float)):
+        return _Lit(float(x), "float32")
+    return x
+
+
+def ad_call(b: Any, op: Op, *xs: Any, **params: Any) -> Any:
+    """``op(*xs)`` bound in the current trace (for rules: functions that have no operator)."""
+    return b.bind(op, [ad_atom(x) for x in xs], params)
+
+
+def _d_scale(f: Callable[[Any, Any, Any], Any]) -> Callable[..., Any]:
+    """A unary op whose derivative is ``f(b, x, out)``: g * f."""
+    return lambda b, ins, out, g, i: g * f(b, ins[0], out)
+
+
+def _sq(x: Any) -> Any:
+    return x * x
+
+
+_D_NONE: Callable[..., Any] = lambda b, ins, out, g, i: None  # noqa: E731  (piecewise constant)
+_D_ID: Callable[..., Any] = lambda b, ins, out, g, i: g  # noqa: E731
+_D_NEG: Callable[..., Any] = lambda b, ins, out, g, i: -g  # noqa: E731
+_D_ABS = _d_scale(lambda b, x, y: ad_call(b, Op.SIGN, x))
+_D_EXP = _d_scale(lambda b, x, y: y)
+_D_LOG = lambda b, ins, out, g, i: g / ins[0]  # noqa: E731
+_D_SQRT = lambda b, ins, out, g, i: g * 0.5 / out  # noqa: E731
+_D_RSQRT = lambda b, ins, out, g, i: g * (-0.5) * out / ins[0]  # noqa: E731
+_D_TANH = _d_scale(lambda b, x, y: 1.0 - y * y)
+_D_SIN = _d_scale(lambda b, x, y: ad_call(b, Op.COS, x))
+_D_COS = lambda b, ins, out, g, i: -(g * ad_call(b, Op.SIN, ins[0]))  # noqa: E731
+_D_ERF = _d_scale(lambda b, x, y: (2.0 / math.sqrt(math.pi)) * ad_call(b, Op.EXP, -(x * x)))
+_D_LOG1P = lambda b, ins, out, g, i: g / (1.0 + ins[0])  # noqa: E731
+_D_EXPM1 = _d_scale(lambda b, x, y: y + 1.0)
+_D_LOG2 = lambda b, ins, out, g, i: g / (ins[0] * math.log(2.0))  # noqa: E731
+_D_TAN = _d_scale(lambda b, x, y: 1.0 + y * y)
+_D_SINH = _d_scale(lambda b, x, y: ad_call(b, Op.COSH, x))
+_D_COSH = _d_scale(lambda b, x, y: ad_call(b, Op.SINH, x))
+_D_ASIN = _d_scale(lambda b, x, y: ad_call(b, Op.RSQRT, 1.0 - x * x))
+_D_ACOS = _d_scale(lambda b, x, y: -ad_call(b, Op.RSQRT, 1.0 - x * x))
+_D_ATAN = lambda b, ins, out, g, i: g / (1.0 + ins[0] * ins[0])  # noqa: E731
+_D_ASINH = _d_scale(lambda b, x, y: ad_call(b, Op.RSQRT, x * x + 1.0))
+_D_ACOSH = _d_scale(lambda b, x, y: ad_call(b, Op.RSQRT, (x - 1.0) * (x + 1.0)))
+_D_ATANH = lambda b, ins, out, g, i: g / (1.0 - ins[0] * ins[0])  # noqa: E731
+_D_ADD = _D_ID
+_D_SUB: Callable[..., Any] = lambda b, ins, out, g, i: g if i == 0 else -g  # noqa: E731
+_D_MUL: Callable[..., Any] = lambda b, ins, out, g, i: g * ins[1 - i]  # noqa: E731
+_D_DIV: Callable[..., Any] = (  # noqa: E731
+    lambda b, ins, out, g, i: g / ins[1] if i == 0 else -(g * out) / ins[1])
+
+
+def _d_pow(b: Any, ins: Sequence[Any], out: Any, g: Any, i: int) -> Any:
+    x, y = ins
+    if i == 0:  # y * x ** (y - 1); zero where y == 0 (also at x == 0, where x ** -1 is inf)
+        d = y * (x ** (y - 1.0)) if not isinstance(y, (int, float)) else (
+            y * x ** (y - 1.0) if y != 0 else None)
+        if d is None:
+            return None
+        if not isinstance(y, (int, float)):
+            d = ad_call(b, Op.WHERE, y == 0.0, 0.0, d)
+        return g * d
+    # log(x) * x ** y, with log(0) taken as 0: d/dy of 0 ** y is 0 for y > 0
+    safe = ad_call(b, Op.WHERE, x == 0.0, 1.0, x) if not isinstance(x, (int, float)) else (
+        x if x != 0 else 1.0)
+    return g * (ad_call(b, Op.LOG, safe) if not isinstance(safe, float) else math.log(safe)) * out
+
+
+def _d_minmax(greater: bool) -> Callable[..., Any]:
+    def d(b: Any, ins: Sequence[Any], out: Any, g: Any, i: int) -> Any:
+        x, other = ins[i], ins[1 - i]
+        wins = (x > other) if greater else (x < other)
+        if isinstance(wins, bool):  # two literals: never differentiated
+            return None
+        # ties share the gradient equally, as JAX's max/min do
+        half = ad_call(b, Op.WHERE, x == other, g * 0.5, 0.0)
+        return ad_call(b, Op.WHERE, wins, g, half)
+
+    return d
+
+
+def _d_atan2(b: Any, ins: Sequence[Any], out: Any, g: Any, i: int) -> Any:
+    y, x = ins  # arctan2(y, x)
+    r = y * y + x * x
+    return g * x / r if i == 0 else -(g * y) / r
+
+
+def _d_copysign(b: Any, ins: Sequence[Any], out: Any, g: Any, i: int) -> Any:
+    if i == 1:
+        return None
+    x, y = ins
+    flip = ad_call(b, Op.NE, ad_call(b, Op.SIGNBIT, x), ad_call(b, Op.SIGNBIT, y))
+    return ad_call(b, Op.WHERE, flip, -g, g)
+
+
+def _d_rem(trunc: bool) -> Callable[..., Any]:
+    # x - y * floor(x / y) (numpy's remainder) or x - y * trunc(x / y) (fmod)
+    def d(b: Any, ins: Sequence[Any], out: Any, g: Any, i: int) -> Any:
+        if i == 0:
+            return g
+        q = ad_call(b, Op.TRUNC if trunc else Op.FLOOR, ins[0] / ins[1])
+        return -(g * q)
+
+    return d
+
+
+def _d_where(b: Any, ins: Sequence[Any], out: Any, g: Any, i: int) -> Any:
+    if i == 0:
+        return None
+    # a select, not a product with a mask: a NaN cotangent must not leak into the other branch
+    return ad_call(b, Op.WHERE, ins[0], g, 0.0) if i == 1 else ad_call(b, Op.WHERE, ins[0], 0.0, g)
+
+
 _TRANSCENDENTAL = (2e-5, 1e-6)
 
 ELEMENTWISE: dict[Op, Elementwise] = {
     e.op: e
     for e in [
-        Elementwise(Op.NEG, np.negative, _neg, bool_ok=False, tol=(0.0, 0.0)),
-        Elementwise(Op.ABS, np.abs, _abs, tol=(0.0, 0.0)),
-        Elementwise(Op.EXP, np.exp, _call("exp"), float_only=True, tol=_TRANSCENDENTAL),
-        Elementwise(Op.LOG, np.log, _call("log"), float_only=True, tol=_TRANSCENDENTAL),
-        Elementwise(Op.SQRT, np.sqrt, _call("sqrt"), float_only=True, tol=(1e-6, 0.0)),
+        Elementwise(Op.STOP_GRADIENT, lambda x: x, lambda a, dt: a[0], tol=(0.0, 0.0),
+                    deriv=_D_NONE),
+        Elementwise(Op.NEG, np.negative, _neg, bool_ok=False, tol=(0.0, 0.0), deriv=_D_NEG),
+        Elementwise(Op.ABS, np.abs, _abs, tol=(0.0, 0.0), deriv=_D_ABS),
+        Elementwise(Op.EXP, np.exp, _call("exp"), float_only=True, tol=_TRANSCENDENTAL,
+                    deriv=_D_EXP),
+        Elementwise(Op.LOG, np.log, _call("log"), float_only=True, tol=_TRANSCENDENTAL,
+                    deriv=_D_LOG),
+        Elementwise(Op.SQRT, np.sqrt, _call("sqrt"), float_only=True, tol=(1e-6, 0.0),
+                    deriv=_D_SQRT),
         Elementwise(Op.RSQRT, lambda x: (1 / np.sqrt(x)).astype(x.dtype), _call("inverseSqrt"),
-                    float_only=True, tol=(1e-6, 0.0)),
-        Elementwise(Op.TANH, np.tanh, _call("fusec_tanh"), float_only=True, tol=_TRANSCENDENTAL),
+                    float_only=True, tol=(1e-6, 0.0), deriv=_D_RSQRT),
+        Elementwise(Op.TANH, np.tanh, _call("fusec_tanh"), float_only=True, tol=_TRANSCENDENTAL,
+                    deriv=_D_TANH),
         # WGSL promises sin/cos only to 2^-11 absolute on [-pi, pi]; real adapters do far better.
-        Elementwise(Op.SIN, np.sin, _call("sin"), float_only=True, tol=(1e-5, 2e-6)),
-        Elementwise(Op.COS, np.cos, _call("cos"), float_only=True, tol=(1e-5, 2e-6)),
-        Elementwise(Op.ERF, _np_erf, _call("fusec_erf"), float_only=True, tol=(1e-5, 1e-6)),
-        Elementwise(Op.ADD, _np_bool_safe(np.add, np.logical_or), _bin("+", "||"), tol=(1e-7, 0.0)),
-        Elementwise(Op.SUB, np.subtract, _bin("-"), bool_ok=False, tol=(1e-7, 0.0)),
+        Elementwise(Op.SIN, np.sin, _call("sin"), float_only=True, tol=(1e-5, 2e-6), deriv=_D_SIN),
+        Elementwise(Op.COS, np.cos, _call("cos"), float_only=True, tol=(1e-5, 2e-6), deriv=_D_COS),
+        Elementwise(Op.ERF, _np_erf, _call("fusec_erf"), float_only=True, tol=(1e-5, 1e-6),
+                    deriv=_D_ERF),
+        Elementwise(Op.ADD, _np_bool_safe(np.add, np.logical_or), _bin("+", "||"), tol=(1e-7, 0.0),
+                    deriv=_D_ADD),
+        Elementwise(Op.SUB, np.subtract, _bin("-"), bool_ok=False, tol=(1e-7, 0.0), deriv=_D_SUB),
         Elementwise(Op.MUL, _np_bool_safe(np.multiply, np.logical_and), _bin("*", "&&"),
-                    tol=(1e-7, 0.0)),
-        Elementwise(Op.DIV, np.divide, _div, float_only=True, tol=(1e-6, 0.0)),
-        Elementwise(Op.POW, _np_power, _pow, bool_ok=False, tol=(5e-5, 1e-6)),
-        Elementwise(Op.MAX, np.maximum, _minmax(">", "max", "||"), tol=(0.0, 0.0)),
-        Elementwise(Op.MIN, np.minimum, _minmax("<", "min", "&&"), tol=(0.0, 0.0)),
+                    tol=(1e-7, 0.0), deriv=_D_MUL),
+        Elementwise(Op.DIV, np.divide, _div, float_only=True, tol=(1e-6, 0.0), deriv=_D_DIV),
+        Elementwise(Op.POW, _np_power, _pow, bool_ok=False, tol=(5e-5, 1e-6), deriv=_d_pow),
+        Elementwise(Op.MAX, np.maximum, _minmax(">", "max", "||"), tol=(0.0, 0.0),
+                    deriv=_d_minmax(True)),
+        Elementwise(Op.MIN, np.minimum, _minmax("<", "min", "&&"), tol=(0.0, 0.0),
+                    deriv=_d_minmax(False)),
         # --- rounding, sign: exact
-        Elementwise(Op.FLOOR, np.floor, _rounding("floor"), tol=(0.0, 0.0)),
-        Elementwise(Op.CEIL, np.ceil, _rounding("ceil"), tol=(0.0, 0.0)),
-        Elementwise(Op.TRUNC, np.trunc, _rounding("trunc"), tol=(0.0, 0.0)),
+        Elementwise(Op.FLOOR, np.floor, _rounding("floor"), tol=(0.0, 0.0), deriv=_D_NONE),
+        Elementwise(Op.CEIL, np.ceil, _rounding("ceil"), tol=(0.0, 0.0), deriv=_D_NONE),
+        Elementwise(Op.TRUNC, np.trunc, _rounding("trunc"), tol=(0.0, 0.0), deriv=_D_NONE),
         # WGSL's round is half to even, as numpy's (np.round is np.rint for decimals=0)
-        Elementwise(Op.ROUND, _np_round, _rounding("round"), bool_ok=False, tol=(0.0, 0.0)),
+        Elementwise(Op.ROUND, _np_round, _rounding("round"), bool_ok=False, tol=(0.0, 0.0),
+                    deriv=_D_NONE),
         # sign(NaN) = NaN, sign(+-0) = +0, as numpy
         Elementwise(Op.SIGN, np.sign, _by_dtype(
             "select(select(select(0.0, -1.0, {0} < 0.0), 1.0, {0} > 0.0), {0}, fusec_isnan({0}))",
             "select(select(0i, -1i, {0} < 0i), 1i, {0} > 0i)", "select(0u, 1u, {0} != 0u)"),
-            bool_ok=False, tol=(0.0, 0.0)),
+            bool_ok=False, tol=(0.0, 0.0), deriv=_D_NONE),
         Elementwise(Op.SIGNBIT, np.signbit, _by_dtype(
             "((bitcast<u32>({0}) & 0x80000000u) != 0u)", "({0} < 0i)", "false", "false"),
             tol=(0.0, 0.0)),
         Elementwise(Op.COPYSIGN, np.copysign, _call("fusec_copysign"), float_only=True,
-                    tol=(0.0, 0.0)),
+                    tol=(0.0, 0.0), deriv=_d_copysign),
         # --- predicates on the bits (x != x may be folded away by compilers that assume no NaN)
         Elementwise(Op.ISNAN, _np_isnan, _by_dtype("fusec_isnan({0})", "false", "false", "false"),
                     tol=(0.0, 0.0)),
@@ -648,44 +786,53 @@ ELEMENTWISE: dict[Op, Elementwise] = {
         # for a GPU's division (WGSL: 2.5 ULP) and sqrt. expm1 is a series below 0.5 (measured
         # 1.2e-7 near 0, 3.5e-7 at 0.5) and exp(x) - 1 beyond, so it carries exp's bound
         # (3 + 2|x| ULP in WGSL).
-        Elementwise(Op.LOG1P, np.log1p, _call("fusec_log1p"), float_only=True, tol=(1e-6, 0.0)),
-        Elementwise(Op.LOG2, np.log2, _call("fusec_log2"), float_only=True, tol=(1e-6, 0.0)),
+        Elementwise(Op.LOG1P, np.log1p, _call("fusec_log1p"), float_only=True, tol=(1e-6, 0.0),
+                    deriv=_D_LOG1P),
+        Elementwise(Op.LOG2, np.log2, _call("fusec_log2"), float_only=True, tol=(1e-6, 0.0),
+                    deriv=_D_LOG2),
         Elementwise(Op.EXPM1, np.expm1, _call("fusec_expm1"), float_only=True,
-                    tol=_TRANSCENDENTAL),
+                    tol=_TRANSCENDENTAL, deriv=_D_EXPM1),
         # sinh and cosh are products of exp (3 + 2|x| ULP in WGSL): exp's tolerance
-        Elementwise(Op.SINH, np.sinh, _call("fusec_sinh"), float_only=True, tol=_TRANSCENDENTAL),
-        Elementwise(Op.COSH, np.cosh, _call("fusec_cosh"), float_only=True, tol=_TRANSCENDENTAL),
+        Elementwise(Op.SINH, np.sinh, _call("fusec_sinh"), float_only=True, tol=_TRANSCENDENTAL,
+                    deriv=_D_SINH),
+        Elementwise(Op.COSH, np.cosh, _call("fusec_cosh"), float_only=True, tol=_TRANSCENDENTAL,
+                    deriv=_D_COSH),
         # WGSL's tan is sin / cos: the accuracy of sin and cos (lavapipe measured 1.8e-7 relative
         # on [-1.5, 1.5]); near pi/2 the division magnifies cos's absolute error
-        Elementwise(Op.TAN, np.tan, _call("fusec_tan"), float_only=True, tol=(1e-5, 2e-6)),
+        Elementwise(Op.TAN, np.tan, _call("fusec_tan"), float_only=True, tol=(1e-5, 2e-6),
+                    deriv=_D_TAN),
         # atan and atan2: the series and range reduction of fusec_atan01 (measured 1.8e-7 and
         # 2.1e-7 relative); asin/acos add a sqrt (2.5e-7, 2.8e-7), the inverse hyperbolic
         # functions go through log1p (asinh 2.0e-7, acosh 2.3e-7, atanh 2.2e-7). Held to 1e-6 (17
         # ULP) for a GPU's division and sqrt, as log1p.
-        Elementwise(Op.ATAN, np.arctan, _call("fusec_atan"), float_only=True, tol=(1e-6, 0.0)),
+        Elementwise(Op.ATAN, np.arctan, _call("fusec_atan"), float_only=True, tol=(1e-6, 0.0),
+                    deriv=_D_ATAN),
         Elementwise(Op.ATAN2, np.arctan2, _call("fusec_atan2"), float_only=True,
-                    tol=(1e-6, 0.0)),
-        Elementwise(Op.ASIN, np.arcsin, _call("fusec_asin"), float_only=True, tol=(1e-6, 0.0)),
-        Elementwise(Op.ACOS, np.arccos, _call("fusec_acos"), float_only=True, tol=(1e-6, 0.0)),
+                    tol=(1e-6, 0.0), deriv=_d_atan2),
+        Elementwise(Op.ASIN, np.arcsin, _call("fusec_asin"), float_only=True, tol=(1e-6, 0.0),
+                    deriv=_D_ASIN),
+        Elementwise(Op.ACOS, np.arccos, _call("fusec_acos"), float_only=True, tol=(1e-6, 0.0),
+                    deriv=_D_ACOS),
         Elementwise(Op.ASINH, np.arcsinh, _call("fusec_asinh"), float_only=True,
-                    tol=(1e-6, 0.0)),
+                    tol=(1e-6, 0.0), deriv=_D_ASINH),
         Elementwise(Op.ACOSH, np.arccosh, _call("fusec_acosh"), float_only=True,
-                    tol=(1e-6, 0.0)),
+                    tol=(1e-6, 0.0), deriv=_D_ACOSH),
         Elementwise(Op.ATANH, np.arctanh, _call("fusec_atanh"), float_only=True,
-                    tol=(1e-6, 0.0)),
+                    tol=(1e-6, 0.0), deriv=_D_ATANH),
         # --- division and remainders: fmod is exact (fusec_fmod works on the integer
         # significands); remainder is fmod plus, where the signs differ, y: one rounding
         # (0.5 ULP) when |x| < |y|; floor_divide is an integer-valued float, exact unless the
         # quotient passes 2^22, where the division's rounding may move it by one unit
         Elementwise(Op.REM, np.remainder, _by_dtype(
             "fusec_rem({0}, {1})", "fusec_rem_i32({0}, {1})", "({0} % max({1}, 1u))"),
-            bool_ok=False, tol=(2**-24, 0.0)),
+            bool_ok=False, tol=(2**-24, 0.0), deriv=_d_rem(False)),
         Elementwise(Op.FMOD, np.fmod, _by_dtype(
             "fusec_fmod({0}, {1})", "fusec_fmod_i32({0}, {1})", "({0} % max({1}, 1u))"),
-            bool_ok=False, tol=(0.0, 0.0)),
+            bool_ok=False, tol=(0.0, 0.0), deriv=_d_rem(True)),
         Elementwise(Op.FLOORDIV, np.floor_divide, _by_dtype(
             "fusec_floordiv({0}, {1})", "fusec_floordiv_i32({0}, {1})",
-            "select({0} / max({1}, 1u), 0u, {1} == 0u)"), bool_ok=False, tol=(1e-6, 0.0)),
+            "select({0} / max({1}, 1u), 0u, {1} == 0u)"), bool_ok=False, tol=(1e-6, 0.0),
+                    deriv=_D_NONE),
         # --- bitwise (logical on bools; fusec.numpy refuses floats)
         Elementwise(Op.AND, np.bitwise_and, _by_dtype(
             None, "({0} & {1})", "({0} & {1})", "({0} & {1})"), tol=(0.0, 0.0)),
@@ -709,7 +856,7 @@ ELEMENTWISE: dict[Op, Elementwise] = {
             "({0} != {1})", "({0} != {1})"), tol=(0.0, 0.0)),
         # where(c, a, b): WGSL select(false_value, true_value, cond)
         Elementwise(Op.WHERE, np.where, lambda a, dt: f"select({a[2]}, {a[1]}, {a[0]})",
-                    tol=(0.0, 0.0)),
+                    tol=(0.0, 0.0), deriv=_d_where),
     ]
 }
 
@@ -1491,6 +1638,492 @@ def iota_numpy(shape: Shape, axis: int, dtype: str) -> np.ndarray:
     view = [1] * len(shape)
     view[axis] = n
     return np.broadcast_to(np.arange(n, dtype=np.int64).reshape(view), shape).astype(dtype)
+
+
+# --- derivative rules of the other ops (fusec.autodiff) -------------------------------------------
+# VJP_RULES[op](b, params, ins, outs, cts) -> one cotangent (or None: zero, or not differentiable)
+# per input; JVP_RULES[op](b, params, ins, outs, tangents) -> one tangent (or None) per output.
+# ins are tracers or Python scalars (literal operands); tangents/cts entries may be None (zero).
+# Elementwise ops share one rule each way, built from their ``deriv`` above. Ops whose results
+# are integers (argsort, searchsorted, iota, comparisons) have no derivative: NO_DERIVATIVE.
+
+
+def ad_shape(x: Any) -> Shape:
+    return tuple(x.shape) if hasattr(x, "shape") else ()
+
+
+def ad_is_float(x: Any) -> bool:
+    if isinstance(x, (bool, int)):
+        return False
+    if isinstance(x, float):
+        return True
+    return str(getattr(x, "var", x).dtype) == "float32"
+
+
+def ad_sum_to(b: Any, g: Any, shape: Shape) -> Any:
+    """Sum the broadcast axes of ``g`` away: the cotangent of an operand of ``shape``."""
+    gs = ad_shape(g)
+    if gs == tuple(shape):
+        return g
+    if len(gs) < len(shape) or any(s != 1 and s != d for s, d in zip(shape[::-1], gs[::-1])):
+        return b.bind(Op.BROADCAST, [ad_atom(g)], {"shape": tuple(shape)})
+    lead = len(gs) - len(shape)
+    axes = tuple(range(lead)) + tuple(lead + k for k, d in enumerate(shape)
+                                      if d == 1 and gs[lead + k] != 1)
+    if axes:
+        g = b.bind(Op.SUM, [g], {"axes": axes})
+    if ad_shape(g) != tuple(shape):
+        g = b.bind(Op.RESHAPE, [g], {"shape": tuple(shape)})
+    return g
+
+
+def ad_broadcast(b: Any, g: Any, shape: Shape) -> Any:
+    if ad_shape(g) == tuple(shape):
+        return g
+    return b.bind(Op.BROADCAST, [ad_atom(g)], {"shape": tuple(shape)})
+
+
+def ad_zeros(b: Any, shape: Shape, dtype: str = "float32") -> Any:
+    from .ir import Lit as _Lit
+
+    zero: Any = 0.0 if dtype == "float32" else 0
+    return b.bind(Op.BROADCAST, [_Lit(zero, dtype)], {"shape": tuple(shape)})
+
+
+def _elementwise_vjp(b: Any, op: Op, params: dict[str, Any], ins: Sequence[Any],
+                     outs: Sequence[Any], cts: Sequence[Any]) -> list[Any]:
+    deriv = _deriv_of(op, params)
+    res: list[Any] = []
+    for i, x in enumerate(ins):
+        if deriv is None or not ad_is_float(x) or isinstance(x, float) or cts[0] is None:
+            res.append(None)
+            continue
+        c = deriv(b, ins, outs[0], cts[0], i)
+        res.append(None if c is None else ad_sum_to(b, c, ad_shape(x)))
+    return res
+
+
+def _elementwise_jvp(b: Any, op: Op, params: dict[str, Any], ins: Sequence[Any],
+                     outs: Sequence[Any], tangents: Sequence[Any]) -> list[Any]:
+    deriv = _deriv_of(op, params)
+    if deriv is None or not ad_is_float(outs[0]):
+        return [None]
+    total = None
+    for i, t in enumerate(tangents):
+        if t is None:
+            continue
+        c = deriv(b, ins, outs[0], t, i)
+        if c is not None:
+            total = c if total is None else total + c
+    return [None if total is None else ad_broadcast(b, total, ad_shape(outs[0]))]
+
+
+def _deriv_of(op: Op, params: dict[str, Any]) -> Optional[Callable[..., Any]]:
+    if op is Op.CAST:  # float -> float only: other casts have no float result or operand
+        return _D_ID if params.get("dtype") == "float32" else None
+    if op is Op.IPOW:
+        n = int(params["n"])
+        if n == 0:
+            return _D_NONE
+        return lambda b, ins, out, g, i: g * (float(n) * (
+            ins[0] if n == 2 else b.bind(Op.IPOW, [ad_atom(ins[0])], {"n": n - 1})))
+    info = ELEMENTWISE.get(op)
+    return None if info is None else info.deriv
+
+
+def _keep(shape: Shape, axes: Sequence[int]) -> Shape:
+    return tuple(1 if k in axes else d for k, d in enumerate(shape))
+
+
+def _reduce_back(b: Any, g: Any, x_shape: Shape, axes: Sequence[int]) -> Any:
+    """A reduction's cotangent broadcast back over the reduced axes."""
+    g = b.bind(Op.RESHAPE, [g], {"shape": _keep(x_shape, axes)})
+    return ad_broadcast(b, g, x_shape)
+
+
+def _argmax_mask(b: Any, x: Any, y: Any, axes: Sequence[int]) -> Any:
+    """Where x attains its reduction y, divided by how many places do (ties share equally)."""
+    yk = _reduce_back(b, y, ad_shape(x), axes)
+    hit = b.bind(Op.CAST, [b.bind(Op.EQ, [x, yk])], {"dtype": "float32"})
+    count = _reduce_back(b, b.bind(Op.SUM, [hit], {"axes": tuple(axes)}), ad_shape(x), axes)
+    return hit / count
+
+
+def _prod_others(b: Any, x: Any, axes: Sequence[int]) -> Any:
+    """For each element, the product of the others it is reduced with (no division: exact
+    where there are zeros): exclusive products from both ends, multiplied."""
+    shape = ad_shape(x)
+    kept = [k for k in range(len(shape)) if k not in axes]
+    perm = tuple(kept) + tuple(axes)
+    n = math.prod(shape[k] for k in axes)
+    rows = b.bind(Op.RESHAPE, [b.bind(Op.TRANSPOSE, [x], {"perm": perm})],
+                  {"shape": tuple(shape[k] for k in kept) + (n,)})
+    ax = len(kept)
+
+    def exclusive(reverse: bool) -> Any:
+        c = b.bind(Op.CUMULATIVE, [rows], {"reduce": "prod", "axis": ax, "reverse": reverse})
+        widths = tuple((0, 0) for _ in kept) + (((0, 1),) if reverse else ((1, 0),))
+        padded = b.bind(Op.PAD, [c], {"widths": widths, "value": 1.0})
+        starts = (0,) * len(kept) + ((1,) if reverse else (0,))
+        return b.bind(Op.SLICE, [padded], {"starts": starts, "steps": (1,) * (ax + 1),
+                                            "shape": ad_shape(rows)})
+
+    others = exclusive(False) * exclusive(True)
+    back = b.bind(Op.RESHAPE, [others], {"shape": tuple(shape[k] for k in perm)})
+    inv = tuple(int(i) for i in np.argsort(perm))
+    return b.bind(Op.TRANSPOSE, [back], {"perm": inv})
+
+
+def _reduce_vjp(b: Any, op: Op, p: dict[str, Any], ins: Sequence[Any], outs: Sequence[Any],
+                cts: Sequence[Any]) -> list[Any]:
+    x, (y,), (g,) = ins[0], outs, cts
+    if not ad_is_float(x):
+        return [None]
+    axes = tuple(p["axes"])
+    gb = _reduce_back(b, g, ad_shape(x), axes)
+    if op is Op.SUM:
+        return [gb]
+    if op is Op.PROD:
+        return [gb * _prod_others(b, x, axes)]
+    return [gb * _argmax_mask(b, x, y, axes)]
+
+
+def _reduce_jvp(b: Any, op: Op, p: dict[str, Any], ins: Sequence[Any], outs: Sequence[Any],
+                ts: Sequence[Any]) -> list[Any]:
+    x, (y,), (t,) = ins[0], outs, ts
+    axes = tuple(p["axes"])
+    if op is Op.SUM:
+        return [b.bind(Op.SUM, [t], {"axes": axes})]
+    w = _prod_others(b, x, axes) if op is Op.PROD else _argmax_mask(b, x, y, axes)
+    return [b.bind(Op.SUM, [t * w], {"axes": axes})]
+
+
+def _swap_last(b: Any, x: Any) -> Any:
+    n = len(ad_shape(x))
+    perm = tuple(range(n - 2)) + (n - 1, n - 2)
+    return b.bind(Op.TRANSPOSE, [x], {"perm": perm})
+
+
+def _matmul_vjp(b: Any, op: Op, p: dict[str, Any], ins: Sequence[Any], outs: Sequence[Any],
+                cts: Sequence[Any]) -> list[Any]:
+    a, w = ins
+    g = cts[0]
+    if not ad_is_float(a):
+        return [None, None]
+    # the matmul kernels read a transposed operand in place: no transpose is materialised
+    return [b.bind(Op.MATMUL, [g, _swap_last(b, w)]), b.bind(Op.MATMUL, [_swap_last(b, a), g])]
+
+
+def _matmul_jvp(b: Any, op: Op, p: dict[str, Any], ins: Sequence[Any], outs: Sequence[Any],
+                ts: Sequence[Any]) -> list[Any]:
+    a, w = ins
+    ta, tw = ts
+    total = None if ta is None else b.bind(Op.MATMUL, [ta, w])
+    if tw is not None:
+        other = b.bind(Op.MATMUL, [a, tw])
+        total = other if total is None else total + other
+    return [total]
+
+
+def _linear_jvp(b: Any, op: Op, p: dict[str, Any], ins: Sequence[Any], outs: Sequence[Any],
+                ts: Sequence[Any]) -> list[Any]:
+    """Ops linear in their first operand (movement, gather, sum-scans): the op on the tangent."""
+    if ts[0] is None:
+        return [None]
+    params = dict(p)
+    if op is Op.PAD:
+        params["value"] = 0.0
+    rest = [ad_atom(x) for x in ins[1:]]
+    return [b.bind(op, [ts[0], *rest], params)]
+
+
+def _index_grid(b: Any, shape: Shape, last: Any) -> list[Any]:
+    """Index arrays for every axis of ``shape``: iotas, with ``last`` for the last axis."""
+    idx = [b.bind(Op.IOTA, [], {"shape": tuple(shape), "axis": k, "dtype": "int32"})
+           for k in range(len(shape) - 1)]
+    return idx + [last]
+
+
+def _movement_vjp(b: Any, op: Op, p: dict[str, Any], ins: Sequence[Any], outs: Sequence[Any],
+                  cts: Sequence[Any]) -> list[Any]:
+    x, g = ins[0], cts[0]
+    if not ad_is_float(x):
+        return [None] * len(ins)
+    xs = ad_shape(x)
+    if op is Op.RESHAPE:
+        return [b.bind(Op.RESHAPE, [g], {"shape": xs})]
+    if op is Op.TRANSPOSE:
+        inv = tuple(int(i) for i in np.argsort(tuple(p["perm"])))
+        return [b.bind(Op.TRANSPOSE, [g], {"perm": inv})]
+    if op is Op.BROADCAST:
+        return [ad_sum_to(b, g, xs)]
+    if op is Op.PAD:
+        starts = tuple(lo for lo, _ in p["widths"])
+        return [b.bind(Op.SLICE, [g], {"starts": starts, "steps": (1,) * len(xs),
+                                       "shape": xs})]
+    # SLICE: step-1 windows pad the cotangent back; strided or reversed ones scatter-add it
+    starts, steps, shape = tuple(p["starts"]), tuple(p["steps"]), ad_shape(outs[0])
+    if all(s == 1 for s in steps):
+        widths = tuple((st, n - st - m) for st, n, m in zip(starts, xs, shape))
+        return [b.bind(Op.PAD, [g], {"widths": widths, "value": 0.0})]
+    idx = []
+    for k, (st, sp) in enumerate(zip(starts, steps)):
+        io = b.bind(Op.IOTA, [], {"shape": shape, "axis": k, "dtype": "int32"})
+        idx.append(io * sp + st if (sp, st) != (1, 0) else io)
+    return [b.bind(Op.SCATTER, [ad_zeros(b, xs), g, *idx], {"mode": "add"})]
+
+
+def _clamped(b: Any, i: Any, n: int) -> Any:
+    """A gather index as the gather reads it: negative from the end, then clamped."""
+    if isinstance(i, (int, float)):
+        v = int(i) + n if int(i) < 0 else int(i)
+        return min(max(v, 0), n - 1)
+    if str(i.var.dtype) == "int32":
+        i = b.bind(Op.WHERE, [b.bind(Op.LT, [i, ad_int(0)]), i + n, i])
+        return b.bind(Op.MIN, [b.bind(Op.MAX, [i, ad_int(0)]), ad_int(n - 1)])
+    return b.bind(Op.MIN, [i, ad_int(n - 1, "uint32")])
+
+
+def ad_int(v: int, dtype: str = "int32") -> Any:
+    from .ir import Lit as _Lit
+
+    return _Lit(int(v), dtype)
+
+
+def _in_bounds(b: Any, i: Any, n: int) -> Any:
+    """Whether a scatter index lands inside an axis of length n (after counting from the end)."""
+    if isinstance(i, (int, float)):
+        v = int(i) + n if int(i) < 0 else int(i)
+        return 0 <= v < n
+    if str(i.var.dtype) == "int32":
+        j = b.bind(Op.WHERE, [b.bind(Op.LT, [i, ad_int(0)]), i + n, i])
+        return b.bind(Op.AND, [b.bind(Op.GE, [j, ad_int(0)]), b.bind(Op.LT, [j, ad_int(n)])])
+    return b.bind(Op.LT, [i, ad_int(n, "uint32")])
+
+
+def _row_pick_axis(x: Any, idx: Sequence[Any], out_shape: Shape) -> Optional[tuple[int, bool]]:
+    """``(a, dropped)`` when a gather picks one element per row along axis a (take_along_axis
+    with one index per row, or ``x[arange(n), labels]``, as cross-entropy does): every other
+    index is the iota of its own axis. ``dropped``: the result has no axis a (else length 1)."""
+    xs = ad_shape(x)
+    producer = getattr(getattr(x, "builder", None), "producer", {})
+    for dropped in (False, True):
+        if len(out_shape) != len(xs) - dropped:
+            continue
+        picked = None
+        ok = True
+        for k, i in enumerate(idx):
+            e = producer.get(id(i.var)) if hasattr(i, "var") else None
+            if picked is not None and dropped:
+                ko = k - 1
+            else:
+                ko = k
+            if e is not None and e.op is Op.IOTA and 0 <= ko < len(out_shape) and \
+                    int(e.params["axis"]) == ko and out_shape[ko] == xs[k] and \
+                    len(ad_shape(i)) == len(out_shape):
+                continue
+            if picked is not None or (not dropped and out_shape[k] != 1):
+                ok = False
+                break
+            picked = k
+        if ok and picked is not None:
+            return picked, dropped
+    return None
+
+
+def _gather_vjp(b: Any, op: Op, p: dict[str, Any], ins: Sequence[Any], outs: Sequence[Any],
+                cts: Sequence[Any]) -> list[Any]:
+    x, g = ins[0], cts[0]
+    if not ad_is_float(x):
+        return [None] * len(ins)
+    xs = ad_shape(x)
+    found = _row_pick_axis(x, ins[1:], ad_shape(outs[0]))
+    if found is not None:
+        # one pick per row: the cotangent is a select against the row's iota, elementwise, so
+        # that it fuses (a scatter would be a kernel of its own)
+        a, dropped = found
+        pick = _clamped(b, ins[1 + a], xs[a])
+        if dropped:
+            kept = ad_shape(outs[0])
+            unit = kept[:a] + (1,) + kept[a:]
+            g = b.bind(Op.RESHAPE, [g], {"shape": unit})
+            if hasattr(pick, "var"):
+                pick = b.bind(Op.RESHAPE, [ad_broadcast(b, pick, kept)], {"shape": unit})
+        io = b.bind(Op.IOTA, [], {"shape": xs, "axis": a, "dtype": str(
+            pick.var.dtype) if hasattr(pick, "var") else "int32"})
+        hit = b.bind(Op.EQ, [io, ad_atom(pick) if hasattr(pick, "var") else ad_int(pick)])
+        return [b.bind(Op.WHERE, [hit, ad_broadcast(b, g, xs), ad_atom(0.0)])] + \
+            [None] * (len(ins) - 1)
+    idx = [ad_atom(_clamped(b, i, n)) if not isinstance(i, (int, float)) else
+           ad_int(_clamped(b, i, n)) for i, n in zip(ins[1:], xs)]
+    ct = b.bind(Op.SCATTER, [ad_zeros(b, xs), g, *idx], {"mode": "add"})
+    return [ct] + [None] * (len(ins) - 1)
+
+
+def _scatter_vjp(b: Any, op: Op, p: dict[str, Any], ins: Sequence[Any], outs: Sequence[Any],
+                 cts: Sequence[Any]) -> list[Any]:
+    operand, updates, idx = ins[0], ins[1], ins[2:]
+    g = cts[0]
+    if not ad_is_float(operand):
+        return [None] * len(ins)
+    mode = p["mode"]
+    if mode not in ("set", "add"):
+        from .errors import TraceError
+
+        raise TraceError(f"grad of a scatter with mode '{mode}' (.at[].{mode}) is not supported "
+                         "yet; only .at[].set and .at[].add are differentiable")
+    xs = ad_shape(operand)
+    atoms = [ad_atom(i) if not isinstance(i, (int, float)) else ad_int(int(i)) for i in idx]
+    ct_operand = g
+    if mode == "set":  # written-over places take no gradient
+        ct_operand = b.bind(Op.SCATTER, [g, ad_atom(0.0), *atoms], {"mode": "set"})
+    shape = broadcast_shapes(ad_shape(updates), *(ad_shape(i) for i in idx))
+    read = b.bind(Op.GATHER, [g, *[ad_atom(_clamped(b, i, n)) if not isinstance(i, (int, float))
+                                   else ad_int(_clamped(b, i, n)) for i, n in zip(idx, xs)]])
+    read = ad_broadcast(b, read, shape)
+    ok = None
+    for i, n in zip(idx, xs):
+        m = _in_bounds(b, i, n)
+        if isinstance(m, bool):
+            if not m:
+                ok = False
+            continue
+        ok = m if ok is None or ok is True else (ok if ok is False else b.bind(Op.AND, [ok, m]))
+    if ok is False:
+        read = ad_zeros(b, shape)
+    elif ok is not None:
+        read = b.bind(Op.WHERE, [ok, read, ad_atom(0.0)])
+    ct_updates = ad_sum_to(b, read, ad_shape(updates)) if ad_is_float(updates) and not \
+        isinstance(updates, float) else None
+    return [ct_operand, ct_updates] + [None] * len(idx)
+
+
+def _scatter_jvp(b: Any, op: Op, p: dict[str, Any], ins: Sequence[Any], outs: Sequence[Any],
+                 ts: Sequence[Any]) -> list[Any]:
+    mode = p["mode"]
+    if mode not in ("set", "add"):
+        from .errors import TraceError
+
+        raise TraceError(f"jvp of a scatter with mode '{mode}' (.at[].{mode}) is not supported "
+                         "yet; only .at[].set and .at[].add are differentiable")
+    if ts[0] is None and ts[1] is None:
+        return [None]
+    t_op = ts[0] if ts[0] is not None else ad_zeros(b, ad_shape(ins[0]))
+    t_up = ts[1] if ts[1] is not None else ad_atom(0.0)
+    atoms = [ad_atom(i) if not isinstance(i, (int, float)) else ad_int(int(i)) for i in ins[2:]]
+    return [b.bind(Op.SCATTER, [t_op, t_up, *atoms], {"mode": mode})]
+
+
+def _running_index(b: Any, x: Any, y: Any, p: dict[str, Any]) -> Any:
+    """For cummax/cummin: the position along the axis whose value each running result took."""
+    shape, axis, reverse = ad_shape(x), int(p["axis"]), bool(p.get("reverse", False))
+    io = b.bind(Op.IOTA, [], {"shape": shape, "axis": axis, "dtype": "int32"})
+    hit = b.bind(Op.EQ, [x, y])
+    # the latest position (in scan order) where the running extreme was reached
+    fill = ad_int(shape[axis] if reverse else -1)
+    marked = b.bind(Op.WHERE, [hit, io, fill])
+    return b.bind(Op.CUMULATIVE, [marked], {"reduce": "min" if reverse else "max", "axis": axis,
+                                            "reverse": reverse})
+
+
+def _axis_indices(b: Any, shape: Shape, axis: int, along: Any) -> list[Any]:
+    return [along if k == axis else b.bind(Op.IOTA, [], {"shape": shape, "axis": k,
+                                                          "dtype": "int32"})
+            for k in range(len(shape))]
+
+
+def _cumulative_vjp(b: Any, op: Op, p: dict[str, Any], ins: Sequence[Any], outs: Sequence[Any],
+                    cts: Sequence[Any]) -> list[Any]:
+    x, y, g = ins[0], outs[0], cts[0]
+    if not ad_is_float(x):
+        return [None]
+    axis, reverse, reduce = int(p["axis"]), bool(p.get("reverse", False)), p["reduce"]
+    if reduce == "sum":
+        return [b.bind(Op.CUMULATIVE, [g], {"reduce": "sum", "axis": axis,
+                                            "reverse": not reverse})]
+    if reduce == "prod":
+        s = b.bind(Op.CUMULATIVE, [g * y], {"reduce": "sum", "axis": axis,
+                                            "reverse": not reverse})
+        return [s / x]
+    where = _running_index(b, x, y, p)
+    shape = ad_shape(x)
+    return [b.bind(Op.SCATTER, [ad_zeros(b, shape), g, *_axis_indices(b, shape, axis, where)],
+                   {"mode": "add"})]
+
+
+def _cumulative_jvp(b: Any, op: Op, p: dict[str, Any], ins: Sequence[Any], outs: Sequence[Any],
+                    ts: Sequence[Any]) -> list[Any]:
+    x, y, t = ins[0], outs[0], ts[0]
+    reduce = p["reduce"]
+    if reduce == "sum":
+        return [b.bind(Op.CUMULATIVE, [t], dict(p))]
+    if reduce == "prod":
+        return [y * b.bind(Op.CUMULATIVE, [t / x], {**p, "reduce": "sum"})]
+    where = _running_index(b, x, y, p)
+    return [b.bind(Op.GATHER, [t, *_axis_indices(b, ad_shape(x), int(p["axis"]), where)])]
+
+
+def _sort_order(b: Any, x: Any, p: dict[str, Any]) -> Any:
+    return b.bind(Op.ARGSORT, [x], {"descending": bool(p.get("descending", False))})
+
+
+def _sort_vjp(b: Any, op: Op, p: dict[str, Any], ins: Sequence[Any], outs: Sequence[Any],
+              cts: Sequence[Any]) -> list[Any]:
+    x, g = ins[0], cts[0]
+    if not ad_is_float(x):
+        return [None]
+    shape = ad_shape(x)
+    order = _sort_order(b, x, p)
+    return [b.bind(Op.SCATTER, [ad_zeros(b, shape), g, *_index_grid(b, shape, order)],
+                   {"mode": "add"})]
+
+
+def _sort_jvp(b: Any, op: Op, p: dict[str, Any], ins: Sequence[Any], outs: Sequence[Any],
+              ts: Sequence[Any]) -> list[Any]:
+    shape = ad_shape(ins[0])
+    order = _sort_order(b, ins[0], p)
+    return [b.bind(Op.GATHER, [ts[0], *_index_grid(b, shape, order)])]
+
+
+def _custom_vjp_jvp(b: Any, op: Op, p: dict[str, Any], ins: Sequence[Any], outs: Sequence[Any],
+                    ts: Sequence[Any]) -> list[Any]:
+    from .errors import TraceError
+
+    raise TraceError("forward-mode autodiff (jvp, jacfwd) cannot go through a function defined "
+                     "with fusec.custom_vjp: it only has a reverse-mode rule (as in JAX)")
+
+
+def _stop_rule(b: Any, op: Op, p: dict[str, Any], ins: Sequence[Any], outs: Sequence[Any],
+               cts: Sequence[Any]) -> list[Any]:
+    return [None] * len(ins)
+
+
+_Rule = Callable[[Any, Op, dict[str, Any], Sequence[Any], Sequence[Any], Sequence[Any]], list[Any]]
+VJP_RULES: dict[Op, _Rule] = {}
+JVP_RULES: dict[Op, _Rule] = {}
+for _op in list(ELEMENTWISE) + [Op.CAST, Op.IPOW]:
+    VJP_RULES[_op] = _elementwise_vjp
+    JVP_RULES[_op] = _elementwise_jvp
+for _op in (Op.SUM, Op.RMAX, Op.RMIN, Op.PROD):
+    VJP_RULES[_op] = _reduce_vjp
+    JVP_RULES[_op] = _reduce_jvp
+for _op in (Op.RESHAPE, Op.TRANSPOSE, Op.BROADCAST, Op.PAD, Op.SLICE):
+    VJP_RULES[_op] = _movement_vjp
+    JVP_RULES[_op] = _linear_jvp
+VJP_RULES.update({Op.MATMUL: _matmul_vjp, Op.GATHER: _gather_vjp, Op.SCATTER: _scatter_vjp,
+                  Op.CUMULATIVE: _cumulative_vjp, Op.SORT: _sort_vjp})
+JVP_RULES.update({Op.MATMUL: _matmul_jvp, Op.GATHER: _linear_jvp, Op.SCATTER: _scatter_jvp,
+                  Op.CUMULATIVE: _cumulative_jvp, Op.SORT: _sort_jvp,
+                  Op.CUSTOM_VJP: _custom_vjp_jvp})
+# integer results: nothing to differentiate (rules that say so, so that coverage is checkable)
+NO_DERIVATIVE = frozenset({Op.IOTA, Op.ARGSORT, Op.SEARCHSORTED})
+# ops that only exist after the lowering passes; autodiff runs on traced programs, before them
+LOWERED_ONLY = frozenset({Op.PARTIAL, Op.SCATTER_ADD, Op.SCATTER_INTO, Op.SCAN_REDUCE, Op.SCAN,
+                          Op.RADIX_HIST, Op.RADIX_SCAN, Op.RADIX_SCATTER, Op.SORT_BLOCKS,
+                          Op.SORT_MERGE, Op.KERNEL})
+# the custom_vjp marker's reverse rule is fusec.autodiff's (it calls the user's function)
+TYPE_RULES[Op.CUSTOM_VJP] = lambda ins, p: ins[0]
+NUMPY_RULES[Op.CUSTOM_VJP] = lambda a, p, t: a[0]
 
 
 def reduce_shape(shape: Shape, axes: tuple[int, ...]) -> Shape:

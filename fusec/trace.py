@@ -64,6 +64,8 @@ class Builder:
         self.captured: list[Tracer] = []
         self.capture_vars: list[Var] = []
         self._captured_ids: dict[int, Tracer] = {}
+        self.side: dict[str, Any] = {}  # per-trace data of the transforms (custom_vjp calls)
+        self.producer: dict[int, Eqn] = {}  # id(var) -> the equation that defines it
 
     def capture(self, outer: Tracer) -> Tracer:
         """``outer``, a tracer of an enclosing open trace, as an input of this one."""
@@ -131,7 +133,9 @@ class Builder:
                 atoms.append(x)
         shape, dt = infer_type(op, [(a.shape, a.dtype) for a in atoms], params)
         out = Var(shape, dt)
-        self.eqns.append(Eqn(op, tuple(atoms), (out,), params))
+        eqn = Eqn(op, tuple(atoms), (out,), params)
+        self.eqns.append(eqn)
+        self.producer[id(out)] = eqn
         return Tracer(out, self, weak)
 
     def bind_multi(self, op: Op, inputs: Sequence[Union[Tracer, Lit]], params: dict[str, Any],

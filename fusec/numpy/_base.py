@@ -175,3 +175,11 @@ def _shape_arg(shape: Any, what: str) -> tuple[int, ...]:
 def _describe(t: Tracer) -> str:
     name = t.builder.input_names.get(id(t.var))
     return f"argument '{name}'" if name else "an intermediate value"
+
+
+def _stop_gradient(x: Any) -> Any:
+    """``x`` with a zero derivative (fusec.lax.stop_gradient): a float tracer gets a marker
+    equation that autodiff does not go through; anything else is returned as it is."""
+    if isinstance(x, Tracer) and x.var.dtype == "float32":
+        return _builder_of().bind(Op.STOP_GRADIENT, [_lift(x)], weak=x.weak)
+    return x

@@ -24,6 +24,7 @@ from ._base import (
     _norm_axes,
     _norm_axis,
     _scalar_lit,
+    _stop_gradient,
     _traceable,
     _tracer,
 )
@@ -243,6 +244,9 @@ def logsumexp(a: Any, axis: Any = None, keepdims: bool = False) -> Tracer:
     # (exp(+inf) = inf) and gives -inf (+inf). A NaN maximum comes from a NaN in the row, which
     # makes the sum NaN whatever the shift.
     shift = minimum(maximum(m, -_F32_MAX), _F32_MAX)
+    # any shift gives the same value: its derivative is zero, so autodiff need not go through
+    # the maximum (as JAX does)
+    shift = _stop_gradient(shift)
     s = sum(exp(subtract(t, shift)), axis=axes, keepdims=True)
     out = add(log(s), shift)
     if not keepdims:

@@ -1,6 +1,7 @@
 """Algebraic simplification and constant folding.
 
 * An elementwise op whose operands are all literals is computed now and becomes a literal.
+* Autodiff's markers (stop_gradient, custom_vjp) are identities once traced: they go.
 * Identities: ``x * 1``, ``1 * x``, ``x + 0``, ``0 + x``, ``x - 0``, ``x / 1``, ``x ** 1`` become
   ``x``; ``-(-x)`` becomes ``x``; a cast to the operand's own dtype disappears. A rewrite applies
   only when the result has exactly the shape and dtype of ``x`` (no broadcasting is lost).
@@ -56,6 +57,9 @@ def _identity(e: Eqn, producer: dict[int, Eqn]) -> Optional[Atom]:
         return ins[0]
     if op is Op.CAST and same(ins[0]):
         return ins[0]
+    if op in (Op.STOP_GRADIENT, Op.CUSTOM_VJP) and (
+            isinstance(ins[0], Lit) and e.out.shape == () or same(ins[0])):
+        return ins[0]  # autodiff markers: identities once traced
     if op is Op.NEG and isinstance(ins[0], Var):
         p = producer.get(id(ins[0]))
         if p is not None and p.op is Op.NEG and same(p.inputs[0]):

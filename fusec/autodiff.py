@@ -1,0 +1,588 @@
+"""Automatic differentiation: ``grad``, ``value_and_grad``, ``vjp``, ``jvp``, ``jacrev``,
+``jacfwd`` and ``custom_vjp``.
+
+fusec differentiates the traced program, not Python. A transform runs the function on fresh
+tracers in the current trace and keeps the equations it appended (a *tape*). Reverse mode walks
+the tape backwards, calling each op's rule from :data:`fusec.ops.VJP_RULES`; forward mode walks it
+forwards with :data:`fusec.ops.JVP_RULES`. The rules emit ordinary equations into the same trace,
+so the backward pass is one more part of the program: the pass pipeline fuses it, memory planning
+places the activations it reads, and ``grad`` of ``grad`` differentiates those equations in turn.
+
+Called outside ``gpu_jit``, a transformed function compiles itself for its arguments (cached per
+signature, as ``gpu_jit`` does) and runs on the device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Optional, Union
+
+import numpy as np
+
+from .errors import DTypeError, ShapeError, TraceError
+from .ir import Eqn, Lit, Op, Var
+from .jit import JitFunction
+from .numpy._base import _stop_gradient, _tracer
+from .ops import JVP_RULES, LOWERED_ONLY, NO_DERIVATIVE, VJP_RULES, ad_sum_to, ad_zeros
+from .trace import Builder, Tracer, current_builder
+from .tree import flatten_with_paths, unflatten
+
+__all__ = ["grad", "value_and_grad", "vjp", "jvp", "jacrev", "jacfwd", "custom_vjp",
+           "stop_gradient"]
+
+Argnums = Union[int, Sequence[int]]
+
+
+# --- taping ---------------------------------------------------------------------------------------
+
+
+class _Tape:
+    """The equations a function appended to a trace, between its fresh inputs and its results."""
+
+    def __init__(self, b: Builder, inputs: list[Tracer]) -> None:
+        self.b = b
+        self.inputs = inputs
+        self.start = len(b.eqns)
+        self.eqns: list[Eqn] = []
+
+    def close(self) -> None:
+        self.eqns = self.b.eqns[self.start:]
+
+
+def _fresh(b: Builder, x: Any, what: str) -> Tracer:
+    """A differentiable input: a new variable of its own (an identity the passes remove), so that
+    the same array passed twice gets two gradients and values computed before stay constants."""
+    t = _tracer(x)
+    if t.var.dtype != "float32":
+        raise DTypeError(f"{what} is {t.var.dtype}; differentiation needs float32 inputs "
+                         "(cast it with .astype('float32'), or leave it out of argnums)")
+    return b.bind(Op.MUL, [t, Lit(1.0, "float32")], weak=t.weak)
+
+
+def _active(tape: _Tape) -> set[int]:
+    """Variables that depend on the tape's inputs through float values."""
+    live = {id(t.var) for t in tape.inputs}
+    for e in tape.eqns:
+        if any(isinstance(a, Var) and id(a) in live for a in e.inputs):
+            for o in e.outs:
+                if o.dtype == "float32":
+                    live.add(id(o))
+    return live
+
+
+def _as_tracer(b: Builder, a: Any) -> Any:
+    """An equation's operand for a rule: a tracer of the tape's trace, or a Python scalar."""
+    if isinstance(a, Lit):
+        return a.value
+    return Tracer(a, b)
+
+
+def _rule(table: dict[Op, Any], op: Op, mode: str) -> Any:
+    rule = table.get(op)
+    if rule is None:
+        if op in NO_DERIVATIVE:
+            return None
+        if op in LOWERED_ONLY:
+            raise TraceError(f"autodiff met the lowered op {op.value}; differentiate traced "
+                             "programs, not lowered ones")
+        raise TraceError(f"{mode} has no rule for the op {op.value}")
+    return rule
+
+
+# --- custom_vjp registry --------------------------------------------------------------------------
+
+# Each trace keeps its custom_vjp calls in Builder.side["custom_vjp"]: rule key -> (the user's
+# backward function, residuals, input treedef, input vars (None: not differentiable), the call's
+# output vars in order, output treedef, function name). Keys count per trace, so that programs
+# (and their hashes) do not depend on what was traced before.
+
+
+def _custom_calls(b: Builder) -> dict[int, Any]:
+    calls: dict[int, Any] = b.side.setdefault("custom_vjp", {})
+    return calls
+
+
+def _backward(tape: _Tape, out_vars: Sequence[Any], out_cts: Sequence[Any]) -> list[Any]:
+    """Cotangents of the tape's inputs, given those of ``out_vars`` (None: zero)."""
+    b = current_builder()
+    assert b is not None
+    active = _active(tape)
+    ct: dict[int, Any] = {}
+
+    def add(v: Var, c: Any) -> None:
+        if c is None or id(v) not in active:
+            return
+        if tuple(c.shape) != v.shape:
+            raise TraceError(f"internal autodiff error: a cotangent of shape {tuple(c.shape)} "
+                             f"for a value of shape {v.shape}")
+        ct[id(v)] = c if id(v) not in ct else ct[id(v)] + c
+
+    for v, c in zip(out_vars, out_cts):
+        if isinstance(v, Var) and c is not None:
+            add(v, _tracer(c))
+    done_groups: set[int] = set()
+    for e in reversed(tape.eqns):
+        cts = [ct.get(id(o)) for o in e.outs]
+        if e.op is Op.CUSTOM_VJP:
+            key = int(e.params["rule"])
+            if key not in done_groups:
+                done_groups.add(key)
+                for v, c in _custom_backward(tape.b, key, ct):
+                    add(v, c)
+            continue
+        if all(c is None for c in cts):
+            continue
+        if not any(isinstance(a, Var) and id(a) in active for a in e.inputs):
+            continue
+        rule = _rule(VJP_RULES, e.op, "grad")
+        if rule is None:
+            continue
+        ins = [_as_tracer(tape.b, a) for a in e.inputs]
+        outs = [Tracer(o, tape.b) for o in e.outs]
+        in_cts = rule(b, e.op, e.params, ins, outs, cts)
+        for a, c in zip(e.inputs, in_cts):
+            if isinstance(a, Var):
+                add(a, c)
+    return [ct.get(id(t.var)) for t in tape.inputs]
+
+
+def _custom_backward(b: Builder, key: int, ct: dict[int, Any]) -> list[tuple[Var, Any]]:
+    bwd, res, in_tree, in_vars, out_vars, out_tree, fname = _custom_calls(b)[key]
+    g_leaves = [ct.get(id(v)) for v in out_vars]
+    if all(g is None for g in g_leaves):
+        return []
+    g_leaves = [g if g is not None else ad_zeros(b, v.shape) for g, v in zip(g_leaves, out_vars)]
+    cts = bwd(res, unflatten(out_tree, g_leaves))
+    if not isinstance(cts, tuple):
+        raise TraceError(f"the backward function of {fname} (custom_vjp) must return a tuple "
+                         f"with one cotangent per argument; got {type(cts).__name__}")
+    leaves, _ = flatten_with_paths(cts, "cotangent")
+    if len(leaves) != len(in_vars):
+        raise TraceError(f"the backward function of {fname} (custom_vjp) returned "
+                         f"{len(leaves)} cotangent leaves for {len(in_vars)} argument leaves")
+    out = []
+    for (path, c), v in zip(leaves, in_vars):
+        if v is None or c is None:
+            continue
+        c = _tracer(c)
+        if tuple(c.shape) != v.shape:
+            if np.broadcast_shapes(tuple(c.shape), v.shape) == v.shape:
+                c = ad_sum_to(b, c, v.shape) if c.ndim > len(v.shape) else \
+                    b.bind(Op.BROADCAST, [c], {"shape": v.shape})
+            else:
+                raise ShapeError(f"the backward function of {fname} (custom_vjp) returned a "
+                                 f"cotangent of shape {tuple(c.shape)} at {path} for an argument "
+                                 f"of shape {v.shape}")
+        out.append((v, c))
+    return out
+
+
+def _forward(tape: _Tape, tangents: Sequence[Any]) -> dict[int, Any]:
+    """Tangents of every value on the tape, given those of its inputs."""
+    b = current_builder()
+    assert b is not None
+    tan: dict[int, Any] = {id(t.var): _tracer(d) for t, d in zip(tape.inputs, tangents)
+                           if d is not None}
+    for e in tape.eqns:
+        ts = [tan.get(id(a)) if isinstance(a, Var) else None for a in e.inputs]
+        if all(t is None for t in ts):
+            continue
+        rule = _rule(JVP_RULES, e.op, "jvp")
+        if rule is None:
+            continue
+        ins = [_as_tracer(tape.b, a) for a in e.inputs]
+        outs = [Tracer(o, tape.b) for o in e.outs]
+        for o, t in zip(e.outs, rule(b, e.op, e.params, ins, outs, ts)):
+            if t is not None and o.dtype == "float32":
+                tan[id(o)] = t
+    return tan
+
+
+# --- running a function on a tape ---------------------------------------------------------------
+
+
+def _trace_on_tape(fun: Callable[..., Any], args: tuple[Any, ...], argnums: tuple[int, ...],
+                   fname: str, has_aux: bool = False
+                   ) -> tuple[_Tape, list[list[Tracer]], list[Any], Any, Any, Any]:
+    """Run ``fun`` with fresh inputs for the leaves of ``args[argnums]``; returns the tape, those
+    inputs per argnum, the output leaves, the output treedef, and the aux value."""
+    b = current_builder()
+    assert b is not None
+    new_args = list(args)
+    per_arg: list[list[Tracer]] = []
+    tds: list[Any] = []
+    for k in argnums:
+        if not -len(args) <= k < len(args):
+            raise TraceError(f"argnums={k}: {fname} was called with {len(args)} positional "
+                             "arguments")
+        leaves, td = flatten_with_paths(args[k], f"args[{k}]")
+        fresh = [_fresh(b, x, f"argument '{p}' of {fname}") for p, x in leaves]
+        per_arg.append(fresh)
+        tds.append(td)
+        new_args[k] = unflatten(td, fresh)
+    tape = _Tape(b, [t for ts in per_arg for t in ts])
+    out = fun(*new_args)
+    aux = None
+    if has_aux:
+        if not (isinstance(out, (tuple, list)) and len(out) == 2):
+            raise TraceError(f"{fname} was differentiated with has_aux=True, so it must return a "
+                             f"pair (output, aux); it returned {type(out).__name__}")
+        out, aux = out
+    out_leaves, out_tree = flatten_with_paths(out, "output")
+    outs = []
+    for path, o in out_leaves:
+        if isinstance(o, Tracer) or isinstance(o, (np.ndarray, np.generic)) or \
+                hasattr(o, "__array__") or isinstance(o, (bool, int, float)):
+            outs.append(_tracer(o))
+        else:
+            raise TraceError(f"{fname} returned a {type(o).__name__} at {path}; differentiated "
+                             "functions return arrays or pytrees of them")
+    tape.close()
+    return tape, per_arg, outs, out_tree, aux, tds
+
+
+def _norm_argnums(argnums: Argnums) -> tuple[tuple[int, ...], bool]:
+    if isinstance(argnums, int):
+        return (argnums,), True
+    try:
+        nums = tuple(int(a) for a in argnums)
+    except TypeError:
+        raise TraceError(f"argnums must be an int or a sequence of ints; got {argnums!r}") from None
+    if not nums:
+        raise TraceError("argnums must name at least one argument")
+    return nums, False
+
+
+def _name(fun: Callable[..., Any]) -> str:
+    return getattr(fun, "__name__", type(fun).__name__)
+
+
+class _Transformed:
+    """A transformed function: traced in place inside a trace; compiled and run outside one."""
+
+    def __init__(self, fun: Callable[..., Any], name: str,
+                 traced: Callable[..., Any]) -> None:
+        self.fun = fun
+        self.__name__ = name
+        self.__qualname__ = name
+        self.__doc__ = getattr(fun, "__doc__", None)
+        self._traced = traced
+        self._jit: Optional[JitFunction] = None
+
+    def __call__(self, *args: Any) -> Any:
+        if current_builder() is not None:
+            return self._traced(*args)
+        if self._jit is None:
+            traced = self._traced
+
+            def run(*a: Any) -> Any:
+                return traced(*a)
+
+            run.__name__ = run.__qualname__ = self.__name__
+            self._jit = JitFunction(run)
+        return self._jit(*args)
+
+    def __repr__(self) -> str:
+        return f"<fusec transform {self.__name__}>"
+
+
+# --- the public transforms ------------------------------------------------------------------------
+
+
+def value_and_grad(fun: Callable[..., Any], argnums: Argnums = 0,
+                   has_aux: bool = False) -> Callable[..., Any]:
+    """``fun``'s value and its gradient with respect to the arguments ``argnums``.
+
+    ``fun`` must return a float32 scalar (or ``(scalar, aux)`` with ``has_aux=True``). The
+    gradient has the structure of the differentiated argument (a tuple of them when ``argnums``
+    is a sequence). Differentiated arguments must be float32 arrays or pytrees of them.
+    """
+    nums, single = _norm_argnums(argnums)
+    fname = _name(fun)
+
+    def traced(*args: Any) -> Any:
+        tape, per_arg, outs, out_tree, aux, tds = _trace_on_tape(fun, args, nums, fname, has_aux)
+        if len(outs) != 1 or outs[0].shape != () or outs[0].var.dtype != "float32":
+            what = ", ".join(f"{tuple(o.shape)} {o.var.dtype}" for o in outs) or "nothing"
+            raise ShapeError(f"grad of {fname}: it must return a float32 scalar (the value to "
+                             f"differentiate); it returned {what}. For vector outputs use "
+                             "fusec.vjp or fusec.jacrev")
+        b = current_builder()
+        assert b is not None
+        one = b.bind(Op.BROADCAST, [Lit(1.0, "float32")], {"shape": ()})
+        cts = _backward(tape, [outs[0].var], [one])
+        grads = _structure(cts, per_arg, tds)
+        g = grads[0] if single else tuple(grads)
+        value = unflatten(out_tree, outs)
+        return ((value, aux), g) if has_aux else (value, g)
+
+    return _Transformed(fun, f"value_and_grad({fname})", traced)
+
+
+def grad(fun: Callable[..., Any], argnums: Argnums = 0,
+         has_aux: bool = False) -> Callable[..., Any]:
+    """The gradient of a scalar-valued ``fun`` with respect to the arguments ``argnums``.
+
+    As ``jax.grad``: ``fusec.grad(loss)(params, x, y)`` has the structure of ``params``. Inside
+    ``gpu_jit`` the backward pass becomes part of the compiled program; outside, the transformed
+    function compiles itself once per signature.
+    """
+    vg = value_and_grad(fun, argnums, has_aux)
+    fname = _name(fun)
+
+    def traced(*args: Any) -> Any:
+        (value, g) = vg(*args)
+        if has_aux:
+            return g, value[1]
+        return g
+
+    return _Transformed(fun, f"grad({fname})", traced)
+
+
+def _structure(cts: list[Any], per_arg: list[list[Tracer]], tds: list[Any]) -> list[Any]:
+    """Cotangents per input leaf (None: zero) rebuilt into each argument's structure."""
+    b = current_builder()
+    assert b is not None
+    out = []
+    pos = 0
+    for fresh, td in zip(per_arg, tds):
+        leaves = []
+        for t in fresh:
+            c = cts[pos]
+            pos += 1
+            leaves.append(c if c is not None else ad_zeros(b, t.shape))
+        out.append(unflatten(td, leaves))
+    return out
+
+
+def vjp(fun: Callable[..., Any], *primals: Any, has_aux: bool = False) -> Any:
+    """``(fun(*primals), vjp_fn)``; ``vjp_fn(cotangent)`` returns one cotangent per primal.
+
+    Inside a trace the forward equations are emitted once and ``vjp_fn`` adds the backward ones.
+    Outside, both run on the device: ``vjp_fn`` recomputes the forward pass with the backward.
+    """
+    fname = _name(fun)
+    if current_builder() is None:
+        return _vjp_eager(fun, primals, has_aux, fname)
+    nums = tuple(range(len(primals)))
+    tape, per_arg, outs, out_tree, aux, tds = _trace_on_tape(fun, primals, nums, fname, has_aux)
+
+    def vjp_fn(cotangent: Any) -> tuple[Any, ...]:
+        leaves, ct_tree = flatten_with_paths(cotangent, "cotangent")
+        if len(leaves) != len(outs):
+            raise ShapeError(f"vjp of {fname}: the cotangent has {len(leaves)} leaves; the "
+                             f"output has {len(outs)}")
+        cts = []
+        for (path, c), o in zip(leaves, outs):
+            c = _tracer(c)
+            if tuple(c.shape) != tuple(o.shape):
+                raise ShapeError(f"vjp of {fname}: the cotangent at {path} has shape "
+                                 f"{tuple(c.shape)}; the output there has shape {tuple(o.shape)}")
+            cts.append(c if c.var.dtype == "float32" else c.astype("float32"))
+        res = _backward(tape, [o.var for o in outs], cts)
+        return tuple(_structure(res, per_arg, tds))
+
+    value = unflatten(out_tree, outs)
+    return (value, vjp_fn, aux) if has_aux else (value, vjp_fn)
+
+
+def _vjp_eager(fun: Callable[..., Any], primals: tuple[Any, ...], has_aux: bool,
+               fname: str) -> Any:
+    n = len(primals)
+
+    def forward(*p: Any) -> Any:
+        r = vjp(fun, *p, has_aux=has_aux)
+        return (r[0], r[2]) if has_aux else r[0]
+
+    def backward(*p_and_ct: Any) -> Any:
+        return vjp(fun, *p_and_ct[:n], has_aux=has_aux)[1](p_and_ct[n])
+
+    out = JitFunction(forward)(*primals)
+    back = JitFunction(backward)
+
+    def vjp_fn(cotangent: Any) -> Any:
+        return back(*primals, cotangent)
+
+    if has_aux:
+        return out[0], vjp_fn, out[1]
+    return out, vjp_fn
+
+
+def jvp(fun: Callable[..., Any], primals: Sequence[Any], tangents: Sequence[Any]) -> Any:
+    """``(fun(*primals), tangent of the output)`` for ``tangents`` of the primals (forward
+    mode). ``primals`` and ``tangents`` are tuples of the same structure, as in JAX."""
+    fname = _name(fun)
+    if not isinstance(primals, (tuple, list)) or not isinstance(tangents, (tuple, list)):
+        raise TraceError(f"jvp of {fname}: primals and tangents must be tuples (one entry per "
+                         "argument)")
+    if len(primals) != len(tangents):
+        raise ShapeError(f"jvp of {fname}: {len(primals)} primals but {len(tangents)} tangents")
+    if current_builder() is None:
+        n = len(primals)
+        return JitFunction(lambda *a: jvp(fun, a[:n], a[n:]))(*primals, *tangents)
+    nums = tuple(range(len(primals)))
+    tape, per_arg, outs, out_tree, _, tds = _trace_on_tape(fun, tuple(primals), nums, fname)
+    flat_t = []
+    for k, (fresh, t) in enumerate(zip(per_arg, tangents)):
+        leaves, _ = flatten_with_paths(t, f"tangents[{k}]")
+        if len(leaves) != len(fresh):
+            raise ShapeError(f"jvp of {fname}: tangents[{k}] has {len(leaves)} leaves; "
+                             f"primals[{k}] has {len(fresh)}")
+        for (path, d), x in zip(leaves, fresh):
+            d = _tracer(d)
+            if tuple(d.shape) != tuple(x.shape):
+                raise ShapeError(f"jvp of {fname}: the tangent at {path} has shape "
+                                 f"{tuple(d.shape)}; the primal has shape {tuple(x.shape)}")
+            flat_t.append(d if d.var.dtype == "float32" else d.astype("float32"))
+    tan = _forward(tape, flat_t)
+    b = current_builder()
+    assert b is not None
+    out_t = [tan.get(id(o.var)) if id(o.var) in tan else ad_zeros(b, o.shape) for o in outs]
+    return unflatten(out_tree, outs), unflatten(out_tree, out_t)
+
+
+def _basis(b: Builder, n: int, k: int) -> Any:
+    """Row k of the identity of size n, as a traced float32 vector."""
+    from .numpy import creation
+
+    return creation.eye(n, dtype="float32")[k]
+
+
+def jacrev(fun: Callable[..., Any], argnums: Argnums = 0) -> Callable[..., Any]:
+    """The Jacobian of ``fun`` by reverse mode: ``out.shape + arg.shape`` per argument."""
+    nums, single = _norm_argnums(argnums)
+    fname = _name(fun)
+
+    def traced(*args: Any) -> Any:
+        from . import numpy as fnp
+
+        b = current_builder()
+        assert b is not None
+        tape, per_arg, outs, out_tree, _, tds = _trace_on_tape(fun, args, nums, fname)
+        if len(outs) != 1:
+            raise TraceError(f"jacrev of {fname}: it must return one array")
+        out = outs[0]
+        rows = []
+        for k in range(max(out.size, 1) if out.size else 0):
+            e = fnp.reshape(_basis(b, out.size, k), out.shape)
+            rows.append(_structure(_backward(tape, [out.var], [e]), per_arg, tds))
+        jac = []
+        for a, fresh in enumerate(per_arg):
+            leaves = []
+            for j, x in enumerate(fresh):
+                if rows:
+                    col = fnp.stack([flatten_with_paths(r[a], "")[0][j][1] for r in rows])
+                else:
+                    col = ad_zeros(b, (0,) + tuple(x.shape))
+                leaves.append(fnp.reshape(col, tuple(out.shape) + tuple(x.shape)))
+            jac.append(unflatten(tds[a], leaves))
+        return jac[0] if single else tuple(jac)
+
+    return _Transformed(fun, f"jacrev({fname})", traced)
+
+
+def jacfwd(fun: Callable[..., Any], argnums: Argnums = 0) -> Callable[..., Any]:
+    """The Jacobian of ``fun`` by forward mode: ``out.shape + arg.shape`` per argument."""
+    nums, single = _norm_argnums(argnums)
+    fname = _name(fun)
+
+    def traced(*args: Any) -> Any:
+        from . import numpy as fnp
+
+        b = current_builder()
+        assert b is not None
+        tape, per_arg, outs, out_tree, _, tds = _trace_on_tape(fun, args, nums, fname)
+        if len(outs) != 1:
+            raise TraceError(f"jacfwd of {fname}: it must return one array")
+        out = outs[0]
+        flat = [x for fresh in per_arg for x in fresh]
+        cols: list[Any] = []
+        for j, x in enumerate(flat):
+            per_elem = []
+            for k in range(x.size):
+                ts: list[Any] = [None] * len(flat)
+                ts[j] = fnp.reshape(_basis(b, x.size, k), x.shape)
+                t = _forward(tape, ts).get(id(out.var))
+                per_elem.append(t if t is not None else ad_zeros(b, out.shape))
+            if per_elem:
+                col = fnp.stack(per_elem, axis=-1)
+            else:
+                col = ad_zeros(b, tuple(out.shape) + (0,))
+            cols.append(fnp.reshape(col, tuple(out.shape) + tuple(x.shape)))
+        jac = []
+        pos = 0
+        for a, fresh in enumerate(per_arg):
+            jac.append(unflatten(tds[a], cols[pos:pos + len(fresh)]))
+            pos += len(fresh)
+        return jac[0] if single else tuple(jac)
+
+    return _Transformed(fun, f"jacfwd({fname})", traced)
+
+
+def stop_gradient(x: Any) -> Any:
+    """``x``, with a zero derivative: autodiff treats it as a constant. Works on pytrees."""
+    if current_builder() is None:
+        return x
+    leaves, td = flatten_with_paths(x, "x")
+    return unflatten(td, [_stop_gradient(_tracer(v)) for _, v in leaves])
+
+
+class custom_vjp:
+    """A function with a reverse-mode derivative of your own, as ``jax.custom_vjp``::
+
+        @fusec.custom_vjp
+        def f(x, y): ...
+        def f_fwd(x, y): return f(x, y), residuals
+        def f_bwd(residuals, g): return (ct_x, ct_y)
+        f.defvjp(f_fwd, f_bwd)
+
+    Under ``grad``/``vjp`` the forward pass runs ``f_fwd`` and the backward pass calls ``f_bwd``
+    with the output's cotangent; everywhere else ``f`` runs as written. Forward mode (``jvp``)
+    through it is refused, as in JAX.
+    """
+
+    def __init__(self, fun: Callable[..., Any]) -> None:
+        self.fun = fun
+        self.__name__ = _name(fun)
+        self.__doc__ = getattr(fun, "__doc__", None)
+        self.fwd: Optional[Callable[..., Any]] = None
+        self.bwd: Optional[Callable[..., Any]] = None
+
+    def defvjp(self, fwd: Callable[..., Any], bwd: Callable[..., Any]) -> None:
+        """Set the forward (returns ``(output, residuals)``) and backward functions."""
+        self.fwd, self.bwd = fwd, bwd
+
+    def __call__(self, *args: Any) -> Any:
+        b = current_builder()
+        if b is None:
+            return self.fun(*args)
+        if self.fwd is None or self.bwd is None:
+            raise TraceError(f"custom_vjp function {self.__name__} was called before defvjp "
+                             "gave it forward and backward functions")
+        got = self.fwd(*args)
+        if not (isinstance(got, tuple) and len(got) == 2):
+            raise TraceError(f"the forward function of {self.__name__} (custom_vjp) must return "
+                             f"a pair (output, residuals); it returned {type(got).__name__}")
+        out, res = got
+        in_leaves, in_tree = flatten_with_paths(args, "args")
+        in_tracers: list[Any] = []
+        in_vars: list[Optional[Var]] = []
+        for _, x in in_leaves:
+            if isinstance(x, (Tracer, np.ndarray)) or hasattr(x, "__array__") or \
+                    isinstance(x, (int, float)):
+                t = _tracer(x)
+                in_tracers.append(t)
+                in_vars.append(t.var if t.var.dtype == "float32" else None)
+            else:
+                in_vars.append(None)
+        out_leaves, out_tree = flatten_with_paths(out, "output")
+        calls = _custom_calls(b)
+        key = len(calls)
+        marked = []
+        for _, o in out_leaves:
+            t = _tracer(o)
+            marked.append(b.bind(Op.CUSTOM_VJP, [t, *in_tracers], {"rule": key}, weak=t.weak))
+        calls[key] = (self.bwd, res, in_tree, in_vars, [m.var for m in marked], out_tree,
+                        self.__name__)
+        return unflatten(out_tree, marked)
+
