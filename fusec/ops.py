@@ -2424,6 +2424,14 @@ def _batch_searchsorted(b: Any, args: Sequence[Any], dims: Sequence[BatchDim],
     return b.bind(Op.SUM, [count], {"axes": (1 + len(queries),)}), 0
 
 
+def _batch_custom_vjp(b: Any, args: Sequence[Any], dims: Sequence[BatchDim],
+                      params: dict[str, Any]) -> tuple[Any, BatchDim]:
+    # the marker is y itself, batched as y is; its other operands (the custom function's
+    # arguments) only say what the backward function's cotangents are for. The registry entry
+    # behind params["rule"] (the backward function, residuals) is batched by fusec.vmap.
+    return b.bind(Op.CUSTOM_VJP, list(args), params), dims[0]
+
+
 BATCH_RULES: dict[Op, BatchRule] = {
     # the table's rows and the two elementwise ops with params (CAST, IPOW) that have none
     **{op: _elementwise_rule(op) for op in [*ELEMENTWISE, Op.CAST, Op.IPOW]},
@@ -2441,4 +2449,5 @@ BATCH_RULES: dict[Op, BatchRule] = {
     Op.ARGSORT: _sort_rule(Op.ARGSORT),
     Op.SORT: _sort_rule(Op.SORT),
     Op.SEARCHSORTED: _batch_searchsorted,
+    Op.CUSTOM_VJP: _batch_custom_vjp,
 }

@@ -25,10 +25,12 @@ from typing import Any, Optional, Union
 import numpy as np
 
 from . import dtypes
+from .autodiff import _custom_calls
 from .errors import ShapeError, TraceError
-from .ir import Lit, Op
+from .ir import Eqn, Lit, Op
 from .jit import JitFunction
-from .ops import BATCH_RULES
+from .numpy._base import _tracer
+from .ops import BATCH_RULES, ad_sum_to
 from .trace import Aval, Builder, Closed, Tracer, current_builder, is_device_array, trace_function
 from .tree import describe, flatten_with_paths, node_items, unflatten
 
@@ -278,7 +280,7 @@ def batch_call(fun: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, A
     avals = [Aval(tuple(s for k, s in enumerate(v.shape) if k != d), v.var.dtype, v.weak)
              for v, d in zip(values, dims)]
     closed = trace_function(lambda a, k: fun(*a, **k), in_tree, avals, name)
-    outs = _batch_program(b, closed, list(zip(values, dims)), name)
+    outs = _batch_program(b, closed, list(zip(values, dims)), size, name)
     out_leaves = flatten_with_paths(unflatten(closed.out_tree, list(range(len(outs)))),
                                     "output")[0]
     out_specs = _prefix_axes(out_axes, unflatten(closed.out_tree, [0] * len(outs)), "output",
@@ -289,8 +291,8 @@ def batch_call(fun: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, A
     return unflatten(closed.out_tree, results)
 
 
-def _batch_program(b: Builder, closed: Closed, args: list[tuple[Value, Axis]], name: str
-                   ) -> list[tuple[Value, Axis]]:
+def _batch_program(b: Builder, closed: Closed, args: list[tuple[Value, Axis]], size: int,
+                   name: str) -> list[tuple[Value, Axis]]:
     """Emit ``closed``'s equations batched: each value with its batch dim."""
     prog = closed.program
     feed: list[tuple[Value, Axis]] = list(args)
@@ -301,13 +303,24 @@ def _batch_program(b: Builder, closed: Closed, args: list[tuple[Value, Axis]], n
     def read(a: Any) -> tuple[Value, Axis]:
         return (a, None) if isinstance(a, Lit) else env[id(a)]
 
+    markers: dict[int, list[Eqn]] = {}  # custom_vjp key -> its marker equations
+    for e in prog.eqns:
+        if e.op is Op.CUSTOM_VJP:
+            markers.setdefault(int(e.params["rule"]), []).append(e)
+    done: dict[int, tuple[Value, Axis]] = {}  # id(marker eqn) -> its batched result
+
     for e in prog.eqns:
         ins = [read(a) for a in e.inputs]
         xs = [x for x, _ in ins]
         ds = [d for _, d in ins]
-        if all(d is None for d in ds):
-            outs: list[tuple[Value, Axis]] = [
-                (t, None) for t in b.bind_multi(e.op, xs, e.params, len(e.outs))]
+        if e.op is Op.CUSTOM_VJP:
+            key = int(e.params["rule"])
+            if id(e) not in done:
+                done.update(_batch_custom_vjp(b, closed, markers[key], key, env, read, size,
+                                              name))
+            outs: list[tuple[Value, Axis]] = [done[id(e)]]
+        elif all(d is None for d in ds):
+            outs = [(t, None) for t in b.bind_multi(e.op, xs, e.params, len(e.outs))]
         else:
             rule = BATCH_RULES.get(e.op)
             if rule is None:
@@ -321,6 +334,126 @@ def _batch_program(b: Builder, closed: Closed, args: list[tuple[Value, Axis]], n
                                      f"{v.shape}")
             env[id(v)] = (t, d)
     return [read(o) for o in prog.outputs]
+
+
+# --- custom_vjp functions -------------------------------------------------------------------------
+# A custom_vjp call in the traced function is a group of marker equations (one per output) whose
+# key names an entry of the sub-trace's registry (fusec.autodiff: the backward function, its
+# residuals, the argument and output variables). Batched, the markers are re-emitted under a new
+# key of the current trace's registry, whose entry refers to the batched variables; when anything
+# of the call is batched, its backward function becomes the vmap of the user's one (cotangents of
+# unbatched arguments summed over the examples).
+
+
+def _batch_custom_vjp(b: Builder, closed: Closed, eqns: list[Eqn], key: int,
+                      env: dict[int, tuple[Value, Axis]],
+                      read: Callable[[Any], tuple[Value, Axis]], size: int, name: str
+                      ) -> dict[int, tuple[Value, Axis]]:
+    bwd, res, in_tree, in_vars, out_vars, out_tree, fname = closed.side["custom_vjp"][key]
+    res_leaves, res_tree = flatten_with_paths(res, "residuals")
+    # residuals: values of the traced function (batched or not), or anything else, kept as is
+    res_dyn: list[tuple[int, Value, Axis]] = []
+    for k, (_, r) in enumerate(res_leaves):
+        if isinstance(r, Tracer):
+            x, d = env[id(r.var)] if id(r.var) in env else (b.adopt(r), None)
+            res_dyn.append((k, x, d))
+    ins = [None if v is None else env[id(v)] for v in in_vars]
+    batched = (any(d is not None for e in eqns for _, d in map(read, e.inputs))
+               or any(d is not None for _, _, d in res_dyn))
+    calls = _custom_calls(b)
+    new_key = len(calls)
+    calls[new_key] = None  # reserved: the backward function below may trace calls of its own
+    done: dict[int, tuple[Value, Axis]] = {}
+    for e in eqns:
+        (y, dy), *rest = map(read, e.inputs)
+        if batched:
+            if dy is None:  # every output of a batched call is batched: one cotangent each
+                y, dy = _batch_first_value(b, y, size), 0
+            done[id(e)] = BATCH_RULES[Op.CUSTOM_VJP](
+                b, [y, *(x for x, _ in rest)], [dy, *(d for _, d in rest)], {"rule": new_key})
+        else:
+            done[id(e)] = (b.bind(Op.CUSTOM_VJP, [y, *(x for x, _ in rest)], {"rule": new_key},
+                                  weak=isinstance(y, Tracer) and y.weak), None)
+    new_outs = [done[id(e)][0] for e in eqns]
+    new_in_vars = [None if i is None or not isinstance(i[0], Tracer) else i[0].var for i in ins]
+    new_out_vars = [t.var for t in new_outs if isinstance(t, Tracer)]
+    if not batched:
+        leaves = [r for _, r in res_leaves]
+        for k, x, _ in res_dyn:
+            leaves[k] = x
+        calls[new_key] = (bwd, unflatten(res_tree, leaves), in_tree, new_in_vars, new_out_vars,
+                          out_tree, fname)
+        return done
+
+    res_dims = [d for _, _, d in res_dyn]
+    out_dims = [done[id(e)][1] for e in eqns]
+    example_shapes = [None if v is None else v.shape for v in in_vars]
+    in_dims = [None if i is None else i[1] for i in ins]
+    static_res = [r for _, r in res_leaves]
+    bwd_name = f"vmap(backward of {fname})"
+
+    def example(*flat: Any) -> list[Any]:
+        """The user's backward function for one example; its cotangents as the arguments'."""
+        leaves = list(static_res)
+        for (k, _, _), x in zip(res_dyn, flat):
+            leaves[k] = x
+        g = unflatten(out_tree, list(flat[len(res_dyn):]))
+        cts = bwd(unflatten(res_tree, leaves), g)
+        if not isinstance(cts, tuple):
+            raise TraceError(f"the backward function of {fname} (custom_vjp) must return a tuple "
+                             f"with one cotangent per argument; got {type(cts).__name__}")
+        got = flatten_with_paths(cts, "cotangent")[0]
+        if len(got) != len(example_shapes):
+            raise TraceError(f"the backward function of {fname} (custom_vjp) returned "
+                             f"{len(got)} cotangent leaves for {len(example_shapes)} argument "
+                             "leaves")
+        out = []
+        for (path, c), shape in zip(got, example_shapes):
+            if shape is not None:
+                out.append(_fit(_tracer(c), shape, path, fname))
+        return out
+
+    def batched_bwd(res_values: list[Any], g: Any) -> tuple[Any, ...]:
+        here = current_builder()
+        assert here is not None
+        g_leaves = [x for _, x in flatten_with_paths(g, "g")[0]]
+        cts = iter(batch_call(example, [*res_values, *g_leaves], {},
+                              tuple(res_dims) + tuple(out_dims), 0, size, bwd_name))
+        leaves: list[Any] = []
+        for shape, d in zip(example_shapes, in_dims):
+            if shape is None:
+                leaves.append(0.0)  # not differentiable: autodiff skips it
+                continue
+            c = next(cts)  # the examples' cotangents along axis 0
+            if d is None:  # an argument shared by the examples: the sum of theirs
+                c = here.bind(Op.SUM, [c], {"axes": (0,)})
+            elif d != 0:
+                perm = list(range(1, len(c.shape)))
+                perm.insert(d, 0)
+                c = here.bind(Op.TRANSPOSE, [c], {"perm": tuple(perm)})
+            leaves.append(c)
+        return tuple(unflatten(in_tree, leaves))
+
+    calls[new_key] = (batched_bwd, [x for _, x, _ in res_dyn], in_tree, new_in_vars,
+                      new_out_vars, out_tree, fname)
+    return done
+
+
+def _batch_first_value(b: Builder, x: Value, size: int) -> Tracer:
+    return b.bind(Op.BROADCAST, [x], {"shape": (size,) + tuple(x.shape)})
+
+
+def _fit(c: Tracer, shape: tuple[int, ...], path: str, fname: str) -> Tracer:
+    """A cotangent brought to its argument's shape, as fusec.autodiff does."""
+    if tuple(c.shape) == shape:
+        return c
+    if np.broadcast_shapes(tuple(c.shape), shape) != shape:
+        raise ShapeError(f"the backward function of {fname} (custom_vjp) returned a cotangent "
+                         f"of shape {tuple(c.shape)} at {path} for an argument of shape {shape}")
+    b = c.builder
+    if c.ndim > len(shape):
+        return ad_sum_to(b, c, shape)  # type: ignore[no-any-return]
+    return b.bind(Op.BROADCAST, [c], {"shape": shape})
 
 
 def _place_output(b: Builder, x: Value, d: Axis, spec: Axis, size: int, weak: bool, path: str,

@@ -32,11 +32,10 @@ from fusec.ir import Op
 from fusec.tree import flatten
 
 # ops that only the pass pipeline creates (stages of lowered reductions, scans, scatters and
-# sorts, copies, and fused kernels): a traced program never holds them (they have no type rule
-# for tracing, or no fusec function binds them), so vmap needs no rule for them
-LOWERING_ONLY = frozenset({Op.COPY, Op.PARTIAL, Op.SCAN_REDUCE, Op.SCAN, Op.SCATTER_ADD,
-                           Op.SCATTER_INTO, Op.RADIX_HIST, Op.RADIX_SCAN, Op.RADIX_SCATTER,
-                           Op.SORT_BLOCKS, Op.SORT_MERGE, Op.KERNEL})
+# sorts, and fused kernels: fusec.ops.LOWERED_ONLY), and copy, which has no type rule to trace
+# it with (a scatter's lowering makes its operand's buffer its own): a traced program never holds
+# them, so vmap needs no rule for them
+LOWERING_ONLY = ops.LOWERED_ONLY | {Op.COPY}
 
 SIZES = (1, 3, 7)
 
@@ -186,6 +185,7 @@ def _elementwise_funcs() -> list[tuple[str, Callable[..., Any], tuple[Any, ...]]
         ("ipow_-2", lambda x: x ** -2, (floats,)),
         ("ipow_int", lambda x: x ** 5, (_int_gen("int32"),)),
         ("clip", lambda x, lo: fnp.clip(x, lo, 2.0), (floats, floats)),
+        ("stop_gradient", fusec.stop_gradient, (floats,)),
     ]
     return out
 
@@ -232,6 +232,21 @@ def _perm_rows(rng: np.random.Generator, n: int, *shape: int) -> np.ndarray:
 
 
 SUM_TOL = (1e-5, 1e-5)
+
+
+@fusec.custom_vjp
+def _straight_round(x: Any, w: Any) -> Any:
+    """round(x * w), differentiated as if it were x * w (a straight-through estimator)."""
+    return fnp.round(x * w)
+
+
+def _straight_round_bwd(res: Any, g: Any) -> tuple[Any, Any]:
+    x, w = res
+    gw = g * x
+    return g * w, (gw.sum() if np.ndim(w) == 0 else gw)
+
+
+_straight_round.defvjp(lambda x, w: (fnp.round(x * w), (x, w)), _straight_round_bwd)
 
 
 def _structural_cases(rng: np.random.Generator) -> list[VCase]:
@@ -342,6 +357,8 @@ def _structural_cases(rng: np.random.Generator) -> list[VCase]:
           [np.sort(i(9, 3, 11), axis=1), i(11, 3, 5)], (0, 0), 3),
         C("searchsorted_bool", lambda a, v: fnp.searchsorted(a, v),
           [np.sort(rng.random((3, 6)) < 0.5, axis=1), rng.random((3, 2)) < 0.5], (0, 0), 3),
+        # a custom_vjp function's marker (its derivative: test_custom_vjp_under_vmap_and_grad)
+        C("custom_vjp", lambda x: _straight_round(x, 2.0) - x, [f(3, 4)], (0,), 3),
         # where, an elementwise op of three operands, under movement
         C("where_mixed", lambda c, x: fnp.where(c, x.T, 0.0), [rng.random((3, 4)) < 0.5,
                                                                 f(4, 3, 3)], (None, 2), 3),
@@ -588,3 +605,90 @@ def test_errors_name_the_argument() -> None:
         fusec.vmap(two, out_axes=(0, 1.5))
     with _raises(fusec.TraceError, "axis_size"):
         fusec.vmap(two, axis_size=-1)
+
+
+# --- with autodiff --------------------------------------------------------------------------------
+
+
+def _loss(params: Any, x: Any, y: Any) -> Any:
+    """Softmax cross-entropy of a one-layer tanh network on one example."""
+    h = fnp.tanh(x @ params["w"] + params["b"])
+    logits = h @ params["v"]
+    return fnp.logsumexp(logits) - logits[y]
+
+
+def _params(rng: np.random.Generator) -> dict[str, np.ndarray]:
+    return {"w": _f(rng, 5, 4) * 0.5, "b": _f(rng, 4) * 0.1, "v": _f(rng, 4, 3) * 0.5}
+
+
+def test_per_example_gradients(rng: np.random.Generator) -> None:
+    """jit(vmap(grad(loss))): one gradient per example, as a loop of jit(grad(loss)) gives."""
+    params, xs, ys = _params(rng), _f(rng, 7, 5), _i(rng, 3, 7)
+    per_example = fusec.gpu_jit(fusec.vmap(fusec.grad(_loss), in_axes=(None, 0, 0)))
+    got = per_example(params, xs, ys)
+    one = fusec.gpu_jit(fusec.grad(_loss))
+    loop = [one(params, xs[k], ys[k]) for k in range(7)]
+    for name in params:
+        want = np.stack([np.asarray(g[name]) for g in loop])
+        _check(f"grad {name}", got[name], want, SUM_TOL)
+    # value_and_grad under vmap, eagerly, batched along another axis
+    vg = fusec.vmap(fusec.value_and_grad(_loss), in_axes=(None, 1, 0), out_axes=(0, -1))
+    values, grads = vg(params, xs.T.copy(), ys)
+    for k in range(7):
+        v, g = fusec.gpu_jit(fusec.value_and_grad(_loss))(params, xs[k], ys[k])
+        _check("value", np.asarray(values)[k], np.asarray(v), SUM_TOL)
+        _check("grad w, out_axes -1", np.asarray(grads["w"])[..., k], np.asarray(g["w"]),
+               SUM_TOL)
+
+
+def test_grad_of_a_function_using_vmap(rng: np.random.Generator) -> None:
+    """grad through vmap: the batched equations are differentiated like any others. The mean
+    loss's gradient is the mean of the per-example ones."""
+    params, xs, ys = _params(rng), _f(rng, 3, 5), _i(rng, 3, 3)
+
+    def mean_loss(p: Any, xs: Any, ys: Any) -> Any:
+        return fusec.vmap(_loss, in_axes=(None, 0, 0))(p, xs, ys).mean()
+
+    got = fusec.gpu_jit(fusec.grad(mean_loss))(params, xs, ys)
+    eager = fusec.grad(mean_loss)(params, xs, ys)
+    one = fusec.gpu_jit(fusec.grad(_loss))
+    loop = [one(params, xs[k], ys[k]) for k in range(3)]
+    for name in params:
+        want = np.mean([np.asarray(g[name]) for g in loop], axis=0)
+        _check(f"grad {name}", got[name], want, SUM_TOL)
+        _check(f"eager grad {name}", eager[name], want, SUM_TOL)
+    # the gradient with respect to the batched argument: each example's own
+    gx = fusec.gpu_jit(fusec.grad(mean_loss, argnums=1))(params, xs, ys)
+    want_x = np.stack([np.asarray(fusec.gpu_jit(fusec.grad(_loss, argnums=1))(
+        params, xs[k], ys[k])) / 3 for k in range(3)])
+    _check("grad xs", gx, want_x, SUM_TOL)
+
+
+def test_custom_vjp_under_vmap_and_grad(rng: np.random.Generator) -> None:
+    """A custom_vjp function inside vmap keeps its own derivative under grad (here a
+    straight-through round, whose true derivative is zero almost everywhere): batched
+    arguments get their examples' cotangents, a shared one their sum; and vmap of grad."""
+    xs, w = _f(rng, 7, 3), np.float32(1.7)
+    w_arr = np.full((3,), w, np.float32)
+
+    def total(xs: Any, w: Any) -> Any:
+        return fusec.vmap(_straight_round, in_axes=(0, None))(xs, w).sum()
+
+    gx, gw = fusec.gpu_jit(fusec.grad(total, argnums=(0, 1)))(xs, w_arr)
+    _check("custom grad x", gx, np.broadcast_to(w_arr, xs.shape), (1e-6, 0.0))
+    _check("custom grad w (summed over the batch)", gw, xs.sum(axis=0), SUM_TOL)
+    # nested: the backward function vmapped twice
+    xs3 = _f(rng, 2, 3, 3)
+    nested = fusec.grad(lambda x: fusec.vmap(fusec.vmap(
+        lambda r: _straight_round(r, 3.0)))(x).sum())
+    _check("custom grad, nested vmap", fusec.gpu_jit(nested)(xs3),
+           np.full(xs3.shape, 3.0, np.float32), (0.0, 0.0))
+    # vmap of grad: the custom backward function runs per example
+    per = fusec.gpu_jit(fusec.vmap(fusec.grad(lambda x, w: (_straight_round(x, w) ** 2).sum(),
+                                              argnums=1), in_axes=(0, None)))(xs, w_arr)
+    want = np.stack([np.asarray(fusec.gpu_jit(fusec.grad(
+        lambda x, w: (_straight_round(x, w) ** 2).sum(), argnums=1))(r, w_arr)) for r in xs])
+    _check("vmap(grad) through custom_vjp", per, want, SUM_TOL)
+    # values: the forward function as written
+    _check("custom value", fusec.vmap(_straight_round, in_axes=(0, None))(xs, w_arr),
+           np.round(xs * w_arr), (0.0, 0.0))
