@@ -61,8 +61,9 @@ def vmap(fun: Callable[..., Any], in_axes: Any = 0, out_axes: Any = 0,
     broadcast), checked against the arguments otherwise.
 
     Works inside and outside ``gpu_jit``: ``gpu_jit(vmap(f))``, ``vmap(gpu_jit(f))`` and
-    ``vmap(vmap(f))`` compose. Called on concrete arrays, the batched function is compiled with
-    ``gpu_jit`` and runs on the device.
+    ``vmap(vmap(f))`` compose, and so do the autodiff transforms (``vmap(grad(loss))`` gives
+    per-example gradients; ``custom_vjp`` functions keep their derivative). Called on concrete
+    arrays, the batched function is compiled with ``gpu_jit`` and runs on the device.
     """
     if not callable(fun):
         raise TypeError(f"vmap needs a callable; got {type(fun).__name__}")
@@ -163,7 +164,7 @@ def _prefix_axes(spec: Any, tree: Any, path: str, what: str, fname: str) -> list
     tree_node = node_items(tree, path)
     assert spec_node is not None  # checked by _check_axis_spec
     if tree_node is None:
-        raise ShapeError(f"{fname}: {what} gives {_spec_str(spec)} for {_where(path)}, which is "
+        raise ShapeError(f"{fname}: {what} gives {repr(spec)} for {_where(path)}, which is "
                          f"{'None' if tree is None else 'an array'}, not a container: give it an "
                          "int or None")
     skind, saux, sitems = spec_node
@@ -171,17 +172,13 @@ def _prefix_axes(spec: Any, tree: Any, path: str, what: str, fname: str) -> list
     same_kind = skind == tkind or {skind, tkind} <= {"tuple", "list"}
     if not same_kind or saux != taux or len(sitems) != len(titems):
         td = flatten_with_paths(tree, path)[1]
-        raise ShapeError(f"{fname}: {what} {_spec_str(spec)} does not match the structure of "
+        raise ShapeError(f"{fname}: {what} {repr(spec)} does not match the structure of "
                          f"{_where(path)}, {describe(td)}: give one axis (or None) per entry, in "
                          "the same kind of container, or a single int or None for all of it")
     out: list[Axis] = []
     for (_, s), (p, t) in zip(sitems, titems):
         out += _prefix_axes(s, t, p, what, fname)
     return out
-
-
-def _spec_str(spec: Any) -> str:
-    return repr(spec)
 
 
 def _where(path: str) -> str:
@@ -243,7 +240,8 @@ def batch_call(fun: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, A
         spec = in_axes[i] if isinstance(in_axes, tuple) else in_axes
         leaves += flatten_with_paths(a, arg_name)[0]
         axes += _prefix_axes(spec, a, arg_name, "in_axes", name)
-    for k in sorted(kwargs):  # keyword arguments: batched along axis 0, as in JAX
+    # keyword arguments: batched along axis 0, as in JAX; in the order pytrees keep dict keys
+    for k in sorted(kwargs, key=repr):
         sub = flatten_with_paths(kwargs[k], k)[0]
         leaves += sub
         axes += [0] * len(sub)

@@ -458,6 +458,14 @@ def test_axis_size_without_batched_arguments(rng: np.random.Generator) -> None:
     _check("agrees", fusec.vmap(lambda x: -x, axis_size=3)(x), -x, (0.0, 0.0))
 
 
+def test_empty_batch() -> None:
+    """A batch of no examples gives results with a batch axis of length 0."""
+    x = np.zeros((0, 3), np.float32)
+    w = np.ones((3, 2), np.float32)
+    outs = fusec.vmap(lambda r: (fnp.tanh(r), r.sum(), r @ w, fnp.sort(r), r[np.array([2, 0])]))(x)
+    assert [np.asarray(o).shape for o in outs] == [(0, 3), (0,), (0, 2), (0, 3), (0, 2)]
+
+
 def test_nested_vmap(rng: np.random.Generator) -> None:
     """vmap(vmap(f)) over two axes: every (i, j) pair, as a double loop gives."""
     xs, ys = _f(rng, 3, 4), _f(rng, 7, 4)
