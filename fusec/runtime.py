@@ -676,9 +676,6 @@ class GpuExecutable:
                                                for a in prog.outputs]
         self.n_slots = len(self.var_of)
         self.destroyed = rt.destroyed
-        n_launch = sum(isinstance(st, _Launch) for st in self.steps)
-        first = int(config.get("submit_first") or 0)
-        self.first_chunk = first if first and n_launch > 2 * first else 0
         self._plan()
 
     def _drop_bind_groups(self) -> None:
@@ -745,10 +742,6 @@ class GpuExecutable:
             enc.clear_buffer(b.raw)
         ts = rt.timestamp_writes() if rt.profile else None
         cpass = enc.begin_compute_pass(timestamp_writes=ts) if ts else enc.begin_compute_pass()
-        # a long call is submitted in chunks (first, then doubling): the GPU starts on the first
-        # kernels while the host encodes the others, instead of idling until one final submit
-        chunk = self.first_chunk if not ts else 0
-        left = chunk
         for st in self.steps:
             if type(st) is _Alias:
                 bufs[st.dst] = bufs[st.src]
@@ -774,15 +767,6 @@ class GpuExecutable:
             cpass.set_pipeline(st.pipeline)
             cpass.set_bind_group(0, bg)
             cpass.dispatch_workgroups(*st.grid)
-            if chunk:
-                left -= 1
-                if left == 0:
-                    cpass.end()
-                    rt.device.queue.submit([enc.finish()])
-                    enc = rt.device.create_command_encoder()
-                    cpass = enc.begin_compute_pass()
-                    chunk *= 2
-                    left = chunk
         cpass.end()
         if rt.profile:
             rt.resolve_timestamps(enc)
