@@ -47,6 +47,8 @@ Signature = tuple[Any, ...]
 
 
 def _aval(path: str, x: Any, fname: str) -> Aval:
+    if type(x) is Array:  # the common case of a cached call: no dtype conversions
+        return Aval(x._shape, str(x._dtype))
     if isinstance(x, (Array, ShapeDtype)):
         return Aval(tuple(x.shape), str(np.dtype(x.dtype)) if isinstance(x, Array) else x.dtype)
     if isinstance(x, (bool, int, float)) and not isinstance(x, np.generic):

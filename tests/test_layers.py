@@ -22,7 +22,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("passes",),
     ("runtime",),
     ("record", "jit"),
-    ("warmup", "transforms", "autodiff", "control_flow_ad"),
+    ("warmup", "transforms", "autodiff", "vmap", "control_flow_ad"),
     ("bench", "cli", "demo", "__main__", "__init__"),
 ]
 
