@@ -1,5 +1,6 @@
-"""Autodiff of compiled loops: the ``loop`` op's rules in :data:`fusec.ops.VJP_RULES` and
-:data:`fusec.ops.JVP_RULES` (registered when fusec is imported).
+"""The transforms of compiled loops: the ``loop`` op's rules in :data:`fusec.ops.VJP_RULES`,
+:data:`fusec.ops.JVP_RULES` and :data:`fusec.ops.BATCH_RULES` (registered when fusec is
+imported).
 
 Reverse mode (loops with a static trip count T: ``fori_loop``, ``scan``) emits two loops:
 
@@ -20,12 +21,18 @@ rematerialised forward in the reverse loop) plus the VJP, and T stacked copies o
 Forward mode (every loop, ``while_loop`` included) is one loop over (carries, tangents) whose body
 is the body's JVP. Reverse mode through ``while_loop`` is refused, as in JAX: its trip count is
 not known when the program is built.
+
+Batching (``vmap``) runs one loop whose body is the batched body: a carry is batched (batch axis
+first) when its initial value is, or when the body makes it depend on batched values (found by
+retracing until the batched carries stop changing). A while loop whose flag becomes batched
+stops when no example's condition holds any more: its flag is then the ``any`` of the examples'
+flags, and each example's carries stop changing at its own stop (the guard is elementwise).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
 from .autodiff import _backward, _forward, _trace_on_tape
 from .control_flow import _arrays, _bind_loop, _row, _scalar, _trace
@@ -33,19 +40,33 @@ from .errors import TraceError
 from .ir import Eqn, Lit, Op, Program, Var
 from .numpy._base import _elementwise, _tracer
 from .numpy.creation import zeros
-from .ops import JVP_RULES, VJP_RULES, ad_zeros, broadcast_shapes
+from .ops import (
+    BATCH_RULES,
+    JVP_RULES,
+    VJP_RULES,
+    _batch_first,
+    _batch_size,
+    ad_zeros,
+    broadcast_shapes,
+)
 from .trace import Aval, Closed, Tracer, inline
 from .tree import flatten
+from .vmap import _batch_program
+
+
+def _unmarked(body: Program) -> Program:
+    """``body`` without its scatters' ``into_operand`` marks: they hold only inside the loop,
+    whose carry is the scatter's operand and read by nothing else."""
+    eqns = [Eqn(e.op, e.inputs, e.outs, {k: v for k, v in e.params.items()
+                                          if k != "into_operand"})
+            if e.params.get("into_operand") else e for e in body.eqns]
+    return Program(list(body.inputs), eqns, list(body.outputs))
 
 
 def _body_fn(body: Program) -> Callable[..., list[Tracer]]:
     """The loop body as a function of its inputs (carries, then invariants) that emits its
-    equations into the current trace. Its scatters lose their ``into_operand`` mark: that holds
-    only inside the loop, whose carry is the scatter's operand and read by nothing else."""
-    eqns = [Eqn(e.op, e.inputs, e.outs, {k: v for k, v in e.params.items()
-                                          if k != "into_operand"})
-            if e.params.get("into_operand") else e for e in body.eqns]
-    prog = Program(list(body.inputs), eqns, list(body.outputs))
+    equations into the current trace (unmarked: see :func:`_unmarked`)."""
+    prog = _unmarked(body)
     n_out = len(prog.outputs)
     closed = Closed(prog, len(prog.inputs), [], [], flatten(tuple(range(n_out)))[1],
                     (False,) * n_out)
@@ -283,5 +304,69 @@ def _loop_jvp(b: Any, op: Op, p: dict[str, Any], ins: Sequence[Any], outs: Seque
     return out
 
 
+def _loop_batch(b: Any, args: Sequence[Any], dims: Sequence[Any], params: dict[str, Any]
+                ) -> list[tuple[Any, Any]]:
+    body: Program = params["body"]
+    n = int(params["carries"])
+    size = _batch_size(args, dims)
+    flag: Optional[int] = params.get("flag")
+    invariants = [(x, d) for x, d in zip(args[n:], dims[n:])]
+    # (the in-place marks are found again on the batched body, whose operands may differ)
+    prog = _unmarked(body)
+    closed_body = Closed(prog, len(prog.inputs), [], [],
+                         flatten(tuple(range(len(prog.outputs))))[1], (False,) * n)
+    batched = [d is not None for d in dims[:n]]
+    while True:
+        grown: list[int] = []
+        any_flag = flag is not None and batched[flag]
+
+        def step(*cs: Tracer) -> list[Any]:
+            bb = _builder()
+            carries = cs[:n]
+            res = _batch_program(bb, closed_body,
+                                 [(c, 0 if batched[k] else None) for k, c in enumerate(carries)]
+                                 + invariants, size, "a loop body")
+            out: list[Any] = []
+            for k, (t, d) in enumerate(res):
+                if batched[k]:
+                    out.append(_batch_first(bb, t, d, size))
+                elif d is not None:
+                    grown.append(k)  # this carry depends on batched values: batch it too
+                    out.append(carries[k])
+                else:
+                    out.append(t)
+            if any_flag:  # the loop goes on while any example's condition holds
+                assert flag is not None
+                out.append(_any(bb, out[flag]))
+            return out
+
+        avals = [Aval((size, *v.shape) if batched[k] else v.shape, v.dtype)
+                 for k, v in enumerate(body.inputs[:n])]
+        if any_flag:
+            avals.append(Aval((), "bool"))
+        closed = _trace(step, avals, "a batched loop")
+        if not grown:
+            break
+        for k in grown:
+            batched[k] = True
+    init = [_batch_first(b, x, d, size) if batched[k] else x
+            for k, (x, d) in enumerate(zip(args[:n], dims[:n]))]
+    new_flag = flag
+    if flag is not None and batched[flag]:
+        init.append(_any(b, init[flag]))
+        new_flag = n
+    res = _bind_loop(closed, init, params["trips"], flag=new_flag,
+                     write_once=params.get("write_once", ()))
+    return [(r, 0 if batched[k] else None) for k, r in enumerate(res[:n])]
+
+
+def _any(b: Any, p: Any) -> Any:
+    """Whether any of the bool vector ``p`` is true, as a bool scalar."""
+    as_int = b.bind(Op.CAST, [p], {"dtype": "int32"})
+    return b.bind(Op.NE, [b.bind(Op.RMAX, [as_int], {"axes": (0,)}), Lit(0, "int32")])
+
+
 VJP_RULES[Op.LOOP] = _loop_vjp
 JVP_RULES[Op.LOOP] = _loop_jvp
+# (a rule of several results returns a list of (value, batch dim): fusec.vmap accepts both)
+BATCH_RULES[Op.LOOP] = cast(Any, _loop_batch)

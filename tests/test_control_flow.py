@@ -648,3 +648,32 @@ def test_jvp_through_fori_and_while_and_no_grad_of_while() -> None:
     _close(t, np.float32(_fd(ref2, np.array(0.9))), rtol=1e-4)
     with pytest.raises(fusec.TraceError, match="while_loop is not supported"):
         fusec.grad(lambda x: lax.while_loop(lambda s: s < 5.0, lambda s: s * 2.0, x))(F32(1))
+
+
+# --- vmap of loops --------------------------------------------------------------------------------
+
+
+def test_vmap_of_loops_matches_a_loop_per_example(rng: np.random.Generator) -> None:
+    xs = rng.standard_normal((4, 5)).astype(F32)
+    w = (rng.standard_normal(5) * 0.5).astype(F32)
+    f = lambda x: lax.fori_loop(0, 9, lambda i, c: fnp.tanh(c * w + 0.1 * i), x)  # noqa: E731
+    # a carry that starts unbatched and becomes batched through a batched invariant
+    g = lambda v: lax.fori_loop(0, 9, lambda i, c: c * v + 1.0, fnp.zeros(5))  # noqa: E731
+    s = lambda r: lax.scan(lambda c, x: (c + x, c * x), 0.0, r)  # noqa: E731
+    for fn in (f, g):
+        got = np.asarray(fusec.gpu_jit(fusec.vmap(fn))(xs))
+        np.testing.assert_array_equal(got, np.stack([np.asarray(fusec.gpu_jit(fn)(x))
+                                                     for x in xs]))
+    c, ys = fusec.gpu_jit(fusec.vmap(s))(xs)
+    for k in range(4):
+        _close(c[k], xs[k].sum())
+        _close(ys[k], np.concatenate([[0.0], np.cumsum(xs[k])[:-1]]) * xs[k])
+    (loop,) = _loops(fusec.gpu_jit(fusec.vmap(s)).trace(xs).ir)
+    assert loop.params["inplace"]  # the batched ys are still written in place
+
+
+def test_vmap_of_while_loop_stops_each_example_at_its_own_stop() -> None:
+    w = lambda n: lax.while_loop(lambda s: s[0] < n, lambda s: (s[0] + 1, s[1] * 2), (0, 1))  # noqa: E731
+    k, p = fusec.gpu_jit(fusec.vmap(w))(np.array([0, 3, 10, 5], np.int32))
+    np.testing.assert_array_equal(np.asarray(k), [0, 3, 10, 5])
+    np.testing.assert_array_equal(np.asarray(p), [1, 8, 1024, 32])

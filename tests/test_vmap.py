@@ -359,6 +359,14 @@ def _structural_cases(rng: np.random.Generator) -> list[VCase]:
           [np.sort(rng.random((3, 6)) < 0.5, axis=1), rng.random((3, 2)) < 0.5], (0, 0), 3),
         # a custom_vjp function's marker (its derivative: test_custom_vjp_under_vmap_and_grad)
         C("custom_vjp", lambda x: _straight_round(x, 2.0) - x, [f(3, 4)], (0,), 3),
+        # compiled loops (fusec.lax): the batch axis moved to the front of the carries; a carry
+        # that only an invariant batches; a while loop whose examples stop at different times
+        C("fori_loop", lambda x, w: fusec.lax.fori_loop(0, 6, lambda k, c: c * w + k, x),
+          [f(4, 3), f(4)], (1, None), 3, tol=SUM_TOL),
+        C("scan_xs", lambda x: fusec.lax.scan(lambda c, r: (c + r, c * r), 0.0, x),
+          [f(7, 3)], (1,), 3, tol=SUM_TOL),
+        C("while_loop", lambda n: fusec.lax.while_loop(
+            lambda s: s[0] < n, lambda s: (s[0] + 1, s[1] * 2), (0, 1)), [i(9, 3)], (0,), 3),
         # where, an elementwise op of three operands, under movement
         C("where_mixed", lambda c, x: fnp.where(c, x.T, 0.0), [rng.random((3, 4)) < 0.5,
                                                                 f(4, 3, 3)], (None, 2), 3),
