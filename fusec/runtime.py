@@ -835,12 +835,21 @@ class _Recorder:
         self.last = last
 
     def read_flag(self, raw: Any) -> bool:
-        """Submit what is recorded, wait, and read a bool scalar (a while loop's flag)."""
+        """Submit what is recorded with a copy of a bool scalar (a while loop's flag) to the
+        staging buffer, wait, and read it: one submit and one mapped read."""
         rt = self.rt
         self.cpass.end()
+        stage = rt._staging_buffer(4)
+        self.enc.copy_buffer_to_buffer(raw, 0, stage, 0, 4)
         rt.device.queue.submit([self.enc.finish()])
         rt.submitted += 1
-        flag = bool(np.frombuffer(rt.read(raw, 4), dtype=np.uint32)[0])
+        stage.map_sync(rt.wgpu.MapMode.READ, 0, 4)
+        try:
+            flag = bool(np.frombuffer(bytes(stage.read_mapped(0, 4)), dtype=np.uint32)[0])
+        finally:
+            stage.unmap()
+        rt.completed = rt.submitted
+        cache.STATS.readbacks += 1
         self.enc = rt.device.create_command_encoder()
         self.cpass = self.enc.begin_compute_pass()
         self.last = None
