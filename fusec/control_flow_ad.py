@@ -35,7 +35,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Optional, cast
 
 from .autodiff import _backward, _forward, _trace_on_tape
-from .control_flow import _arrays, _bind_loop, _row, _scalar, _trace
+from .control_flow import _arrays, _bind_loop, _builder, _row, _scalar, _trace
 from .errors import TraceError
 from .ir import Eqn, Lit, Op, Program, Var
 from .numpy._base import _elementwise, _tracer
@@ -251,12 +251,6 @@ def _loop_vjp(b: Any, op: Op, p: dict[str, Any], ins: Sequence[Any], outs: Seque
     for j, c in zip(fv, res[nr:]):
         out[j] = c
     return out
-
-
-def _builder() -> Any:
-    from .trace import current_builder
-
-    return current_builder()
 
 
 def _loop_jvp(b: Any, op: Op, p: dict[str, Any], ins: Sequence[Any], outs: Sequence[Any],

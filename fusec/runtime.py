@@ -891,6 +891,9 @@ class _LoopRun:
             self.carry_own.append(own)
         assert not self.body.zeroed, "nothing is zero-filled per iteration in a loop body"
         self.body.preset({self.carry_own[k] for k in range(n) if not self.stationary[k]})
+        # every buffer the body writes is pooled, a carry's or in place: none is new per call
+        assert all(kind != 0 for st in self.body.steps if not isinstance(st, _Alias)
+                   for _, kind, _ in st.alloc), "a loop body writes a buffer of no carry"
         self.spare: dict[int, Any] = {}  # carry -> its B buffer, kept across calls
         # the loop's results in the enclosing steps (set by _Steps)
         self.writes: list[int] = []
