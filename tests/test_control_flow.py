@@ -677,3 +677,31 @@ def test_vmap_of_while_loop_stops_each_example_at_its_own_stop() -> None:
     k, p = fusec.gpu_jit(fusec.vmap(w))(np.array([0, 3, 10, 5], np.int32))
     np.testing.assert_array_equal(np.asarray(k), [0, 3, 10, 5])
     np.testing.assert_array_equal(np.asarray(p), [1, 8, 1024, 32])
+
+
+def test_grad_with_unroll_int_carry_and_second_order() -> None:
+    x = np.array([0.3, -0.2, 0.5], F32)
+
+    def loss(x):  # 3 steps per loop iteration, 2 more after it; an int carry beside the float
+        k, c = lax.fori_loop(0, 11, lambda i, s: (s[0] + 1, fnp.sin(s[1]) + 0.1 * s[0]),
+                             (0, x), unroll=3)
+        return (c ** 2).sum()
+
+    def ref(x):
+        k, c = 0, x
+        for _ in range(11):
+            k, c = k + 1, np.sin(c) + 0.1 * k
+        return (c ** 2).sum()
+
+    _close(fusec.gpu_jit(fusec.grad(loss))(x), _fd(ref, x), rtol=1e-4)
+
+    def l2(x):
+        return (lax.fori_loop(0, 6, lambda i, c: c * 0.5 + fnp.sin(c), x) ** 2).sum()
+
+    def r2(x):
+        for _ in range(6):
+            x = x * 0.5 + np.sin(x)
+        return (x ** 2).sum()
+
+    hess_diag_sum = fusec.gpu_jit(fusec.grad(lambda x: fusec.grad(l2)(x).sum()))(x)
+    _close(hess_diag_sum, _fd(lambda a: _fd(r2, a).sum(), x, 1e-3), rtol=1e-3, atol=1e-3)
