@@ -177,9 +177,18 @@ def generate(kernel: Eqn, target: str = "gpu",
                       len(body.outputs), key=key)
 
 
+def _kernel_shape(outs: list[Var]) -> Shape:
+    """An elementwise kernel's shape: its outputs', or the largest where 0-d side outputs ride
+    along (loop bodies: fusec.passes.fuse's scalar_sides); any other mix is not generated."""
+    shape = max((o.shape for o in outs), key=lambda s: (math.prod(s), len(s)))
+    if any(o.shape not in (shape, ()) for o in outs):
+        raise Unaligned(f"elementwise outputs of shapes {[o.shape for o in outs]}")
+    return shape
+
+
 def _elementwise(body: Program, names: dict[int, str], target: str = "gpu") -> tuple[str, int]:
     outs = [o for o in body.outputs if isinstance(o, Var)]
-    shape = outs[0].shape
+    shape = _kernel_shape(outs)
     n = math.prod(shape)
     # large arrays on a GPU: several elements per thread (each a coalesced pass over the
     # workgroup's block), so that more loads are in flight per thread. A software adapter already
@@ -190,7 +199,11 @@ def _elementwise(body: Program, names: dict[int, str], target: str = "gpu") -> t
     idx = Idx(shape, flat="gid")
     stores = []
     for j, o in enumerate(outs):
-        stores.append(f"        out{j}[gid] = {store_expr(em.value(o, idx), o.dtype)};")
+        if o.shape == shape:
+            stores.append(f"        out{j}[gid] = {store_expr(em.value(o, idx), o.dtype)};")
+        else:  # a 0-d side output: the first thread writes it
+            v = store_expr(em.value(o, Idx((), flat="0u")), o.dtype)
+            stores.append(f"        if (gid == 0u) {{ out{j}[0] = {v}; }}")
     src = _env().get_template("elementwise.wgsl.j2").render(
         wg=WORKGROUP, n=n, per=per, body="\n".join(em.lines), stores="\n".join(stores))
     return src, -(-n // (WORKGROUP * per))
@@ -201,7 +214,7 @@ def _vector_buffers(body: Program, inplace: tuple[tuple[int, int], ...]) -> set[
     as the output, when that is a multiple of 4 and large enough to matter."""
     outs = [o for o in body.outputs if isinstance(o, Var)]
     n = math.prod(outs[0].shape)
-    if n % 4 or n < VEC_MIN:
+    if n % 4 or n < VEC_MIN or any(o.shape != outs[0].shape for o in outs):
         return set()
     aliased = dict(inplace)
     vec = {f"out{j}" for j in range(len(outs))}

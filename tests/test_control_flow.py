@@ -705,3 +705,33 @@ def test_grad_with_unroll_int_carry_and_second_order() -> None:
 
     hess_diag_sum = fusec.gpu_jit(fusec.grad(lambda x: fusec.grad(l2)(x).sum()))(x)
     _close(hess_diag_sum, _fd(lambda a: _fd(r2, a).sum(), x, 1e-3), rtol=1e-3, atol=1e-3)
+
+
+# --- the counter rides in another kernel ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("target,n", [("cpu", 70001), ("gpu", 70001), ("gpu", 70004)])
+def test_loop_counter_is_a_side_output_of_the_body_kernel(target: str, n: int) -> None:
+    """In a loop body, the counter's increment (a 0-d result) is written by the first thread of
+    the body's elementwise kernel: one dispatch per iteration, on both code-generation targets
+    (on "gpu" a carry this large takes several elements per thread; 70004 would be read and
+    written as vec4s, were it not for the 0-d output)."""
+    from helpers import forced_target
+
+    x = np.linspace(-1, 1, n).astype(F32)
+    with forced_target(target):
+        f = fusec.gpu_jit(lambda x: lax.fori_loop(0, 9, lambda i, c: c * 0.5 + i, x))
+        (loop,) = _loops(f.lower(x).ir)
+        (kernel,) = [e for e in loop.params["body"].eqns if e.op is Op.KERNEL]
+        assert [o.shape for o in kernel.outs] == [(n,), ()]
+        want = x.astype(np.float64)
+        for i in range(9):
+            want = want * 0.5 + i
+        _close(f(x), want)
+        w = fusec.gpu_jit(lambda x: lax.while_loop(lambda s: s[0] < 7,
+                                                   lambda s: (s[0] + 1, s[1] * 0.5), (0, x)))
+        (loop,) = _loops(w.lower(x).ir)
+        assert len([e for e in loop.params["body"].eqns if e.op is Op.KERNEL]) == 1
+        k, y = w(x)
+        assert int(np.asarray(k)) == 7
+        _close(y, x * 0.5 ** 7)

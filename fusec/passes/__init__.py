@@ -56,7 +56,7 @@ PIPELINE: list[tuple[str, Pass]] = [
     # loops' bodies lowered on their own, loops' inputs and bodies' results made buffers
     ("prepare_loops", lambda p, o: prepare_loops(p, o, run_pipeline)),
     ("fuse", lambda p, o: fuse(p, enabled=o.fuse, max_bindings=o.max_bindings,
-                                target=o.target)),
+                                target=o.target, scalar_sides=o.loop_carries >= 0)),
     ("plan_memory", lambda p, o: plan_memory(p, o.donated)),
 ]
 

@@ -62,9 +62,10 @@ class _Group:
 
 class _Planner:
     def __init__(self, prog: Program, enabled: bool, max_bindings: int, row_max: int,
-                 target: str) -> None:
+                 target: str, scalar_sides: bool = False) -> None:
         self.prog = prog
         self.enabled = enabled
+        self.scalar_sides = scalar_sides
         self.target = target
         self.max_bindings = max_bindings
         self.row_max = row_max
@@ -263,8 +264,10 @@ class _Planner:
                        for v in e.inputs)
 
         if a.kind == b.kind == "elementwise":
-            if a.roots[0].out.shape != b.roots[0].out.shape:
-                return None
+            sa, sb = _ew_shape(a), _ew_shape(b)
+            if sa != sb:
+                # scalar side outputs (a loop's counter): written by one thread of another kernel
+                return "elementwise" if self.scalar_sides and () in (sa, sb) else None
             if reads(a, b_outs) or reads(b, a_outs) or set(a.eqns) & set(b.eqns):
                 return "elementwise"
             return None
@@ -369,6 +372,10 @@ class _Planner:
                 for o in (w.outs() if w is not None else ()):
                     found.update((k, g) for k, g in readers.get(id(o), {}).items()
                                  if g.kind == "reduce")
+            if self.scalar_sides and a.kind == "elementwise" and _ew_shape(a) == ():
+                # a scalar group may join any elementwise kernel, related or not
+                found.update((id(g), g) for g in groups
+                             if g.kind == "elementwise" and _ew_shape(g) != ())
             found.pop(id(a), None)
             return found
 
@@ -410,6 +417,11 @@ class _Planner:
         return out, merged
 
 
+def _ew_shape(g: _Group) -> tuple[int, ...]:
+    """An elementwise group's shape: its roots', or, with scalar side outputs, the largest."""
+    return max((r.out.shape for r in g.roots), key=lambda s: (math.prod(s), len(s)))
+
+
 def _reads(g: _Group, by_var: dict[int, _Group]) -> list[_Group]:
     """The kernels whose outputs ``g`` reads."""
     own = {id(o) for o in g.outs()}
@@ -439,8 +451,10 @@ def _reaches(starts: list[_Group], target: _Group, by_var: dict[int, _Group]) ->
 
 
 def fuse(prog: Program, enabled: bool = True, max_bindings: int = 8,
-         row_max: int = ROW_MAX, target: str = "gpu") -> Program:
-    planner = _Planner(prog, enabled, max_bindings, row_max, target)
+         row_max: int = ROW_MAX, target: str = "gpu", scalar_sides: bool = False) -> Program:
+    """``scalar_sides``: elementwise kernels may also write 0-d results, from one thread (loop
+    bodies: the counter's increment rides in another kernel instead of a dispatch of its own)."""
+    planner = _Planner(prog, enabled, max_bindings, row_max, target, scalar_sides)
     groups, aliases = planner.plan()
     bodies = {id(g): planner.body(g, groups, aliases) for g in groups}
 
