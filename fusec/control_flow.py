@@ -27,6 +27,7 @@ and run eagerly (one compiled function per function object and argument signatur
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, Optional, Union
 
@@ -46,6 +47,11 @@ __all__ = ["fori_loop", "while_loop", "scan", "cond", "switch", "UNROLL_MAX"]
 # Static trip counts up to this are unrolled at trace time: a few copies of the body fuse with
 # each other and cost no loop machinery.
 UNROLL_MAX = 4
+
+# A loop body's per-trace data (Builder.side: its custom_vjp calls, which the body's marker
+# equations name by key), by body: the loop's transforms (fusec.control_flow_ad) inline the body
+# again and need it. Not a param: params are printed and hashed, and this holds functions.
+BODY_SIDE: weakref.WeakKeyDictionary[Program, dict[str, Any]] = weakref.WeakKeyDictionary()
 
 AtomT = Union[Tracer, Lit]
 
@@ -184,6 +190,8 @@ def _bind_loop(closed: Closed, init: Sequence[Tracer], trips: Optional[int],
     once = tuple(keep.index(k) for k in write_once if k in keep and keep.index(k) in inplace)
     if once:
         params["write_once"] = once
+    if closed.side:
+        BODY_SIDE[body] = closed.side
     res = b.bind_multi(Op.LOOP, [init[k] for k in keep] + invariants, params, len(keep))
     final = list(init)
     for k, r in zip(keep, res):

@@ -35,7 +35,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Optional, cast
 
 from .autodiff import _backward, _forward, _trace_on_tape
-from .control_flow import _arrays, _bind_loop, _builder, _row, _scalar, _trace
+from .control_flow import BODY_SIDE, _arrays, _bind_loop, _builder, _row, _scalar, _trace
 from .errors import TraceError
 from .ir import Eqn, Lit, Op, Program, Var
 from .numpy._base import _elementwise, _tracer
@@ -69,7 +69,7 @@ def _body_fn(body: Program) -> Callable[..., list[Tracer]]:
     prog = _unmarked(body)
     n_out = len(prog.outputs)
     closed = Closed(prog, len(prog.inputs), [], [], flatten(tuple(range(n_out)))[1],
-                    (False,) * n_out)
+                    (False,) * n_out, BODY_SIDE.get(body, {}))
 
     def f(*leaves: Any) -> list[Tracer]:
         return _arrays(inline(closed, list(leaves)), closed.out_weak)
@@ -308,7 +308,8 @@ def _loop_batch(b: Any, args: Sequence[Any], dims: Sequence[Any], params: dict[s
     # (the in-place marks are found again on the batched body, whose operands may differ)
     prog = _unmarked(body)
     closed_body = Closed(prog, len(prog.inputs), [], [],
-                         flatten(tuple(range(len(prog.outputs))))[1], (False,) * n)
+                         flatten(tuple(range(len(prog.outputs))))[1], (False,) * n,
+                         BODY_SIDE.get(body, {}))
     batched = [d is not None for d in dims[:n]]
     while True:
         grown: list[int] = []

@@ -228,11 +228,43 @@ def inline(closed: Closed, args: Sequence[Union[Tracer, Lit]]) -> list[Union[Tra
     def read(a: Any) -> Union[Tracer, Lit]:
         return a if isinstance(a, Lit) else env[id(a)]
 
+    # custom_vjp calls (fusec.autodiff) are entries of the trace's registry, which their marker
+    # equations name by key: the inlined markers get keys of this trace's registry
+    calls = closed.side.get("custom_vjp", {})
+    rekey: dict[int, int] = {}
     for e in prog.eqns:
-        outs = b.bind_multi(e.op, [read(a) for a in e.inputs], e.params, len(e.outs))
+        params = e.params
+        if e.op is Op.CUSTOM_VJP and int(params["rule"]) in calls:
+            old = int(params["rule"])
+            if old not in rekey:
+                mine = b.side.setdefault("custom_vjp", {})
+                rekey[old] = len(mine)
+                mine[rekey[old]] = None  # filled in below, once every value is inlined
+            params = {**params, "rule": rekey[old]}
+        outs = b.bind_multi(e.op, [read(a) for a in e.inputs], params, len(e.outs))
         for v, t in zip(e.outs, outs):
             env[id(v)] = t
+    for old, new in rekey.items():
+        b.side["custom_vjp"][new] = _inlined_entry(calls[old], env)
     return [read(o) for o in prog.outputs]
+
+
+def _inlined_entry(entry: Any, env: dict[int, Union[Tracer, Lit]]) -> Any:
+    """A registry entry of an inlined trace with its variables and traced values (the call's
+    arguments, results and residuals) replaced by what they became in the current trace."""
+    from .tree import flatten, unflatten
+
+    leaves, td = flatten(entry)
+    out = []
+    for x in leaves:
+        if isinstance(x, Var) and id(x) in env:
+            t = env[id(x)]
+            x = t.var if isinstance(t, Tracer) else None  # a literal: nothing to differentiate
+        elif isinstance(x, Tracer) and id(x.var) in env:
+            t = env[id(x.var)]
+            x = t if isinstance(t, Tracer) else t.value
+        out.append(x)
+    return unflatten(td, out)
 
 
 

@@ -735,3 +735,20 @@ def test_loop_counter_is_a_side_output_of_the_body_kernel(target: str, n: int) -
         k, y = w(x)
         assert int(np.asarray(k)) == 7
         _close(y, x * 0.5 ** 7)
+
+
+def test_custom_vjp_inside_branches_and_loops() -> None:
+    """A custom_vjp function called in a cond branch, an unrolled loop or a loop body keeps its
+    own backward function: the inlined markers get keys of the trace they land in."""
+    @fusec.custom_vjp
+    def clip_grad(x):
+        return x * 1.0
+
+    clip_grad.defvjp(lambda x: (x * 1.0, None), lambda r, g: (fnp.clip(g, -0.1, 0.1),))
+    x = np.array([1.0, 2.0], F32)
+    fs = [lambda x: lax.cond(x.sum() > 0, lambda a: clip_grad(a) * 3.0, lambda a: a, x).sum(),
+          lambda x: lax.fori_loop(0, 3, lambda i, c: clip_grad(c) * 2.0, x).sum(),
+          lambda x: lax.fori_loop(0, 9, lambda i, c: clip_grad(c) * 2.0, x).sum()]
+    for f in fs:
+        _close(fusec.gpu_jit(fusec.grad(f))(x), np.full(2, 0.1))
+    _close(fusec.gpu_jit(fusec.vmap(fusec.grad(fs[2])))(np.stack([x, -x])), np.full((2, 2), 0.1))
