@@ -15,6 +15,8 @@ FUSEC_STRICT_DTYPES  1: refuse 64-bit (and 8/16-bit) inputs instead of convertin
                32-bit type of their kind with a one-time warning (JAX's default with x64 off)
 FUSEC_SHADER_CHECKS  1: compile kernels with wgpu's runtime checks (every array index clamped,
                every loop bounded); default 0: fusec's kernels are compiled as trusted modules
+FUSEC_WHILE_CHUNK_MAX  the most iterations of a while_loop run between two reads of its flag
+               (default 64; chunks grow 2, 4, 8, ... up to it; rounded up to an even number)
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ _ENV = {
     # dispatches encoded before the first submit of a call with many kernels (0: one submit):
     # the GPU starts on them while the host encodes the rest; later chunks double in size
     "submit_first": ("FUSEC_SUBMIT_FIRST", 0),
+    # a while_loop's chunks of iterations between reads of its flag grow up to this (runtime)
+    "while_chunk_max": ("FUSEC_WHILE_CHUNK_MAX", 0),
 }
 _CASE_INSENSITIVE = {"backend", "target"}
 

@@ -332,7 +332,7 @@ def while_loop(cond_fun: Callable[[Any], Any], body_fun: Callable[[Any], Any],
 
     ``cond_fun`` must return a boolean scalar; ``body_fun`` a pytree of the structure, shapes
     and dtypes of ``init_val``. The stop is data-dependent: the loop runs on the device in
-    chunks of iterations (2, 4, 8, ... up to ``runtime.WHILE_CHUNK_MAX``), each followed by a
+    chunks of iterations (2, 4, 8, ... up to 64, ``FUSEC_WHILE_CHUNK_MAX``), each followed by a
     read of one flag, so a call that contains a while loop waits for it to finish."""
     for name, f in (("cond_fun", cond_fun), ("body_fun", body_fun)):
         if not callable(f):

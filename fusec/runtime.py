@@ -605,10 +605,15 @@ def device_put(x: Any, dtype: Any = None) -> Array:
 # --- executables ----------------------------------------------------------------------------------
 
 # A while loop runs on the device in chunks of iterations, one submit and one read of its flag
-# per chunk; chunks double from 2 up to this many iterations (even sizes: the final carries end
-# in the same one of their two buffers whatever the number of chunks). See docs/architecture.md
-# for the measurements behind it.
+# per chunk; chunks double from 2 up to this many iterations (FUSEC_WHILE_CHUNK_MAX overrides
+# it; even sizes: the final carries end in the same one of their two buffers whatever the number
+# of chunks). See docs/architecture.md for the measurements behind it.
 WHILE_CHUNK_MAX = 64
+
+
+def while_chunk_max() -> int:
+    cap = int(config.get("while_chunk_max") or WHILE_CHUNK_MAX)
+    return max(2, cap + cap % 2)
 
 
 @dataclass(eq=False)
@@ -971,13 +976,14 @@ class _LoopRun:
         assert isinstance(sink, _Recorder), "a while loop is recorded live"
         i = 0
         chunk = 2
+        cap = while_chunk_max()
         while True:
             for _ in range(chunk):
                 one(i)
                 i += 1
             if not sink.read_flag(flag.raw):
                 return
-            chunk = min(2 * chunk, WHILE_CHUNK_MAX)
+            chunk = min(2 * chunk, cap)
 
 
 class GpuExecutable(_Steps):

@@ -752,3 +752,20 @@ def test_custom_vjp_inside_branches_and_loops() -> None:
     for f in fs:
         _close(fusec.gpu_jit(fusec.grad(f))(x), np.full(2, 0.1))
     _close(fusec.gpu_jit(fusec.vmap(fusec.grad(fs[2])))(np.stack([x, -x])), np.full((2, 2), 0.1))
+
+
+def test_while_chunk_max_setting() -> None:
+    f = fusec.gpu_jit(lambda n: lax.while_loop(lambda s: s[0] < n, lambda s: (s[0] + 1, s[1] * 3),
+                                               (0, 1)))
+    # 5 rounds up to 6: chunks 2, 4, 6, 6, 6; 0: the default, 64: chunks 2, 4, 8, 16
+    for cap, reads in ((2, 10), (5, 5), (0, 4)):
+        fusec.config.set("while_chunk_max", cap or None)
+        try:
+            with Delta() as d:
+                k, p = f(np.int32(20))
+                np.asarray(p)
+        finally:
+            fusec.config.set("while_chunk_max", None)
+        assert int(np.asarray(k)) == 20
+        assert int(np.asarray(p)) == (3 ** 20 + 2 ** 31) % 2 ** 32 - 2 ** 31  # int32 wraps
+        assert d.readbacks == reads + 1  # the flag reads, then the result
