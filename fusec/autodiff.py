@@ -547,6 +547,7 @@ class custom_vjp:
         self.__doc__ = getattr(fun, "__doc__", None)
         self.fwd: Optional[Callable[..., Any]] = None
         self.bwd: Optional[Callable[..., Any]] = None
+        self._in_fwd = False
 
     def defvjp(self, fwd: Callable[..., Any], bwd: Callable[..., Any]) -> None:
         """Set the forward (returns ``(output, residuals)``) and backward functions."""
@@ -554,12 +555,18 @@ class custom_vjp:
 
     def __call__(self, *args: Any) -> Any:
         b = current_builder()
-        if b is None:
+        if b is None or self._in_fwd:
+            # outside a trace; or the forward function calling this function itself (JAX's
+            # usual pattern: f_fwd returns f(x) and residuals): the plain function
             return self.fun(*args)
         if self.fwd is None or self.bwd is None:
             raise TraceError(f"custom_vjp function {self.__name__} was called before defvjp "
                              "gave it forward and backward functions")
-        got = self.fwd(*args)
+        self._in_fwd = True
+        try:
+            got = self.fwd(*args)
+        finally:
+            self._in_fwd = False
         if not (isinstance(got, tuple) and len(got) == 2):
             raise TraceError(f"the forward function of {self.__name__} (custom_vjp) must return "
                              f"a pair (output, residuals); it returned {type(got).__name__}")
