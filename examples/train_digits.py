@@ -10,8 +10,8 @@ this runs offline. Everything that happens per step stays on the device:
   applies Adam written with ``fusec.tree_util.tree_map``. The old parameters and optimizer state
   are donated, so the update is written into their buffers.
 
-Only the step's position in the epoch (a Python int) goes up each step, and only the loss comes
-back, once per epoch.
+Only the step's position in the epoch (a Python int) goes up each step; the epoch's loss is
+summed on the device and read back once per epoch.
 
 Run:  python examples/train_digits.py [--epochs 20] [--batch-size 64] [--seed 0] [--quiet]
 """
@@ -131,15 +131,16 @@ def shuffle(key: Any, epoch: Any, n: int) -> Any:
     return random.permutation(random.fold_in(key, epoch), n)
 
 
-@fusec.gpu_jit(static_argnames=("batch_size",), donate_argnums=(0, 1))
-def train_step(params: Params, opt_state: dict[str, Any], x: Any, y: Any, order: Any,
-               start: Any, batch_size: int) -> tuple[Params, dict[str, Any], Any]:
-    """One SGD step: the minibatch ``order[start:start + batch_size]``, its loss and gradient,
-    and Adam's update. Returns the new parameters, the new state and the minibatch loss."""
+@fusec.gpu_jit(static_argnames=("batch_size",), donate_argnums=(0, 1, 2))
+def train_step(params: Params, opt_state: dict[str, Any], loss_sum: Any, x: Any, y: Any,
+               order: Any, start: Any, batch_size: int) -> tuple[Params, dict[str, Any], Any]:
+    """One training step: the minibatch ``order[start:start + batch_size]``, its loss and
+    gradient, and Adam's update. Returns the new parameters, the new optimizer state, and
+    ``loss_sum`` plus the minibatch's loss (the epoch's running total, kept on the device)."""
     idx = lax.dynamic_slice(order, (start,), (batch_size,))
     loss, grads = fusec.value_and_grad(loss_fn)(params, x[idx], y[idx])
     params, opt_state = adam_update(params, grads, opt_state)
-    return params, opt_state, loss
+    return params, opt_state, loss_sum + loss
 
 
 @fusec.gpu_jit
@@ -177,12 +178,11 @@ def train(epochs: int = 20, batch_size: int = 64, seed: int = 0, quiet: bool = F
     t_first = t0
     for epoch in range(epochs):
         order = shuffle(order_key, epoch, n)
-        total: Any = 0.0
+        total = fusec.device_put(np.float32(0.0))
         for s in range(steps_per_epoch):
-            params, opt_state, loss = train_step(params, opt_state, x_dev, y_dev, order,
-                                                 s * batch_size, batch_size=batch_size)
-            total = total + loss  # stays on the device: one readback per epoch
-        losses.append(float(np.asarray(total)) / steps_per_epoch)  # waits for the epoch
+            params, opt_state, total = train_step(params, opt_state, total, x_dev, y_dev, order,
+                                                  s * batch_size, batch_size=batch_size)
+        losses.append(float(np.asarray(total)) / steps_per_epoch)  # the epoch's one readback
         if not quiet and (epoch % 5 == 4 or epoch == epochs - 1 or epoch == 0):
             _, acc = evaluate(params, x_te_dev, y_te_dev)
             say(f"epoch {epoch + 1:3d}  train loss {losses[-1]:.4f}  "
