@@ -143,3 +143,30 @@ def test_train_digits_compare_smoke(tmp_path: Path) -> None:
     assert abs(res["fusec"]["test_accuracy"] - res["jax"]["test_accuracy"]) <= 0.01
     t = res["torch-eager"]
     assert "skipped" in t or "steps_per_s" in t, t
+
+
+def test_user_guide_training_snippets_run(capsys: pytest.CaptureFixture[str]) -> None:
+    """The code blocks of the user guide's Training section run, in order, as one program, and
+    compute what their comments say."""
+    import re
+
+    text = (REPO / "docs" / "user-guide.md").read_text()
+    section = text.split("\n## Training\n", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```python\n(.*?)```", section, re.S)
+    assert len(blocks) >= 5
+    ns: dict[str, Any] = {}
+    exec(compile("\n".join(blocks), "user-guide.md#training", "exec"), ns)  # noqa: S102
+    x = np.linspace(0.0, 1.0, 5)
+    np.testing.assert_allclose(np.asarray(ns["g"]), np.sin(x) + x * np.cos(x), rtol=1e-5,
+                               atol=1e-6)
+    assert float(ns["l"]) == 9.0 and ns["gw"].shape == (3, 2)
+    xv = np.array([0.0, 0.5, 1.0])
+    np.testing.assert_allclose(np.asarray(ns["ct"]), 1 - np.tanh(xv) ** 2, rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(ns["dy"]), 1 - np.tanh(xv) ** 2, rtol=1e-5)
+    A = ns["A"].astype(np.float64)
+    want = (1 - np.tanh(A @ xv) ** 2)[:, None] * A
+    np.testing.assert_allclose(np.asarray(ns["J"]), want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(ns["J2"]), want, rtol=1e-5, atol=1e-6)
+    out = capsys.readouterr().out
+    assert "[0.5 1. ]" in out and "[0.5 nan]" in out
+    assert float(ns["loss"]) < 0.2
