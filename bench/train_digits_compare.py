@@ -8,10 +8,12 @@ minibatch order in every column:
 - ``fusec``: the whole step (minibatch gather, forward, ``value_and_grad``, Adam by ``tree_map``)
   one ``gpu_jit`` call, parameters and optimizer state donated;
 - ``jax``: the same step under one ``jax.jit``, parameters and state donated;
-- ``torch-eager``: ``loss.backward()`` and ``torch.optim.Adam`` (foreach), as one writes it;
-- ``torch-compile``: the whole step written functionally (``torch.func.grad_and_value`` and the
-  same Adam) under one ``torch.compile(fullgraph=True)``;
-- ``torch-compile-cudagraphs``: that, with ``mode="reduce-overhead"`` (CUDA graphs; CUDA only).
+- ``torch-eager``: ``loss.backward()`` and ``torch.optim.Adam`` (foreach), as one writes it
+  (torch's Adam adds eps after the bias correction, not before: the same to within rounding);
+- ``torch-compile``: the whole step (``torch.func.grad_and_value`` and the same Adam, updating
+  the parameters and state in place) under one ``torch.compile(fullgraph=True)``;
+- ``torch-compile-cudagraphs``: that, with ``mode="reduce-overhead"`` (CUDA graphs; CUDA only;
+  the state tensors are marked static so that one graph replays over them).
 
 The training set and every step's minibatch indices are uploaded once; a step reads its indices
 by its number. Each column runs ``--warmup`` steps (the first one traces and compiles: its time is
@@ -320,26 +322,33 @@ class TorchCompileColumn(_TorchBase):
 
         def step(p: dict[str, Any], m: dict[str, Any], v: dict[str, Any], t: Any, x: Any,
                  y: Any, idx: Any) -> Any:
+            # the state is updated in place (as fusec's and JAX's donated buffers are): the
+            # CUDA-graph mode then replays one graph over the same, static, addresses
             g, loss = grad_and_value(p, x[idx], y[idx])
-            t = t + 1.0
+            t.add_(1.0)
             size = lr * torch.sqrt(1.0 - b2 ** t) / (1.0 - b1 ** t)
-            m = {k: b1 * m[k] + (1.0 - b1) * g[k] for k in p}
-            v = {k: b2 * v[k] + (1.0 - b2) * g[k] * g[k] for k in p}
-            p = {k: p[k] - size * m[k] / (torch.sqrt(v[k]) + eps) for k in p}
-            return p, m, v, t, loss
+            for k in p:
+                m[k].mul_(b1).add_((1.0 - b1) * g[k])
+                v[k].mul_(b2).add_((1.0 - b2) * g[k] * g[k])
+                p[k].sub_(size * m[k] / (torch.sqrt(v[k]) + eps))
+            return loss
 
         self._step = torch.compile(step, fullgraph=True, mode=self.mode)
         self.m = {k: torch.zeros_like(w) for k, w in self.params.items()}
         self.v = {k: torch.zeros_like(w) for k, w in self.params.items()}
         self.t = torch.zeros((), dtype=torch.float32, device=self.dev)
+        if self.mode == "reduce-overhead":
+            # inputs the graph mutates must keep their addresses for the graph to be replayed
+            for tensor in [*self.params.values(), *self.m.values(), *self.v.values(), self.t]:
+                torch._dynamo.mark_static_address(tensor)
 
     def step(self, s: int) -> None:
         assert torch is not None
         if self.mode == "reduce-overhead":
-            # the graph's outputs are overwritten by its next replay: they are fed back here
+            # a new iteration: the previous replay's output (the loss) may be overwritten
             torch.compiler.cudagraph_mark_step_begin()
-        self.params, self.m, self.v, self.t, self.loss = self._step(
-            self.params, self.m, self.v, self.t, self.x, self.y, self.batches[s])
+        self.loss = self._step(self.params, self.m, self.v, self.t, self.x, self.y,
+                               self.batches[s])
 
 
 class TorchCudagraphsColumn(TorchCompileColumn):
