@@ -101,6 +101,8 @@ def test_digits_main_returns_accuracy(digits: ModuleType,
     assert capsys.readouterr().out == ""
     with pytest.raises(ValueError, match="batch-size"):
         digits.main(["--epochs", "1", "--batch-size", "0", "--quiet"])
+    with pytest.raises(ValueError, match="epochs"):
+        digits.main(["--epochs", "0", "--quiet"])
 
 
 def test_digits_init_leaves_have_their_own_buffers(digits: ModuleType) -> None:
