@@ -19,10 +19,11 @@ from typing import Any, Optional, Union
 
 import numpy as np
 
+from . import lax
 from .errors import DTypeError, ShapeError, TraceError
 from .ir import Eqn, Lit, Op, Var
 from .jit import JitFunction
-from .numpy._base import _stop_gradient, _tracer
+from .numpy._base import _tracer
 from .ops import JVP_RULES, LOWERED_ONLY, NO_DERIVATIVE, VJP_RULES, ad_sum_to, ad_zeros
 from .trace import Builder, Tracer, current_builder
 from .tree import flatten_with_paths, unflatten
@@ -519,12 +520,7 @@ def jacfwd(fun: Callable[..., Any], argnums: Argnums = 0) -> Callable[..., Any]:
     return _Transformed(fun, f"jacfwd({fname})", traced)
 
 
-def stop_gradient(x: Any) -> Any:
-    """``x``, with a zero derivative: autodiff treats it as a constant. Works on pytrees."""
-    if current_builder() is None:
-        return x
-    leaves, td = flatten_with_paths(x, "x")
-    return unflatten(td, [_stop_gradient(_tracer(v)) for _, v in leaves])
+stop_gradient = lax.stop_gradient
 
 
 class custom_vjp:

@@ -143,9 +143,15 @@ class Runtime:
 
     def buffer_of_class(self, size: int) -> DeviceBuffer:
         free = self._free.get(size)
-        if free:
+        while free:
             self._free_bytes -= size
-            return DeviceBuffer(free.pop(), size, self)
+            raw = free.pop()
+            # A pooled buffer may have died after it was pooled: when the garbage collector
+            # finalises a reference cycle, a DeviceBuffer's finaliser can pool its wgpu buffer and
+            # then that buffer's own finaliser release it (the check in release() sees only the
+            # other order). Handing it out would crash wgpu-native at the next bind group.
+            if getattr(raw, "_internal", True) is not None:
+                return DeviceBuffer(raw, size, self)
         usage = (self.wgpu.BufferUsage.STORAGE | self.wgpu.BufferUsage.COPY_SRC
                  | self.wgpu.BufferUsage.COPY_DST)
         return DeviceBuffer(self.device.create_buffer(size=size, usage=usage), size, self)

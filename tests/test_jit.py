@@ -535,3 +535,22 @@ def test_donating_an_array_that_shares_its_buffer_leaves_the_other_intact() -> N
     z = inc(x)
     np.testing.assert_array_equal(np.asarray(y), np.arange(6).reshape(2, 3))
     np.testing.assert_array_equal(np.asarray(z), np.arange(6) + 1)
+
+
+def test_the_pool_never_hands_out_a_released_buffer() -> None:
+    # the garbage collector may pool a DeviceBuffer's wgpu buffer and then release that buffer
+    # (finalisers of a reference cycle run in any order): the pool must skip it
+    from fusec.runtime import get_runtime
+
+    rt = get_runtime()
+    assert rt is not None
+    size = rt._size_class(3 * 1024 * 1024 + 1)
+    dead = rt.device.create_buffer(size=size, usage=rt.wgpu.BufferUsage.STORAGE
+                                   | rt.wgpu.BufferUsage.COPY_SRC | rt.wgpu.BufferUsage.COPY_DST)
+    rt._free.setdefault(size, []).append(dead)
+    rt._free_bytes += size
+    dead._release()
+    got = rt.buffer_of_class(size)
+    assert got.raw is not dead and got.raw._internal is not None
+    x = np.arange(size // 4, dtype=np.float32)
+    np.testing.assert_array_equal(np.asarray(fusec.gpu_jit(lambda a: a + 1)(x)), x + 1)
