@@ -19,10 +19,11 @@ from typing import Any, Optional, Union
 
 import numpy as np
 
+from . import lax
 from .errors import DTypeError, ShapeError, TraceError
 from .ir import Eqn, Lit, Op, Var
 from .jit import JitFunction
-from .numpy._base import _stop_gradient, _tracer
+from .numpy._base import _tracer
 from .ops import JVP_RULES, LOWERED_ONLY, NO_DERIVATIVE, VJP_RULES, ad_sum_to, ad_zeros
 from .trace import Builder, Tracer, current_builder
 from .tree import flatten_with_paths, unflatten
@@ -519,12 +520,7 @@ def jacfwd(fun: Callable[..., Any], argnums: Argnums = 0) -> Callable[..., Any]:
     return _Transformed(fun, f"jacfwd({fname})", traced)
 
 
-def stop_gradient(x: Any) -> Any:
-    """``x``, with a zero derivative: autodiff treats it as a constant. Works on pytrees."""
-    if current_builder() is None:
-        return x
-    leaves, td = flatten_with_paths(x, "x")
-    return unflatten(td, [_stop_gradient(_tracer(v)) for _, v in leaves])
+stop_gradient = lax.stop_gradient
 
 
 class custom_vjp:
@@ -547,6 +543,7 @@ class custom_vjp:
         self.__doc__ = getattr(fun, "__doc__", None)
         self.fwd: Optional[Callable[..., Any]] = None
         self.bwd: Optional[Callable[..., Any]] = None
+        self._in_fwd = False
 
     def defvjp(self, fwd: Callable[..., Any], bwd: Callable[..., Any]) -> None:
         """Set the forward (returns ``(output, residuals)``) and backward functions."""
@@ -554,12 +551,18 @@ class custom_vjp:
 
     def __call__(self, *args: Any) -> Any:
         b = current_builder()
-        if b is None:
+        if b is None or self._in_fwd:
+            # outside a trace; or the forward function calling this function itself (JAX's
+            # usual pattern: f_fwd returns f(x) and residuals): the plain function
             return self.fun(*args)
         if self.fwd is None or self.bwd is None:
             raise TraceError(f"custom_vjp function {self.__name__} was called before defvjp "
                              "gave it forward and backward functions")
-        got = self.fwd(*args)
+        self._in_fwd = True
+        try:
+            got = self.fwd(*args)
+        finally:
+            self._in_fwd = False
         if not (isinstance(got, tuple) and len(got) == 2):
             raise TraceError(f"the forward function of {self.__name__} (custom_vjp) must return "
                              f"a pair (output, residuals); it returned {type(got).__name__}")

@@ -312,6 +312,11 @@ class Compiled:
             if isinstance(x, Array) and sum(y is x for y in leaves) > 1:
                 raise FusecError(f"{t.name}: argument '{t.in_paths[i]}' is donated but the same "
                                  "array is also passed as another argument")
+        rt = get_runtime()
+        for i in donated:
+            x = inputs[i]
+            if x is not None and x._shared and rt is not None:
+                inputs[i] = x.donation_copy(rt)  # another Array views its buffer: keep that one
         consts = self._const_arrays()
         for c, used in zip(consts, self.used[len(leaves):]):
             inputs.append(c if used else None)

@@ -26,13 +26,14 @@ from . import dtypes
 from .control_flow import cond, fori_loop, scan, switch, while_loop
 from .errors import DTypeError, ShapeError
 from .ir import Lit, Op
-from .numpy._base import _compare, _elementwise, _norm_axis, _traceable, _tracer
+from .numpy._base import _compare, _elementwise, _norm_axis, _stop_gradient, _traceable, _tracer
 from .numpy.indexing import _host_indices, _iota, _reshape, _slice, _window_update
 from .numpy.scans import cummax, cummin
 from .numpy.sorting import top_k
 from .trace import Tracer, is_device_array
 
 __all__ = [
+    "stop_gradient",
     "dynamic_slice",
     "dynamic_update_slice",
     "dynamic_slice_in_dim",
@@ -215,3 +216,16 @@ def dynamic_index_in_dim(operand: Any, index: Any, axis: int = 0, keepdims: bool
     if keepdims:
         return out
     return _reshape(out, tuple(d for k, d in enumerate(out.shape) if k != ax))
+
+
+def stop_gradient(x: Any) -> Any:
+    """``x``, with a zero derivative: autodiff (fusec.grad, vjp, jvp) treats it as a constant.
+    Works on pytrees; non-float leaves and values outside a trace come back as they are."""
+    from .numpy._base import _tracer
+    from .trace import current_builder
+    from .tree import flatten_with_paths, unflatten
+
+    if current_builder() is None:
+        return x
+    leaves, td = flatten_with_paths(x, "x")
+    return unflatten(td, [_stop_gradient(_tracer(v)) for _, v in leaves])

@@ -143,9 +143,15 @@ class Runtime:
 
     def buffer_of_class(self, size: int) -> DeviceBuffer:
         free = self._free.get(size)
-        if free:
+        while free:
             self._free_bytes -= size
-            return DeviceBuffer(free.pop(), size, self)
+            raw = free.pop()
+            # A pooled buffer may have died after it was pooled: when the garbage collector
+            # finalises a reference cycle, a DeviceBuffer's finaliser can pool its wgpu buffer and
+            # then that buffer's own finaliser release it (the check in release() sees only the
+            # other order). Handing it out would crash wgpu-native at the next bind group.
+            if getattr(raw, "_internal", True) is not None:
+                return DeviceBuffer(raw, size, self)
         usage = (self.wgpu.BufferUsage.STORAGE | self.wgpu.BufferUsage.COPY_SRC
                  | self.wgpu.BufferUsage.COPY_DST)
         return DeviceBuffer(self.device.create_buffer(size=size, usage=usage), size, self)
@@ -378,7 +384,7 @@ class Array:
     __array_priority__ = 100  # ndarray + Array -> Array.__radd__ (runs on the device)
     # slots: every call makes one Array per output, so creating one is on the hot path
     __slots__ = ("_shape", "_dtype", "_buffer", "_host", "_submission", "_donated_to",
-                 "__weakref__")
+                 "_shared", "__weakref__")
 
     def __init__(self, shape: Sequence[int], dtype: str, buffer: Any = None,
                  host: Optional[np.ndarray] = None, submission: int = 0) -> None:
@@ -388,12 +394,27 @@ class Array:
         self._host = host
         self._submission = submission
         self._donated_to: Optional[str] = None
+        # another Array views the same buffer (an output returned twice, a reshape of an input):
+        # donating this one must not overwrite what the other holds (see donation_copy)
+        self._shared = False
 
     def _check_alive(self) -> None:
         if self._donated_to is not None:
             raise FusecError(
                 f"this array was donated to {self._donated_to} (donate_argnums) and its buffer now "
                 "holds that call's output; use the output, or stop donating this argument")
+
+    def donation_copy(self, rt: Runtime) -> Array:
+        """A copy in a buffer of its own, to donate in place of an Array that shares its buffer
+        with another: the donated buffer gets overwritten, the other Array must not change."""
+        src = self.device_buffer(rt)
+        nbytes = max(4, self.nbytes)
+        dst = rt.buffer(nbytes)
+        enc = rt.device.create_command_encoder()
+        enc.copy_buffer_to_buffer(src.raw, 0, dst.raw, 0, nbytes)
+        rt.device.queue.submit([enc.finish()])
+        rt.submitted += 1
+        return Array(self._shape, self._dtype, buffer=dst, submission=rt.submitted)
 
     def donate(self, to: str) -> None:
         """Give the buffer away (used by jitted functions with donate_argnums)."""
@@ -578,6 +599,7 @@ def _device_array(shape: tuple[int, ...], dtype: str, buffer: DeviceBuffer,
     a._host = None
     a._submission = submission
     a._donated_to = None
+    a._shared = False
     return a
 
 
@@ -1009,6 +1031,20 @@ class GpuExecutable(_Steps):
                 self.out_plan.append((1, s))  # an input returned as is
             else:
                 self.out_plan.append((2, (s, self.var_of[s].shape, self.var_of[s].dtype)))
+        # outputs that view the same buffer as another output or an input (an output returned
+        # twice, reshapes): those Arrays get marked shared on every call (see Array._shared)
+        root: dict[int, int] = {}
+        for st in self.steps:
+            if isinstance(st, _Alias):
+                root[st.dst] = root.get(st.src, st.src)
+        groups: dict[int, list[int]] = {}
+        for pos, s in enumerate(self.out_slots):
+            if s is not None:
+                groups.setdefault(root.get(s, s), []).append(pos)
+        self.out_shared: list[tuple[list[int], Optional[int]]] = [
+            (poss, r if r < self.n_inputs else None) for r, poss in sorted(groups.items())
+            if len(poss) > 1 or r < self.n_inputs and any(
+                self.out_plan[p][0] == 2 for p in poss)]
         # the common case, outputs that are all fresh results: (slot, shape, dtype) each
         self.out_fresh: Optional[list[tuple[int, tuple[int, ...], str]]] = (
             [arg for _, arg in self.out_plan] if all(k == 2 for k, _ in self.out_plan) else None)
@@ -1071,18 +1107,9 @@ class GpuExecutable(_Steps):
             rt.resolve_timestamps(enc)
         rt.device.queue.submit([enc.finish()])
         fresh = self.out_fresh
-        if fresh is not None:
+        if fresh is not None and not self.out_shared:
             return [_device_array(shape, dtype, bufs[s], sub) for s, shape, dtype in fresh]
-        outs: list[Any] = []
-        for kind, arg in self.out_plan:
-            if kind == 2:
-                s, shape, dtype = arg
-                outs.append(_device_array(shape, dtype, bufs[s], sub))
-            elif kind == 1:
-                outs.append(inputs[arg])
-            else:
-                outs.append(Array((), arg.dtype, host=np.asarray(arg.value, dtype=arg.dtype)))
-        return outs
+        return self._outputs(inputs, bufs, sub)
 
     def _run_loops(self, inputs: Sequence[Optional[Array]], bufs: list[Any], raws: list[Any]
                    ) -> list[Any]:
@@ -1105,9 +1132,7 @@ class GpuExecutable(_Steps):
 
     def _outputs(self, inputs: Sequence[Optional[Array]], bufs: list[Any], sub: int
                  ) -> list[Any]:
-        fresh = self.out_fresh
-        if fresh is not None:
-            return [_device_array(shape, dtype, bufs[s], sub) for s, shape, dtype in fresh]
+        """The call's outputs as Arrays over their buffers (those sharing one marked so)."""
         outs: list[Any] = []
         for kind, arg in self.out_plan:
             if kind == 2:
@@ -1117,6 +1142,12 @@ class GpuExecutable(_Steps):
                 outs.append(inputs[arg])
             else:
                 outs.append(Array((), arg.dtype, host=np.asarray(arg.value, dtype=arg.dtype)))
+        for poss, inp in self.out_shared:
+            for p in poss:
+                if isinstance(outs[p], Array):
+                    outs[p]._shared = True
+            if inp is not None and isinstance(inputs[inp], Array):
+                inputs[inp]._shared = True  # type: ignore[union-attr]
         return outs
 
 

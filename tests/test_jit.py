@@ -512,3 +512,45 @@ def test_device_put_keeps_zero_dim_shape():
     out = f(a)
     assert out.shape == () and np.asarray(out).shape == ()
     assert float(np.asarray(out)) == -2.5
+
+
+def test_donating_an_array_that_shares_its_buffer_leaves_the_other_intact() -> None:
+    # an output returned twice (cse merges the equal zeros) and an eager reshape both give two
+    # Arrays over one buffer: donating one must not overwrite the other
+    @fusec.gpu_jit
+    def two(x):  # type: ignore[no-untyped-def]
+        return fnp.zeros_like(x), fnp.zeros_like(x)
+
+    @fusec.gpu_jit(donate_argnums=(0,))
+    def inc(a):  # type: ignore[no-untyped-def]
+        return a + 1.0
+
+    a, b = two(np.ones(5, np.float32))
+    a2 = inc(a)
+    np.testing.assert_array_equal(np.asarray(b), np.zeros(5))
+    np.testing.assert_array_equal(np.asarray(a2), np.ones(5))
+    assert a.is_deleted and not b.is_deleted
+    x = fusec.device_put(np.arange(6, dtype=np.float32))
+    y = x.reshape(2, 3)
+    z = inc(x)
+    np.testing.assert_array_equal(np.asarray(y), np.arange(6).reshape(2, 3))
+    np.testing.assert_array_equal(np.asarray(z), np.arange(6) + 1)
+
+
+def test_the_pool_never_hands_out_a_released_buffer() -> None:
+    # the garbage collector may pool a DeviceBuffer's wgpu buffer and then release that buffer
+    # (finalisers of a reference cycle run in any order): the pool must skip it
+    from fusec.runtime import get_runtime
+
+    rt = get_runtime()
+    assert rt is not None
+    size = rt._size_class(3 * 1024 * 1024 + 1)
+    dead = rt.device.create_buffer(size=size, usage=rt.wgpu.BufferUsage.STORAGE
+                                   | rt.wgpu.BufferUsage.COPY_SRC | rt.wgpu.BufferUsage.COPY_DST)
+    rt._free.setdefault(size, []).append(dead)
+    rt._free_bytes += size
+    dead._release()
+    got = rt.buffer_of_class(size)
+    assert got.raw is not dead and got.raw._internal is not None
+    x = np.arange(size // 4, dtype=np.float32)
+    np.testing.assert_array_equal(np.asarray(fusec.gpu_jit(lambda a: a + 1)(x)), x + 1)

@@ -167,6 +167,8 @@ TABLE: dict[Op, tuple[Callable[..., Any], Callable[..., Any], tuple[Gen, ...]]] 
     Op.SQRT: (fnp.sqrt, np.sqrt, (log_uniform(1e-3, 1e3),)),
     Op.RSQRT: (fnp.rsqrt, lambda x: 1.0 / np.sqrt(x), (log_uniform(1e-3, 1e3),)),
     Op.TANH: (fnp.tanh, np.tanh, (uniform(-8, 8),)),
+    # an identity for the values (its zero derivative is tested with autodiff)
+    Op.STOP_GRADIENT: (fusec.lax.stop_gradient, lambda x: x, (uniform(-4, 4),)),
     # WGSL bounds sin/cos only on [-pi, pi]
     Op.SIN: (fnp.sin, np.sin, (uniform(-math.pi, math.pi),)),
     Op.COS: (fnp.cos, np.cos, (uniform(-math.pi, math.pi),)),
