@@ -1721,6 +1721,8 @@ def _elementwise_jvp(b: Any, op: Op, params: dict[str, Any], ins: Sequence[Any],
 def _deriv_of(op: Op, params: dict[str, Any]) -> Optional[Callable[..., Any]]:
     if op is Op.CAST:  # float -> float only: other casts have no float result or operand
         return _D_ID if params.get("dtype") == "float32" else None
+    if op is Op.COPY:  # an identity (no row in the table: nothing traces it today)
+        return _D_ID
     if op is Op.IPOW:
         n = int(params["n"])
         if n == 0:
@@ -1833,7 +1835,9 @@ def _linear_jvp(b: Any, op: Op, p: dict[str, Any], ins: Sequence[Any], outs: Seq
     params = dict(p)
     if op is Op.PAD:
         params["value"] = 0.0
-    rest = [ad_atom(x) for x in ins[1:]]
+    # the other operands are a gather's indices: literal ones stay integers (ad_atom would make
+    # a Python int a float32 literal, which a gather refuses)
+    rest = [ad_int(int(x)) if isinstance(x, (int, float)) else x for x in ins[1:]]
     return [b.bind(op, [ts[0], *rest], params)]
 
 
@@ -2101,7 +2105,7 @@ def _stop_rule(b: Any, op: Op, p: dict[str, Any], ins: Sequence[Any], outs: Sequ
 _Rule = Callable[[Any, Op, dict[str, Any], Sequence[Any], Sequence[Any], Sequence[Any]], list[Any]]
 VJP_RULES: dict[Op, _Rule] = {}
 JVP_RULES: dict[Op, _Rule] = {}
-for _op in list(ELEMENTWISE) + [Op.CAST, Op.IPOW]:
+for _op in list(ELEMENTWISE) + [Op.CAST, Op.IPOW, Op.COPY]:
     VJP_RULES[_op] = _elementwise_vjp
     JVP_RULES[_op] = _elementwise_jvp
 for _op in (Op.SUM, Op.RMAX, Op.RMIN, Op.PROD):
