@@ -92,7 +92,7 @@ def _rule(table: dict[Op, Any], op: Op, mode: str) -> Any:
 # --- custom_vjp registry --------------------------------------------------------------------------
 
 # Each trace keeps its custom_vjp calls in Builder.side["custom_vjp"]: rule key -> (the user's
-# backward function, residuals, input treedef, input vars (None: not differentiable), the call's
+# backward function, residuals, leaves per argument, input vars (None: not differentiable), the call's
 # output vars in order, output treedef, function name). Keys count per trace, so that programs
 # (and their hashes) do not depend on what was traced before.
 
@@ -147,33 +147,45 @@ def _backward(tape: _Tape, out_vars: Sequence[Any], out_cts: Sequence[Any]) -> l
 
 
 def _custom_backward(b: Builder, key: int, ct: dict[int, Any]) -> list[tuple[Var, Any]]:
-    bwd, res, in_tree, in_vars, out_vars, out_tree, fname = _custom_calls(b)[key]
+    bwd, res, arg_sizes, in_vars, out_vars, out_tree, fname = _custom_calls(b)[key]
     g_leaves = [ct.get(id(v)) for v in out_vars]
     if all(g is None for g in g_leaves):
         return []
     g_leaves = [g if g is not None else ad_zeros(b, v.shape) for g, v in zip(g_leaves, out_vars)]
     cts = bwd(res, unflatten(out_tree, g_leaves))
-    if not isinstance(cts, tuple):
+    if not isinstance(cts, tuple) or len(cts) != len(arg_sizes):
+        got = f"a tuple of {len(cts)}" if isinstance(cts, tuple) else type(cts).__name__
         raise TraceError(f"the backward function of {fname} (custom_vjp) must return a tuple "
-                         f"with one cotangent per argument; got {type(cts).__name__}")
-    leaves, _ = flatten_with_paths(cts, "cotangent")
-    if len(leaves) != len(in_vars):
-        raise TraceError(f"the backward function of {fname} (custom_vjp) returned "
-                         f"{len(leaves)} cotangent leaves for {len(in_vars)} argument leaves")
+                         f"with one cotangent per argument ({len(arg_sizes)}); got {got}")
     out = []
-    for (path, c), v in zip(leaves, in_vars):
-        if v is None or c is None:
+    pos = 0
+    # matched argument by argument: None stands for a zero cotangent of a whole argument (an
+    # integer one, say), as in JAX; a pytree would flatten it away and shift the others
+    for k, (n, ct_k) in enumerate(zip(arg_sizes, cts)):
+        vars_k = in_vars[pos:pos + n]
+        pos += n
+        if ct_k is None:
             continue
-        c = _tracer(c)
-        if tuple(c.shape) != v.shape:
-            if np.broadcast_shapes(tuple(c.shape), v.shape) == v.shape:
-                c = ad_sum_to(b, c, v.shape) if c.ndim > len(v.shape) else \
-                    b.bind(Op.BROADCAST, [c], {"shape": v.shape})
-            else:
-                raise ShapeError(f"the backward function of {fname} (custom_vjp) returned a "
-                                 f"cotangent of shape {tuple(c.shape)} at {path} for an argument "
-                                 f"of shape {v.shape}")
-        out.append((v, c))
+        leaves, _ = flatten_with_paths(ct_k, f"cotangent[{k}]")
+        if len(leaves) != n:
+            raise TraceError(f"the backward function of {fname} (custom_vjp) returned "
+                             f"{len(leaves)} leaves at cotangent[{k}] for argument {k}, which "
+                             f"has {n}")
+        for (path, c), v in zip(leaves, vars_k):
+            if v is None or c is None:
+                continue
+            c = _tracer(c)
+            if tuple(c.shape) != v.shape:
+                try:
+                    fits = np.broadcast_shapes(tuple(c.shape), v.shape) == v.shape
+                except ValueError:  # shapes that do not broadcast at all
+                    fits = False
+                if not fits:
+                    raise ShapeError(f"the backward function of {fname} (custom_vjp) returned "
+                                     f"a cotangent of shape {tuple(c.shape)} at {path} for an "
+                                     f"argument of shape {v.shape}")
+                c = b.bind(Op.BROADCAST, [c], {"shape": v.shape})
+            out.append((v, c))
     return out
 
 
@@ -246,7 +258,7 @@ def _norm_argnums(argnums: Argnums) -> tuple[tuple[int, ...], bool]:
         return (argnums,), True
     try:
         nums = tuple(int(a) for a in argnums)
-    except TypeError:
+    except (TypeError, ValueError):  # not iterable, or items that are no ints (argnums="a")
         raise TraceError(f"argnums must be an int or a sequence of ints; got {argnums!r}") from None
     if not nums:
         raise TraceError("argnums must name at least one argument")
@@ -547,6 +559,7 @@ class custom_vjp:
         self.__doc__ = getattr(fun, "__doc__", None)
         self.fwd: Optional[Callable[..., Any]] = None
         self.bwd: Optional[Callable[..., Any]] = None
+        self._in_fwd = False  # the forward function is running (and may call this function)
 
     def defvjp(self, fwd: Callable[..., Any], bwd: Callable[..., Any]) -> None:
         """Set the forward (returns ``(output, residuals)``) and backward functions."""
@@ -554,17 +567,23 @@ class custom_vjp:
 
     def __call__(self, *args: Any) -> Any:
         b = current_builder()
-        if b is None:
+        if b is None or self._in_fwd:
+            # the forward function computes its output by calling this function (as JAX's
+            # examples do): there it is the plain function, or it would call itself forever
             return self.fun(*args)
         if self.fwd is None or self.bwd is None:
             raise TraceError(f"custom_vjp function {self.__name__} was called before defvjp "
                              "gave it forward and backward functions")
-        got = self.fwd(*args)
+        self._in_fwd = True
+        try:
+            got = self.fwd(*args)
+        finally:
+            self._in_fwd = False
         if not (isinstance(got, tuple) and len(got) == 2):
             raise TraceError(f"the forward function of {self.__name__} (custom_vjp) must return "
                              f"a pair (output, residuals); it returned {type(got).__name__}")
         out, res = got
-        in_leaves, in_tree = flatten_with_paths(args, "args")
+        in_leaves, _ = flatten_with_paths(args, "args")
         in_tracers: list[Any] = []
         in_vars: list[Optional[Var]] = []
         for _, x in in_leaves:
@@ -582,7 +601,8 @@ class custom_vjp:
         for _, o in out_leaves:
             t = _tracer(o)
             marked.append(b.bind(Op.CUSTOM_VJP, [t, *in_tracers], {"rule": key}, weak=t.weak))
-        calls[key] = (self.bwd, res, in_tree, in_vars, [m.var for m in marked], out_tree,
+        arg_sizes = [len(flatten_with_paths(a, "")[0]) for a in args]
+        calls[key] = (self.bwd, res, arg_sizes, in_vars, [m.var for m in marked], out_tree,
                         self.__name__)
         return unflatten(out_tree, marked)
 

@@ -671,9 +671,10 @@ def _d_pow(b: Any, ins: Sequence[Any], out: Any, g: Any, i: int) -> Any:
             d = ad_call(b, Op.WHERE, y == 0.0, 0.0, d)
         return g * d
     # log(x) * x ** y, with log(0) taken as 0: d/dy of 0 ** y is 0 for y > 0
-    safe = ad_call(b, Op.WHERE, x == 0.0, 1.0, x) if not isinstance(x, (int, float)) else (
-        x if x != 0 else 1.0)
-    return g * (ad_call(b, Op.LOG, safe) if not isinstance(safe, float) else math.log(safe)) * out
+    if isinstance(x, (int, float)):  # a literal base; log of a negative one is NaN, as log(x)
+        return g * (math.log(x) if x > 0 else 0.0 if x == 0 else math.nan) * out
+    safe = ad_call(b, Op.WHERE, x == 0.0, 1.0, x)
+    return g * ad_call(b, Op.LOG, safe) * out
 
 
 def _d_minmax(greater: bool) -> Callable[..., Any]:
@@ -717,6 +718,9 @@ def _d_rem(trunc: bool) -> Callable[..., Any]:
 def _d_where(b: Any, ins: Sequence[Any], out: Any, g: Any, i: int) -> Any:
     if i == 0:
         return None
+    if isinstance(ins[0], (bool, int, float)):  # a literal condition picks one branch statically
+        # (ad_call would make it a float32 literal, which a select refuses)
+        return g if bool(ins[0]) == (i == 1) else None
     # a select, not a product with a mask: a NaN cotangent must not leak into the other branch
     return ad_call(b, Op.WHERE, ins[0], g, 0.0) if i == 1 else ad_call(b, Op.WHERE, ins[0], 0.0, g)
 

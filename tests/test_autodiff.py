@@ -588,3 +588,280 @@ def test_selection_and_nn(rng: np.random.Generator) -> None:
         Case("leaky_relu", nn.leaky_relu, lambda a: np.where(a >= 0, a, 0.01 * a), away),
     ]
     check_cases(cases, rng)
+
+
+# --- the transforms -------------------------------------------------------------------------------
+
+
+def _np_f(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return np.concatenate([np.sin(a) * b[0], np.tanh(a @ b[1:].reshape(2, 3)).ravel() ** 2])
+
+
+def _fz_f(a: Any, b: Any) -> Any:
+    return fnp.concatenate([fnp.sin(a) * b[0], (fnp.tanh(a @ b[1:].reshape(2, 3)) ** 2).ravel()])
+
+
+def test_jacrev_jacfwd_and_finite_differences_agree(rng: np.random.Generator) -> None:
+    a, b = _n((2,), rng), _n((7,), rng)
+
+    @fusec.gpu_jit
+    def jacs(a: Any, b: Any) -> Any:
+        return (fusec.jacrev(_fz_f, argnums=(0, 1))(a, b),
+                fusec.jacfwd(_fz_f, argnums=(0, 1))(a, b),
+                fusec.jacrev(lambda m: fnp.exp(m) @ m)(b[1:].reshape(2, 3)[:, :2]))
+
+    rev, fwd, mat = jacs(a, b)
+    # column k of the Jacobian: the derivative along the k-th basis vector
+    for k, (arg, n) in enumerate(((a, 2), (b, 7))):
+        cols = []
+        for j in range(n):
+            e = [np.zeros(2), np.zeros(7)]
+            e[k][j] = 1.0
+            cols.append(fd_jvp(_np_f, [a, b], e))
+        want = np.stack(cols, axis=-1)
+        assert_close(rev[k], want, f"jacrev by argument {k}")
+        assert_close(fwd[k], want, f"jacfwd by argument {k}")
+    m = b[1:].reshape(2, 3)[:, :2].astype(np.float64)
+    want = np.zeros((2, 2, 2, 2))
+    for i in np.ndindex(2, 2):
+        e = np.zeros((2, 2))
+        e[i] = 1.0
+        want[(...,) + i] = fd_jvp(lambda x: np.exp(x) @ x, [m], [e])
+    assert_close(mat, want, "jacrev of a matrix function (out.shape + in.shape)")
+
+
+def test_vjp_and_jvp_are_transposes(rng: np.random.Generator) -> None:
+    # <v, J u> == <J^T v, u> for the same function, for random u and v
+    a, b = _n((2,), rng), _n((7,), rng)
+    u = (_n((2,), rng), _n((7,), rng))
+    v = _n((5,), rng)
+
+    @fusec.gpu_jit
+    def both(a: Any, b: Any, u: Any, v: Any) -> Any:
+        out, ju = fusec.jvp(_fz_f, (a, b), u)
+        out2, pull = fusec.vjp(_fz_f, a, b)
+        jtv = pull(v)
+        return fnp.sum(v * ju), fnp.sum(jtv[0] * u[0]) + fnp.sum(jtv[1] * u[1]), out - out2
+
+    lhs, rhs, diff = both(a, b, u, v)
+    assert abs(float(lhs) - float(rhs)) <= 1e-5 * (1 + abs(float(lhs)))
+    assert np.all(np.asarray(diff) == 0), "jvp and vjp computed different primal outputs"
+    assert_close(lhs, np.dot(v, fd_jvp(_np_f, [a, b], list(u))), "<v, J u>")
+
+
+def test_higher_order_derivatives_match_analytic(rng: np.random.Generator) -> None:
+    x = _n((4,), rng, 0.2, 1.5)
+    s = np.float32(0.7)
+
+    def f(a: Any) -> Any:  # a^3 sin(a), elementwise
+        return a ** 3 * fnp.sin(a)
+
+    def d1(a: np.ndarray) -> np.ndarray:
+        return 3 * a ** 2 * np.sin(a) + a ** 3 * np.cos(a)
+
+    def d2(a: np.ndarray) -> np.ndarray:
+        return 6 * a * np.sin(a) + 6 * a ** 2 * np.cos(a) - a ** 3 * np.sin(a)
+
+    def d3(a: np.ndarray) -> np.ndarray:
+        return (6 * np.sin(a) + 18 * a * np.cos(a) - 9 * a ** 2 * np.sin(a)
+                - a ** 3 * np.cos(a))
+
+    total = lambda a: fnp.sum(f(a))  # noqa: E731
+    g1 = fusec.grad(total)
+    g2 = fusec.grad(lambda a: fnp.sum(g1(a)))  # the Hessian is diagonal: its row sums
+
+    @fusec.gpu_jit
+    def all_orders(x: Any, s: Any) -> Any:
+        scalar = fusec.grad(fusec.grad(fusec.grad(f)))(s)
+        hess_ff = fusec.jacfwd(g1)(x)
+        hess_rr = fusec.jacrev(g1)(x)
+        fwd_over_rev = fusec.jvp(g1, (x,), (fnp.ones_like(x),))[1]
+        return g1(x), g2(x), scalar, hess_ff, hess_rr, fwd_over_rev
+
+    first, second, third, hff, hrr, fvr = all_orders(x, s)
+    xd = x.astype(np.float64)
+    assert_close(first, d1(xd), "grad")
+    assert_close(second, d2(xd), "grad of grad")
+    assert_close(third, d3(np.float64(s)), "third derivative of a scalar function")
+    assert_close(hff, np.diag(d2(xd)), "jacfwd of grad")
+    assert_close(hrr, np.diag(d2(xd)), "jacrev of grad")
+    assert_close(fvr, d2(xd), "jvp of grad")
+
+
+def test_grad_of_pytrees_argnums_aux_and_repeated_arguments(rng: np.random.Generator) -> None:
+    w1, w2, b = _n((3, 4), rng), _n((4,), rng), _n((), rng)
+    x = _n((5, 3), rng)
+
+    def model(p: Any, x: Any) -> Any:
+        h = fnp.tanh(x @ p["layers"][0] + p["bias"])
+        return fnp.sum((h @ p["layers"][1]) ** 2)
+
+    def np_model(w1: np.ndarray, w2: np.ndarray, b: np.ndarray, x: np.ndarray) -> float:
+        return float(np.sum((np.tanh(x @ w1 + b) @ w2) ** 2))
+
+    params = {"layers": [w1, w2], "bias": b}
+
+    @fusec.gpu_jit
+    def run(p: Any, x: Any) -> Any:
+        gp = fusec.grad(model)(p, x)
+        gboth = fusec.grad(model, argnums=(0, 1))(p, x)
+        (val, aux), gaux = fusec.value_and_grad(
+            lambda p, x: (model(p, x), {"h": x * 2.0}), has_aux=True)(p, x)
+        g_aux_only, aux2 = fusec.grad(lambda p: (model(p, x), p["bias"] + 1.0),
+                                      has_aux=True)(p)
+        twice = fusec.grad(lambda a, c: fnp.sum(a * c * c), argnums=(0, 1))(x, x)
+        return gp, gboth, val, aux, gaux, g_aux_only, aux2, twice
+
+    gp, gboth, val, aux, gaux, g_aux_only, aux2, twice = run(params, x)
+    fw1, fw2, fb, fx = fd_grad(np_model, [w1, w2, b, x])
+    assert set(gp) == {"layers", "bias"} and isinstance(gp["layers"], list)
+    for g in (gp, gboth[0], gaux, g_aux_only):
+        assert_close(g["layers"][0], fw1, "grad of a nested list leaf")
+        assert_close(g["layers"][1], fw2, "grad of a nested list leaf")
+        assert_close(g["bias"], fb, "grad of a scalar leaf")
+    assert isinstance(gboth, tuple) and len(gboth) == 2
+    assert_close(gboth[1], fx, "grad by the second argnum")
+    assert_close(val, np_model(w1, w2, b, x), "value_and_grad's value")
+    assert_close(aux["h"], x * 2.0, "aux")
+    assert_close(aux2, b + 1.0, "grad's aux")
+    # the same array passed twice gets one gradient per position
+    assert_close(twice[0], x.astype(np.float64) ** 2, "d/da of a c^2 at a = c = x")
+    assert_close(twice[1], 2.0 * x.astype(np.float64) ** 2, "d/dc of a c^2 at a = c = x")
+
+
+def test_closures_inside_gpu_jit_are_constants(rng: np.random.Generator) -> None:
+    x, y = _n((6,), rng), _n((6,), rng)
+
+    @fusec.gpu_jit
+    def run(x: Any, y: Any) -> Any:
+        z = fnp.sin(x)  # computed from x outside grad: a constant to it
+        g_outer = fusec.grad(lambda a: fnp.sum(a * y * z))(x)
+        # a nested grad closing over the outer grad's input
+        nested = fusec.grad(lambda a: fnp.sum(fusec.grad(lambda c: fnp.sum(c * c * a))(y)))(x)
+        return g_outer, nested
+
+    g_outer, nested = run(x, y)
+    assert_close(g_outer, y.astype(np.float64) * np.sin(x.astype(np.float64)),
+                 "closed-over traced values are constants")
+    assert_close(nested, 2.0 * y.astype(np.float64), "d/da sum(2 y a)")
+
+
+def test_stop_gradient(rng: np.random.Generator) -> None:
+    x = _n((5,), rng)
+
+    @fusec.gpu_jit
+    def run(x: Any) -> Any:
+        g1 = fusec.grad(lambda a: fnp.sum(a * fusec.stop_gradient(a)))(x)
+        g2 = fusec.grad(lambda a: fnp.sum(fusec.stop_gradient({"k": a * 3.0})["k"] + a))(x)
+        g3 = fusec.grad(lambda a: fnp.sum(fusec.stop_gradient(fnp.exp(a))))(x)
+        return g1, g2, g3, fusec.stop_gradient(x * 2.0)
+
+    g1, g2, g3, value = run(x)
+    assert_close(g1, x, "d/da a * stop(a)")
+    assert_close(g2, np.ones(5), "stop_gradient of a pytree")
+    assert_close(g3, np.zeros(5), "a fully stopped function")
+    assert_close(value, x * 2.0, "stop_gradient is the identity on values")
+    assert fusec.stop_gradient(x) is x  # outside a trace: nothing to stop
+
+
+# custom_vjp: a function whose gradient is clipped (a classic use: its true derivative is y)
+@fusec.custom_vjp
+def clipped_mul(x: Any, y: Any) -> Any:
+    return x * y
+
+
+def _clipped_mul_fwd(x: Any, y: Any) -> Any:
+    return clipped_mul(x, y), (x, y)  # calling the function itself, as JAX's examples do
+
+
+def _clipped_mul_bwd(res: Any, g: Any) -> Any:
+    x, y = res
+    return fnp.clip(g * y, -0.5, 0.5), g * x * 10.0
+
+
+clipped_mul.defvjp(_clipped_mul_fwd, _clipped_mul_bwd)
+
+
+@fusec.custom_vjp
+def tree_op(p: Any, s: Any, ids: Any) -> Any:
+    return {"out": p["a"] * p["b"] + s, "a": p["a"][ids]}
+
+
+def _tree_fwd(p: Any, s: Any, ids: Any) -> Any:
+    return tree_op(p, s, ids), (p, ids)
+
+
+def _tree_bwd(res: Any, g: Any) -> Any:
+    p, ids = res
+    ga = fnp.zeros_like(p["a"]).at[ids].add(g["a"])
+    # None: no cotangent for the integer argument, as in JAX
+    return {"a": g["out"] * p["b"] + ga, "b": g["out"] * p["a"] * 2.0}, fnp.sum(g["out"]), None
+
+
+tree_op.defvjp(_tree_fwd, _tree_bwd)
+
+
+def test_custom_vjp(rng: np.random.Generator) -> None:
+    x, y = _n((6,), rng), _n((6,), rng)
+    a, bb = _n((4,), rng), _n((4,), rng)
+    ids = np.array([0, 2, 2], np.int32)
+
+    @fusec.gpu_jit
+    def run(x: Any, y: Any, a: Any, bb: Any) -> Any:
+        gx, gy = fusec.grad(lambda u, v: fnp.sum(clipped_mul(u, v) * 3.0), argnums=(0, 1))(x, y)
+        gp, gs = fusec.grad(
+            lambda p, s: fnp.sum(tree_op(p, s, ids)["out"]) + fnp.sum(tree_op(p, s, ids)["a"]),
+            argnums=(0, 1))({"a": a, "b": bb}, np.float32(1.5))
+        # grad of grad: the backward function's equations are differentiated in turn
+        gg = fusec.grad(lambda u: fnp.sum(fusec.grad(
+            lambda c: fnp.sum(clipped_mul(c, c)))(u)))(x)
+        return gx, gy, gp, gs, gg, clipped_mul(x, y)
+
+    gx, gy, gp, gs, gg, plain = run(x, y, a, bb)
+    xd, yd = x.astype(np.float64), y.astype(np.float64)
+    assert_close(gx, np.clip(3.0 * yd, -0.5, 0.5), "custom gradient of x")
+    assert_close(gy, 30.0 * xd, "custom gradient of y")
+    assert_close(plain, xd * yd, "the function's value")
+    ad, bd = a.astype(np.float64), bb.astype(np.float64)
+    # tree_op is called twice: the first call's "out" and the second's "a" are used, and each
+    # call's backward gets a zero cotangent for the output it does not use
+    count = np.bincount(ids, minlength=4)
+    assert_close(gp["a"], bd + count, "custom gradient of a pytree leaf")
+    assert_close(gp["b"], 2.0 * ad, "custom gradient of a pytree leaf")
+    assert_close(gs, 4.0, "custom gradient of a scalar argument")
+    # d/du of sum(clip(u, .5) + 10 u)
+    assert_close(gg, (np.abs(xd) < 0.5) + 10.0, "grad of grad through custom_vjp")
+    # outside any trace it is the plain function
+    assert_close(clipped_mul(xd, yd), xd * yd, "custom_vjp called eagerly")
+
+
+def test_custom_vjp_errors(rng: np.random.Generator) -> None:
+    x = _n((5,), rng)
+
+    def grad_through(bwd: Callable[..., Any], fwd: Any = None) -> Any:
+        @fusec.custom_vjp
+        def op(a: Any) -> Any:
+            return a * 2.0
+
+        op.defvjp(fwd or (lambda a: (op(a), None)), bwd)
+        return fusec.grad(lambda a: fnp.sum(op(a)))(x)
+
+    with pytest.raises(ShapeError, match=r"op \(custom_vjp\).*shape \(2,\) at cotangent\[0\] "
+                                         r"for an argument of shape \(5,\)"):
+        grad_through(lambda r, g: (g[:2],))
+    with pytest.raises(TraceError, match=r"backward function of op.*tuple with one cotangent "
+                                         r"per argument \(1\); got Tracer"):
+        grad_through(lambda r, g: g)
+    with pytest.raises(TraceError, match=r"one cotangent per argument \(1\); got a tuple of 2"):
+        grad_through(lambda r, g: (g, g))
+    with pytest.raises(TraceError, match=r"forward function of op.*pair \(output, residuals\)"):
+        grad_through(lambda r, g: (g,), fwd=lambda a: a * 2.0)
+    with pytest.raises(TraceError, match=r"forward-mode.*custom_vjp"):
+        fusec.jvp(clipped_mul, (x, x), (x, x))
+
+    @fusec.custom_vjp
+    def undefined(a: Any) -> Any:
+        return a
+
+    with pytest.raises(TraceError, match=r"undefined was called before defvjp"):
+        fusec.grad(lambda a: fnp.sum(undefined(a)))(x)
