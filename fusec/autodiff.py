@@ -23,7 +23,7 @@ from .errors import DTypeError, ShapeError, TraceError
 from .ir import Eqn, Lit, Op, Var
 from .jit import JitFunction
 from .numpy._base import _stop_gradient, _tracer
-from .ops import JVP_RULES, LOWERED_ONLY, NO_DERIVATIVE, VJP_RULES, ad_sum_to, ad_zeros
+from .ops import JVP_RULES, LOWERED_ONLY, NO_DERIVATIVE, VJP_RULES, ad_zeros
 from .trace import Builder, Tracer, current_builder
 from .tree import flatten_with_paths, unflatten
 
@@ -92,9 +92,9 @@ def _rule(table: dict[Op, Any], op: Op, mode: str) -> Any:
 # --- custom_vjp registry --------------------------------------------------------------------------
 
 # Each trace keeps its custom_vjp calls in Builder.side["custom_vjp"]: rule key -> (the user's
-# backward function, residuals, leaves per argument, input vars (None: not differentiable), the call's
-# output vars in order, output treedef, function name). Keys count per trace, so that programs
-# (and their hashes) do not depend on what was traced before.
+# backward function, residuals, the number of leaves of each argument, input vars (None: not
+# differentiable), the call's output vars in order, output treedef, function name). Keys count per
+# trace, so that programs (and their hashes) do not depend on what was traced before.
 
 
 def _custom_calls(b: Builder) -> dict[int, Any]:

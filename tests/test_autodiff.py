@@ -35,8 +35,7 @@ from fusec.errors import DTypeError, FusecError, ShapeError, TraceError
 from fusec.ir import Op
 from fusec.numpy._base import _elementwise
 from fusec.numpy.scans import cumulative
-from fusec.ops import (ELEMENTWISE, JVP_RULES, LOWERED_ONLY, NO_DERIVATIVE, VJP_RULES,
-                       _deriv_of)
+from fusec.ops import ELEMENTWISE, JVP_RULES, LOWERED_ONLY, NO_DERIVATIVE, VJP_RULES, _deriv_of
 
 F32 = np.float32
 RTOL = 1e-4
@@ -865,3 +864,209 @@ def test_custom_vjp_errors(rng: np.random.Generator) -> None:
 
     with pytest.raises(TraceError, match=r"undefined was called before defvjp"):
         fusec.grad(lambda a: fnp.sum(undefined(a)))(x)
+
+
+# --- outside and inside gpu_jit; caching ----------------------------------------------------------
+
+
+def _loss(w: Any, x: Any) -> Any:
+    return fnp.sum(fnp.tanh(x @ w) ** 2)
+
+
+def _np_loss(w: np.ndarray, x: np.ndarray) -> float:
+    return float(np.sum(np.tanh(x @ w) ** 2))
+
+
+def test_transforms_run_eagerly_and_in_gpu_jit_and_trace_once(rng: np.random.Generator) -> None:
+    w, x = _n((4, 3), rng), _n((5, 4), rng)
+    want = fd_grad(_np_loss, [w, x])
+    g = fusec.grad(_loss)
+    assert isinstance(g(w, x), fusec.Array)  # outside gpu_jit: compiled, run on the device
+    with Delta() as eager_again:
+        got = g(w, x)
+    assert eager_again.traces == 0 and eager_again.pipelines_compiled == 0
+    assert_close(got, want[0], "eager grad")
+    assert_close(g(fusec.device_put(w), x), want[0], "eager grad of a device array")
+
+    value, gw = fusec.value_and_grad(_loss)(w, x)
+    assert_close(value, _np_loss(w, x), "eager value_and_grad's value")
+    assert_close(gw, want[0], "eager value_and_grad's gradient")
+
+    out, pull = fusec.vjp(_loss, w, x)
+    gw2, gx2 = pull(np.float32(2.0))
+    assert_close(out, _np_loss(w, x), "eager vjp's value")
+    assert_close(gw2, 2 * want[0], "eager vjp")
+    assert_close(gx2, 2 * want[1], "eager vjp")
+    out, tangent = fusec.jvp(_loss, (w, x), (np.ones_like(w), np.zeros_like(x)))
+    assert_close(tangent, np.sum(want[0]), "eager jvp")
+    assert_close(fusec.jacrev(lambda a: fnp.sin(a))(x[0]), np.diag(np.cos(x[0])), "eager jacrev")
+    assert_close(fusec.jacfwd(lambda a: fnp.sin(a))(x[0]), np.diag(np.cos(x[0])), "eager jacfwd")
+
+    jitted = fusec.gpu_jit(fusec.grad(_loss, argnums=(0, 1)))
+    with Delta() as first:
+        gw3, gx3 = jitted(w, x)
+    with Delta() as second:
+        jitted(w * 2.0, x)
+    assert first.traces == 1 and first.misses == 1
+    assert second.traces == 0 and second.pipelines_compiled == 0 and second.hits == 1
+    assert_close(gw3, want[0], "gpu_jit(grad)")
+    assert_close(gx3, want[1], "gpu_jit(grad)")
+    assert "matmul" in str(jitted.trace(w, x).ir)  # the backward pass is in the program
+
+
+# --- NaN and infinity -----------------------------------------------------------------------------
+
+
+def test_nan_and_inf_in_gradients() -> None:
+    nan, inf = np.float32(np.nan), np.float32(np.inf)
+    v3 = np.array([nan, -1.0, 2.0], F32)
+    cond = np.array([True, False, True])
+    ct = np.array([nan, nan, 1.0], F32)
+
+    @fusec.gpu_jit
+    def run(v3: Any, ct: Any) -> Any:
+        ones = fnp.ones(3)
+        return {
+            # JAX: relu and maximum send nothing to a NaN operand (the comparisons are false)
+            "relu": fusec.grad(lambda a: fnp.sum(nn.relu(a)))(v3),
+            "maximum": fusec.grad(lambda a: fnp.sum(fnp.maximum(a, 2.0)))(v3),
+            # a max reduction over a NaN: NaN everywhere, as JAX
+            "max": fusec.grad(lambda a: fnp.max(a))(v3),
+            # the unselected branch gets a zero, not the NaN cotangent times a zero mask
+            "where": fusec.grad(lambda a, b: fnp.sum(fnp.where(cond, a, b) * ct),
+                                argnums=(0, 1))(ones, ones),
+            # the classic trap: sqrt's derivative at 0 is inf, and 0 * inf is NaN (as JAX); the
+            # double where avoids it
+            "where_sqrt": fusec.grad(lambda a: fnp.sum(fnp.where(a > 0, fnp.sqrt(a), 0.0)))(
+                fnp.asarray([0.0, 1.0, 4.0])),
+            "where_safe": fusec.grad(lambda a: fnp.sum(fnp.where(
+                a > 0, fnp.sqrt(fnp.where(a > 0, a, 1.0)), 0.0)))(fnp.asarray([0.0, 1.0, 4.0])),
+            "exp_inf": fusec.grad(lambda a: fnp.sum(fnp.exp(a)))(fnp.asarray([inf, -inf, 0.0])),
+            "log_zero": fusec.grad(lambda a: fnp.sum(fnp.log(a)))(fnp.asarray([0.0, 1.0])),
+            "negative_base": fusec.grad(lambda a: fnp.sum((-2.0) ** a))(fnp.asarray([0.5, 2.0])),
+            "literal_where": fusec.grad(lambda a: fnp.sum(fnp.where(True, a * 3.0, a)))(ones),
+            "sort_nan": fusec.grad(lambda a: fnp.sum(fnp.sort(a) * fnp.arange(3.0)))(
+                fnp.asarray([nan, 2.0, 1.0])),
+        }
+
+    got = {k: (tuple(np.asarray(x) for x in v) if isinstance(v, tuple) else np.asarray(v))
+           for k, v in run(v3, ct).items()}
+    np.testing.assert_array_equal(got["relu"], [0.0, 0.0, 1.0])
+    np.testing.assert_array_equal(got["maximum"], [0.0, 0.0, 0.5])  # a tie shares equally
+    assert np.isnan(got["max"]).all()
+    np.testing.assert_array_equal(got["where"][0], [nan, 0.0, 1.0])
+    np.testing.assert_array_equal(got["where"][1], [0.0, nan, 0.0])
+    np.testing.assert_array_equal(got["where_sqrt"], [nan, 0.5, 0.25])
+    np.testing.assert_array_equal(got["where_safe"], [0.0, 0.5, 0.25])
+    np.testing.assert_array_equal(got["exp_inf"], [inf, 0.0, 1.0])
+    np.testing.assert_array_equal(got["log_zero"], [inf, 1.0])
+    assert np.isnan(got["negative_base"]).all()  # log(-2) is NaN, as in JAX
+    np.testing.assert_array_equal(got["literal_where"], [3.0, 3.0, 3.0])
+    np.testing.assert_array_equal(got["sort_nan"], [2.0, 1.0, 0.0])  # NaN sorts last
+
+
+# --- fused backward passes ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["softmax", "log_softmax", "layer_norm", "layer_norm_affine",
+                                  "rms_norm", "rms_norm_weight"])
+def test_backward_of_a_normalisation_is_one_kernel(name: str, rng: np.random.Generator) -> None:
+    x, ct = _n((64, 100), rng), _n((64, 100), rng)
+    w, b = _n((100,), rng), _n((100,), rng)
+    fn = {"softmax": nn.softmax, "log_softmax": nn.log_softmax, "layer_norm": nn.layer_norm,
+          "layer_norm_affine": lambda a: nn.layer_norm(a, w, b), "rms_norm": nn.rms_norm,
+          "rms_norm_weight": lambda a: nn.rms_norm(a, w)}[name]
+
+    def backward(x: Any, ct: Any) -> Any:
+        return fusec.vjp(fn, x)[1](ct)[0]
+
+    jitted = fusec.gpu_jit(backward)
+    kernels = jitted.lower(x, ct).kernels
+    assert len(kernels) == 1, [k.name for k in kernels]
+    # and it computes the right thing
+    ref = {"softmax": lambda a: np.exp(a) / np.exp(a).sum(-1, keepdims=True),
+           "log_softmax": lambda a: a - np.log(np.exp(a).sum(-1, keepdims=True)),
+           "layer_norm": lambda a: (a - a.mean(-1, keepdims=True)) / np.sqrt(
+               a.var(-1, keepdims=True) + 1e-5),
+           "rms_norm": lambda a: a / np.sqrt((a * a).mean(-1, keepdims=True) + 1e-6)}
+    base = name.split("_affine")[0].split("_weight")[0]
+    if base == name:  # check the plain ones numerically on a few rows (cheap)
+        rows = slice(0, 3)
+        want = fd_grad(lambda a: float(np.sum(ct[rows] * ref[base](a))), [x[rows]])[0]
+        assert_close(np.asarray(jitted(x, ct))[rows], want, f"backward of {name}")
+
+
+@pytest.mark.parametrize("form", ["take_along_axis", "index"])
+def test_grad_of_cross_entropy_is_one_kernel(form: str, rng: np.random.Generator) -> None:
+    x = _n((64, 100), rng)
+    labels = rng.integers(0, 100, 64).astype(np.int32)
+
+    def cross_entropy(x: Any, labels: Any) -> Any:
+        logp = nn.log_softmax(x)
+        if form == "take_along_axis":
+            picked = fnp.take_along_axis(logp, labels[:, None], axis=1)
+        else:
+            picked = logp[fnp.arange(64), labels]
+        return -fnp.mean(picked)
+
+    jitted = fusec.gpu_jit(fusec.grad(cross_entropy))
+    kernels = jitted.lower(x, labels).kernels
+    assert len(kernels) == 1, [k.name for k in kernels]
+    xd = x.astype(np.float64)
+    p = np.exp(xd - xd.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    want = (p - np.eye(100)[labels]) / 64  # the analytic gradient of mean cross-entropy
+    assert_close(jitted(x, labels), want, f"grad of cross-entropy ({form})")
+
+
+# --- bad input: errors that name the argument -----------------------------------------------------
+
+
+def test_bad_inputs_raise_errors_that_name_the_argument() -> None:
+    x = np.ones(5, F32)
+    ids = np.arange(5, dtype=np.int32)
+
+    def vector(a: Any) -> Any:
+        return a * 2.0
+
+    def dot(a: Any, i: Any) -> Any:
+        return fnp.sum(a * i)
+
+    with pytest.raises(ShapeError, match=r"grad of vector: it must return a float32 scalar.*"
+                                         r"returned \(5,\) float32"):
+        fusec.grad(vector)(x)
+    with pytest.raises(DTypeError, match=r"argument 'args\[1\]' of dot is int32"):
+        fusec.grad(dot, argnums=1)(x, ids)
+    with pytest.raises(DTypeError, match=r"argument 'args\[0\]\['b'\]' of <lambda> is int32"):
+        fusec.grad(lambda p: fnp.sum(p["a"]))({"a": x, "b": ids})
+    with pytest.raises(TraceError, match=r"argnums=2: dot was called with 2 positional"):
+        fusec.grad(dot, argnums=(0, 2))(x, x)
+    with pytest.raises(TraceError, match=r"argnums must be an int or a sequence of ints; got 'a'"):
+        fusec.grad(dot, argnums="a")(x, x)
+    with pytest.raises(TraceError, match=r"argnums must name at least one argument"):
+        fusec.grad(dot, argnums=())(x, x)
+    with pytest.raises(TraceError, match=r"<lambda> was differentiated with has_aux=True, so it "
+                                         r"must return a pair"):
+        fusec.grad(lambda a: fnp.sum(a), has_aux=True)(x)
+    with pytest.raises(ShapeError, match=r"jvp of vector: the tangent at tangents\[0\] has shape "
+                                         r"\(3,\); the primal has shape \(5,\)"):
+        fusec.jvp(vector, (x,), (x[:3],))
+    with pytest.raises(ShapeError, match=r"the tangent at tangents\[0\]\['w'\] has shape"):
+        fusec.jvp(lambda p: p["w"] * 2.0, ({"w": x},), ({"w": x[:3]},))
+    with pytest.raises(ShapeError, match=r"jvp of vector: 1 primals but 2 tangents"):
+        fusec.jvp(vector, (x,), (x, x))
+    with pytest.raises(TraceError, match=r"jvp of vector: primals and tangents must be tuples"):
+        fusec.jvp(vector, x, x)
+    with pytest.raises(ShapeError, match=r"vjp of vector: the cotangent at cotangent has shape "
+                                         r"\(3,\); the output there has shape \(5,\)"):
+        fusec.vjp(vector, x)[1](x[:3])
+    with pytest.raises(ShapeError, match=r"the cotangent at cotangent\['b'\] has shape \(2,\)"):
+        fusec.vjp(lambda a: {"a": a, "b": a * 2.0}, x)[1]({"a": x, "b": x[:2]})
+    with pytest.raises(ShapeError, match=r"the cotangent has 1 leaves; the output has 2"):
+        fusec.vjp(lambda a: (a, a), x)[1](x)
+    with pytest.raises(TraceError, match=r"jacrev of <lambda>: it must return one array"):
+        fusec.jacrev(lambda a: (a, a))(x)
+    with pytest.raises(TraceError, match=r"returned a str at output"):
+        fusec.grad(lambda a: "loss")(x)
+    for err in (ShapeError, DTypeError, TraceError):
+        assert issubclass(err, FusecError)
