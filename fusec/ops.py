@@ -2040,6 +2040,20 @@ def _axis_indices(b: Any, shape: Shape, axis: int, along: Any) -> list[Any]:
             for k in range(len(shape))]
 
 
+def _cumprod_zeros(b: Any, x: Any, p: dict[str, Any]) -> tuple[Any, Any, Any, Any, Any]:
+    """For cumprod's derivatives without dividing by zero: where x is 0, x with its zeros made
+    1, that one's cumprod, and where the running count of zeros is 0 and where it is 1. (The
+    derivative of a running product by x_i is the product of the others: y / x_i while no zero
+    came; with one zero, nonzero only at that zero; with two, zero.)"""
+    zero = b.bind(Op.EQ, [x, ad_atom(0.0)])
+    safe = b.bind(Op.WHERE, [zero, ad_atom(1.0), x])
+    ys = b.bind(Op.CUMULATIVE, [safe], dict(p))
+    count = b.bind(Op.CUMULATIVE, [b.bind(Op.CAST, [zero], {"dtype": "int32"})],
+                   {**p, "reduce": "sum"})
+    return (zero, safe, ys, b.bind(Op.EQ, [count, ad_int(0)]),
+            b.bind(Op.EQ, [count, ad_int(1)]))
+
+
 def _cumulative_vjp(b: Any, op: Op, p: dict[str, Any], ins: Sequence[Any], outs: Sequence[Any],
                     cts: Sequence[Any]) -> list[Any]:
     x, y, g = ins[0], outs[0], cts[0]
@@ -2050,9 +2064,16 @@ def _cumulative_vjp(b: Any, op: Op, p: dict[str, Any], ins: Sequence[Any], outs:
         return [b.bind(Op.CUMULATIVE, [g], {"reduce": "sum", "axis": axis,
                                             "reverse": not reverse})]
     if reduce == "prod":
-        s = b.bind(Op.CUMULATIVE, [g * y], {"reduce": "sum", "axis": axis,
-                                            "reverse": not reverse})
-        return [s / x]
+        zero, safe, ys, none, one = _cumprod_zeros(b, x, p)
+        gy = g * ys
+
+        def back(v: Any) -> Any:
+            return b.bind(Op.CUMULATIVE, [v], {"reduce": "sum", "axis": axis,
+                                               "reverse": not reverse})
+        # a zero x_i: the later products up to the next zero, without it; any other x_i: the
+        # later products while no zero came, divided by x_i
+        return [b.bind(Op.WHERE, [zero, back(b.bind(Op.WHERE, [one, gy, ad_atom(0.0)])),
+                                  back(b.bind(Op.WHERE, [none, gy, ad_atom(0.0)])) / safe])]
     where = _running_index(b, x, y, p)
     shape = ad_shape(x)
     return [b.bind(Op.SCATTER, [ad_zeros(b, shape), g, *_axis_indices(b, shape, axis, where)],
@@ -2066,7 +2087,15 @@ def _cumulative_jvp(b: Any, op: Op, p: dict[str, Any], ins: Sequence[Any], outs:
     if reduce == "sum":
         return [b.bind(Op.CUMULATIVE, [t], dict(p))]
     if reduce == "prod":
-        return [y * b.bind(Op.CUMULATIVE, [t / x], {**p, "reduce": "sum"})]
+        zero, safe, ys, none, one = _cumprod_zeros(b, x, p)
+
+        def run(v: Any) -> Any:
+            return b.bind(Op.CUMULATIVE, [v], {**p, "reduce": "sum"})
+        # no zero so far: y * sum(t / x); one zero: the others' product times its tangent
+        at_zero = run(b.bind(Op.WHERE, [zero, t, ad_atom(0.0)]))
+        inner = b.bind(Op.WHERE, [none, run(t / safe),
+                                  b.bind(Op.WHERE, [one, at_zero, ad_atom(0.0)])])
+        return [ys * inner]
     where = _running_index(b, x, y, p)
     return [b.bind(Op.GATHER, [t, *_axis_indices(b, ad_shape(x), int(p["axis"]), where)])]
 

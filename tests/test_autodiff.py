@@ -77,9 +77,10 @@ def assert_close(got: Any, want: np.ndarray, what: str, rtol: float = RTOL) -> N
     got = np.asarray(got)
     want = np.asarray(want, np.float64)
     assert got.shape == want.shape, f"{what}: shape {got.shape}, want {want.shape}"
-    scale = max(1.0, float(np.max(np.abs(want)))) if want.size else 1.0
+    scale = max(1.0, float(np.nanmax(np.abs(want)))) if want.size else 1.0
     err = np.abs(got.astype(np.float64) - want)
-    bad = err > rtol * (np.abs(want) + scale)
+    bad = ~(err <= rtol * (np.abs(want) + scale))  # NaN where a number is wanted is bad
+    bad &= ~(np.isnan(want) & np.isnan(got))
     assert not bad.any(), (f"{what}: max error {err.max():.3g} (scale {scale:.3g}); got\n{got}\n"
                            f"want\n{want}")
 
@@ -512,6 +513,10 @@ def _np_cum(a: np.ndarray, fn: Callable[..., Any], axis: int, reverse: bool) -> 
 def test_scans_and_sort(rng: np.random.Generator) -> None:
     x = _n((4, 7), rng)
     p = (_n((4, 7), rng, 0.5, 1.5) * rng.choice([-1, 1], (4, 7))).astype(F32)
+    pz = p.copy()
+    pz[0, 2] = 0.0  # one zero in a row
+    pz[1, 1] = pz[1, 4] = 0.0  # two
+    pz[3, 6] = 0.0  # the last (the first, scanned in reverse)
     # distinct values (no ties: cummax/sort are not differentiable at ties)
     d = (rng.permutation(28).reshape(4, 7) * 0.25 + rng.uniform(0, 0.1, (4, 7))).astype(F32)
     acc_max, acc_min = np.maximum.accumulate, np.minimum.accumulate
@@ -524,6 +529,13 @@ def test_scans_and_sort(rng: np.random.Generator) -> None:
         Case("cumprod1", lambda a: fnp.cumprod(a, axis=1), lambda a: np.cumprod(a, axis=1), p),
         Case("cumprod_reverse", lambda a: cumulative(a, "prod", 0, reverse=True),
              lambda a: _np_cum(a, np.cumprod, 0, True), p),
+        # with zeros: the derivative is the product of the others, not y / x
+        Case("cumprod_zeros", lambda a: fnp.cumprod(a, axis=1),
+             lambda a: np.cumprod(a, axis=1), pz),
+        Case("cumprod_zeros_reverse", lambda a: cumulative(a, "prod", 1, reverse=True),
+             lambda a: _np_cum(a, np.cumprod, 1, True), pz),
+        Case("cumprod_zeros0", lambda a: fnp.cumprod(a, axis=0),
+             lambda a: np.cumprod(a, axis=0), pz),
         Case("cummax", lambda a: fnp.cummax(a, axis=1), lambda a: acc_max(a, axis=1), d),
         Case("cummax_reverse", lambda a: lax.cummax(a, axis=1, reverse=True),
              lambda a: _np_cum(a, acc_max, 1, True), d),
