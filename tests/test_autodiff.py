@@ -457,6 +457,7 @@ def test_gathers_and_scatters(rng: np.random.Generator) -> None:
     dup = np.array([1, 3, 1, -2, 1], np.int32)
     v = _n((3, 6), rng)
     vd = _n((5, 6), rng)
+    start = np.array(2, np.int32)
 
     def at_set(a: np.ndarray, u: np.ndarray) -> np.ndarray:
         a = a.copy()
@@ -500,6 +501,18 @@ def test_gathers_and_scatters(rng: np.random.Generator) -> None:
         Case("at_add_computed", lambda a: a.at[dup, 2].add(3.0 * a[0, 0]), at_add_scalar, x),
         Case("at_set_slice", lambda a, u: a.at[1:3].set(u[:2] * 2.0),
              lambda a, u: np.concatenate([a[:1], u[:2] * 2.0, a[3:]]), x, v),
+        # a start index that is a traced value (an int32 array, not a Python int)
+        Case("dynamic_slice", lambda a: lax.dynamic_slice(a, (start, 1), (2, 3)),
+             lambda a: a[2:4, 1:4], x),
+        Case("dynamic_update_slice", lambda a, u: lax.dynamic_update_slice(a, u[:2, :3],
+                                                                           (start, 2)),
+             lambda a, u: np.concatenate([a[:2], np.concatenate(
+                 [a[2:4, :2], u[:2, :3], a[2:4, 5:]], axis=1), a[4:]]), x, v),
+        Case("top_k", lambda a: lax.top_k(a, 3)[0], lambda a: -np.sort(-a, axis=-1)[:, :3], x),
+        Case("diagonal", lambda a: fnp.diagonal(a, 1), lambda a: np.diagonal(a, 1), x),
+        Case("tril", lambda a: fnp.tril(a, -1), lambda a: np.tril(a, -1), x),
+        Case("split", lambda a: fnp.split(a, 3, axis=1)[1] * fnp.split(a, [1, 4])[2][:, :2],
+             lambda a: np.split(a, 3, axis=1)[1] * np.split(a, [1, 4])[2][:, :2], x),
     ]
     check_cases(cases, rng)
 
