@@ -272,27 +272,37 @@ def _name(fun: Callable[..., Any]) -> str:
 class _Transformed:
     """A transformed function: traced in place inside a trace; compiled and run outside one."""
 
-    def __init__(self, fun: Callable[..., Any], name: str,
-                 traced: Callable[..., Any]) -> None:
+    def __init__(self, fun: Callable[..., Any], name: str, traced: Callable[..., Any],
+                 argnums: tuple[int, ...] = ()) -> None:
         self.fun = fun
         self.__name__ = name
         self.__qualname__ = name
         self.__doc__ = getattr(fun, "__doc__", None)
         self._traced = traced
-        self._jit: Optional[JitFunction] = None
+        self._argnums = argnums
+        self._jits: dict[Any, JitFunction] = {}
 
     def __call__(self, *args: Any) -> Any:
         if current_builder() is not None:
             return self._traced(*args)
-        if self._jit is None:
-            traced = self._traced
+        # Python ints, bools, strings and None outside argnums stay Python values, as in an
+        # untransformed call (an axis, a flag): one compilation per value, not a traced scalar
+        n = len(args)
+        diff = {k % n for k in self._argnums if -n <= k < n}
+        static = tuple((i, a) for i, a in enumerate(args)
+                       if i not in diff and (a is None or type(a) in (bool, int, str)))
+        jit = self._jits.get((n, static))
+        if jit is None:
+            traced, fixed = self._traced, dict(static)
 
-            def run(*a: Any) -> Any:
-                return traced(*a)
+            def run(*dyn: Any) -> Any:
+                it = iter(dyn)
+                return traced(*[fixed[i] if i in fixed else next(it) for i in range(n)])
 
             run.__name__ = run.__qualname__ = self.__name__
-            self._jit = JitFunction(run)
-        return self._jit(*args)
+            jit = self._jits[(n, static)] = JitFunction(run)
+        fixed_at = {i for i, _ in static}
+        return jit(*[a for i, a in enumerate(args) if i not in fixed_at])
 
     def __repr__(self) -> str:
         return f"<fusec transform {self.__name__}>"
@@ -328,7 +338,7 @@ def value_and_grad(fun: Callable[..., Any], argnums: Argnums = 0,
         value = unflatten(out_tree, outs)
         return ((value, aux), g) if has_aux else (value, g)
 
-    return _Transformed(fun, f"value_and_grad({fname})", traced)
+    return _Transformed(fun, f"value_and_grad({fname})", traced, nums)
 
 
 def grad(fun: Callable[..., Any], argnums: Argnums = 0,
@@ -348,7 +358,7 @@ def grad(fun: Callable[..., Any], argnums: Argnums = 0,
             return g, value[1]
         return g
 
-    return _Transformed(fun, f"grad({fname})", traced)
+    return _Transformed(fun, f"grad({fname})", traced, _norm_argnums(argnums)[0])
 
 
 def _structure(cts: list[Any], per_arg: list[list[Tracer]], tds: list[Any]) -> list[Any]:
@@ -490,7 +500,7 @@ def jacrev(fun: Callable[..., Any], argnums: Argnums = 0) -> Callable[..., Any]:
             jac.append(unflatten(tds[a], leaves))
         return jac[0] if single else tuple(jac)
 
-    return _Transformed(fun, f"jacrev({fname})", traced)
+    return _Transformed(fun, f"jacrev({fname})", traced, nums)
 
 
 def jacfwd(fun: Callable[..., Any], argnums: Argnums = 0) -> Callable[..., Any]:
@@ -528,7 +538,7 @@ def jacfwd(fun: Callable[..., Any], argnums: Argnums = 0) -> Callable[..., Any]:
             pos += len(fresh)
         return jac[0] if single else tuple(jac)
 
-    return _Transformed(fun, f"jacfwd({fname})", traced)
+    return _Transformed(fun, f"jacfwd({fname})", traced, nums)
 
 
 def stop_gradient(x: Any) -> Any:

@@ -2026,7 +2026,9 @@ def _running_index(b: Any, x: Any, y: Any, p: dict[str, Any]) -> Any:
     """For cummax/cummin: the position along the axis whose value each running result took."""
     shape, axis, reverse = ad_shape(x), int(p["axis"]), bool(p.get("reverse", False))
     io = b.bind(Op.IOTA, [], {"shape": shape, "axis": axis, "dtype": "int32"})
-    hit = b.bind(Op.EQ, [x, y])
+    # a NaN is the running extreme from where it occurs (NaN == NaN is false: without this, its
+    # results' derivatives went to the last number before it, which does not change them)
+    hit = b.bind(Op.OR, [b.bind(Op.EQ, [x, y]), b.bind(Op.ISNAN, [x])])
     # the latest position (in scan order) where the running extreme was reached
     fill = ad_int(shape[axis] if reverse else -1)
     marked = b.bind(Op.WHERE, [hit, io, fill])

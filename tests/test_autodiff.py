@@ -459,6 +459,13 @@ def test_gathers_and_scatters(rng: np.random.Generator) -> None:
     vd = _n((5, 6), rng)
     start = np.array(2, np.int32)
 
+    far = np.array([7, 2, -6], np.int32)  # one past each end, and a place inside
+
+    def _dropped(a: np.ndarray, u: np.ndarray, add: bool) -> np.ndarray:
+        a = a.copy()
+        a[2] = a[2] + u[1] if add else u[1]
+        return a
+
     def at_set(a: np.ndarray, u: np.ndarray) -> np.ndarray:
         a = a.copy()
         a[uniq] = u
@@ -501,6 +508,12 @@ def test_gathers_and_scatters(rng: np.random.Generator) -> None:
         Case("at_add_computed", lambda a: a.at[dup, 2].add(3.0 * a[0, 0]), at_add_scalar, x),
         Case("at_set_slice", lambda a, u: a.at[1:3].set(u[:2] * 2.0),
              lambda a, u: np.concatenate([a[:1], u[:2] * 2.0, a[3:]]), x, v),
+        # indices outside the array (after counting negative ones from the end) drop their
+        # updates: those get no gradient
+        Case("at_add_dropped", lambda a, u: a.at[far].add(u), lambda a, u: _dropped(a, u, True),
+             x, v),
+        Case("at_set_dropped", lambda a, u: a.at[far].set(u), lambda a, u: _dropped(a, u, False),
+             x, v),
         # a start index that is a traced value (an int32 array, not a Python int)
         Case("dynamic_slice", lambda a: lax.dynamic_slice(a, (start, 1), (2, 3)),
              lambda a: a[2:4, 1:4], x),
@@ -927,6 +940,18 @@ def test_transforms_run_eagerly_and_in_gpu_jit_and_trace_once(rng: np.random.Gen
     assert_close(fusec.jacrev(lambda a: fnp.sin(a))(x[0]), np.diag(np.cos(x[0])), "eager jacrev")
     assert_close(fusec.jacfwd(lambda a: fnp.sin(a))(x[0]), np.diag(np.cos(x[0])), "eager jacfwd")
 
+    # Python ints, bools, strings and None outside argnums stay Python values (an axis, a
+    # flag), as in a plain call: one compilation per value
+    g_axis = fusec.grad(lambda a, axis, twice, name: fnp.sum(
+        fnp.max(a, axis=axis) * (2.0 if twice else 1.0)) * (1.0 if name == "x" else 0.0))
+    first_row = np.zeros_like(x)
+    first_row[np.arange(5), np.argmax(x, axis=1)] = 2.0
+    assert_close(g_axis(x, 1, True, "x"), first_row, "eager grad with a static axis")
+    assert_close(g_axis(x, -1, True, "y"), np.zeros_like(x), "another static value")
+    with Delta() as again:
+        g_axis(x, 1, True, "x")
+    assert again.traces == 0
+
     jitted = fusec.gpu_jit(fusec.grad(_loss, argnums=(0, 1)))
     with Delta() as first:
         gw3, gx3 = jitted(w, x)
@@ -972,6 +997,8 @@ def test_nan_and_inf_in_gradients() -> None:
             "literal_where": fusec.grad(lambda a: fnp.sum(fnp.where(True, a * 3.0, a)))(ones),
             "sort_nan": fusec.grad(lambda a: fnp.sum(fnp.sort(a) * fnp.arange(3.0)))(
                 fnp.asarray([nan, 2.0, 1.0])),
+            "cummax_nan": fusec.grad(lambda a: fnp.sum(fnp.cummax(a) * fnp.arange(5.0)))(
+                fnp.asarray([1.0, 3.0, nan, 2.0, 5.0])),
         }
 
     got = {k: (tuple(np.asarray(x) for x in v) if isinstance(v, tuple) else np.asarray(v))
@@ -988,6 +1015,10 @@ def test_nan_and_inf_in_gradients() -> None:
     assert np.isnan(got["negative_base"]).all()  # log(-2) is NaN, as in JAX
     np.testing.assert_array_equal(got["literal_where"], [3.0, 3.0, 3.0])
     np.testing.assert_array_equal(got["sort_nan"], [2.0, 1.0, 0.0])  # NaN sorts last
+    # from the NaN on, the running maximum is that NaN: its results' cotangents go to it, as
+    # sort's do (JAX sends them nowhere; before the fix they went to the 3.0, which does not
+    # change them)
+    np.testing.assert_array_equal(got["cummax_nan"], [0.0, 1.0, 9.0, 0.0, 0.0])
 
 
 # --- fused backward passes ------------------------------------------------------------------------
@@ -1093,5 +1124,11 @@ def test_bad_inputs_raise_errors_that_name_the_argument() -> None:
         fusec.jacrev(lambda a: (a, a))(x)
     with pytest.raises(TraceError, match=r"returned a str at output"):
         fusec.grad(lambda a: "loss")(x)
+    for mode in ("max", "min", "multiply"):
+        with pytest.raises(TraceError, match=rf"grad of a scatter with mode '{mode}' "
+                                             rf"\(\.at\[\]\.{mode}\) is not supported"):
+            fusec.grad(lambda a: fnp.sum(getattr(a.at[ids[:3]], mode)(2.0)))(x)  # noqa: B023
+        with pytest.raises(TraceError, match=rf"jvp of a scatter with mode '{mode}'"):
+            fusec.jvp(lambda a: getattr(a.at[ids[:3]], mode)(2.0), (x,), (x,))  # noqa: B023
     for err in (ShapeError, DTypeError, TraceError):
         assert issubclass(err, FusecError)
