@@ -29,6 +29,7 @@ from .errors import (
 from .jit import Compiled, JitFunction, Lowered, Traced, gpu_jit
 from .runtime import Array, DeviceInfo, default_device, device_put
 from .trace import ShapeDtype
+from .vmap import vmap
 from .warmup import warmup_from
 
 __all__ = [
@@ -36,6 +37,6 @@ __all__ = [
     "IndexingError", "JitFunction", "Lowered", "ShapeDtype", "ShapeError", "SignatureError",
     "StaticArgumentError", "TraceError", "Traced", "TracerBoolConversionError", "cache_info",
     "clear_cache", "config", "default_device", "device_put", "gpu_jit", "lax", "nn", "numpy",
-    "random", "tree_util", "warmup_from", "grad", "value_and_grad", "vjp", "jvp", "jacrev",
-    "jacfwd", "custom_vjp", "stop_gradient",
+    "random", "tree_util", "vmap", "warmup_from", "grad", "value_and_grad", "vjp", "jvp",
+    "jacrev", "jacfwd", "custom_vjp", "stop_gradient",
 ]

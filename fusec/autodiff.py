@@ -25,7 +25,7 @@ from .jit import JitFunction
 from .numpy._base import _stop_gradient, _tracer
 from .ops import JVP_RULES, LOWERED_ONLY, NO_DERIVATIVE, VJP_RULES, ad_zeros
 from .trace import Builder, Tracer, current_builder
-from .tree import flatten_with_paths, unflatten
+from .tree import flatten_with_paths, num_leaves, unflatten
 
 __all__ = ["grad", "value_and_grad", "vjp", "jvp", "jacrev", "jacfwd", "custom_vjp",
            "stop_gradient"]
@@ -92,7 +92,7 @@ def _rule(table: dict[Op, Any], op: Op, mode: str) -> Any:
 # --- custom_vjp registry --------------------------------------------------------------------------
 
 # Each trace keeps its custom_vjp calls in Builder.side["custom_vjp"]: rule key -> (the user's
-# backward function, residuals, the number of leaves of each argument, input vars (None: not
+# backward function, residuals, input treedef (of the arguments' tuple), input vars (None: not
 # differentiable), the call's output vars in order, output treedef, function name). Keys count per
 # trace, so that programs (and their hashes) do not depend on what was traced before.
 
@@ -147,7 +147,8 @@ def _backward(tape: _Tape, out_vars: Sequence[Any], out_cts: Sequence[Any]) -> l
 
 
 def _custom_backward(b: Builder, key: int, ct: dict[int, Any]) -> list[tuple[Var, Any]]:
-    bwd, res, arg_sizes, in_vars, out_vars, out_tree, fname = _custom_calls(b)[key]
+    bwd, res, in_tree, in_vars, out_vars, out_tree, fname = _custom_calls(b)[key]
+    arg_sizes = [num_leaves(td) for td in in_tree[2]]  # in_tree: the arguments' tuple
     g_leaves = [ct.get(id(v)) for v in out_vars]
     if all(g is None for g in g_leaves):
         return []
@@ -569,7 +570,7 @@ class custom_vjp:
         self.__doc__ = getattr(fun, "__doc__", None)
         self.fwd: Optional[Callable[..., Any]] = None
         self.bwd: Optional[Callable[..., Any]] = None
-        self._in_fwd = False  # the forward function is running (and may call this function)
+        self._in_fwd = False
 
     def defvjp(self, fwd: Callable[..., Any], bwd: Callable[..., Any]) -> None:
         """Set the forward (returns ``(output, residuals)``) and backward functions."""
@@ -578,8 +579,8 @@ class custom_vjp:
     def __call__(self, *args: Any) -> Any:
         b = current_builder()
         if b is None or self._in_fwd:
-            # the forward function computes its output by calling this function (as JAX's
-            # examples do): there it is the plain function, or it would call itself forever
+            # outside a trace; or the forward function calling this function itself (JAX's
+            # usual pattern: f_fwd returns f(x) and residuals): the plain function
             return self.fun(*args)
         if self.fwd is None or self.bwd is None:
             raise TraceError(f"custom_vjp function {self.__name__} was called before defvjp "
@@ -593,7 +594,7 @@ class custom_vjp:
             raise TraceError(f"the forward function of {self.__name__} (custom_vjp) must return "
                              f"a pair (output, residuals); it returned {type(got).__name__}")
         out, res = got
-        in_leaves, _ = flatten_with_paths(args, "args")
+        in_leaves, in_tree = flatten_with_paths(args, "args")
         in_tracers: list[Any] = []
         in_vars: list[Optional[Var]] = []
         for _, x in in_leaves:
@@ -611,8 +612,7 @@ class custom_vjp:
         for _, o in out_leaves:
             t = _tracer(o)
             marked.append(b.bind(Op.CUSTOM_VJP, [t, *in_tracers], {"rule": key}, weak=t.weak))
-        arg_sizes = [len(flatten_with_paths(a, "")[0]) for a in args]
-        calls[key] = (self.bwd, res, arg_sizes, in_vars, [m.var for m in marked], out_tree,
+        calls[key] = (self.bwd, res, in_tree, in_vars, [m.var for m in marked], out_tree,
                         self.__name__)
         return unflatten(out_tree, marked)
 

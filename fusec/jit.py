@@ -47,6 +47,8 @@ Signature = tuple[Any, ...]
 
 
 def _aval(path: str, x: Any, fname: str) -> Aval:
+    if type(x) is Array:  # the common case of a cached call: no dtype conversions
+        return Aval(x._shape, str(x._dtype))
     if isinstance(x, (Array, ShapeDtype)):
         return Aval(tuple(x.shape), str(np.dtype(x.dtype)) if isinstance(x, Array) else x.dtype)
     if isinstance(x, (bool, int, float)) and not isinstance(x, np.generic):
@@ -323,6 +325,11 @@ class Compiled:
             if isinstance(x, Array) and sum(y is x for y in leaves) > 1:
                 raise FusecError(f"{t.name}: argument '{t.in_paths[i]}' is donated but the same "
                                  "array is also passed as another argument")
+        rt = get_runtime()
+        for i in donated:
+            x = inputs[i]
+            if x is not None and x._shared and rt is not None:
+                inputs[i] = x.donation_copy(rt)  # another Array views its buffer: keep that one
         consts = self._const_arrays()
         for c, used in zip(consts, self.used[len(leaves):]):
             inputs.append(c if used else None)

@@ -15,8 +15,10 @@ __all__ = ["relu", "sigmoid", "tanh", "silu", "swish", "gelu", "leaky_relu", "el
 
 @_traceable
 def relu(x: Any) -> Tracer:
-    """``max(x, 0)``; NaN stays NaN, as in JAX."""
-    return fnp.maximum(x, 0)
+    """``max(x, 0)``; NaN stays NaN, as in JAX. Its derivative is 0 at 0 (jax.nn.relu's),
+    where ``maximum``'s would split the tie (0.5)."""
+    # the value of max(x, 0), with a derivative of 1 where x > 0 and 0 elsewhere (NaN included)
+    return fnp.where(fnp.greater(x, 0), x, _stop_gradient(fnp.maximum(x, 0)))
 
 
 @_traceable

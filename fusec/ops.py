@@ -2231,3 +2231,262 @@ def infer_type(op: Op, in_types: Sequence[tuple[Shape, str]], params: dict[str, 
     if rule is not None:
         return rule(in_types, params)
     raise ValueError(f"no type rule for {op}")
+
+
+# --- batching rules (vmap) ------------------------------------------------------------------------
+# fusec.vmap traces the function for one example, then walks its equations, keeping for every
+# value the axis that runs over the batch (its "batch dim", or None when the value is the same
+# for every example). An equation whose operands are all unbatched is emitted as it is; otherwise
+# the op's rule below emits the batched computation. A rule gets the current builder ``b`` (it
+# calls ``b.bind(op, inputs, params)``; this module cannot import fusec.trace), the operands
+# (tracers or Lits), their batch dims and the equation's params, and returns (result, batch dim).
+# The rules are simple: most move the batch dim to axis 0 (a transpose, which fuses into the
+# kernel that reads it) where that is easiest; elementwise ops, reductions and the axis-wise ops
+# keep it where it is when they can.
+
+BatchDim = Any  # int | None
+BatchRule = Callable[[Any, Sequence[Any], Sequence[BatchDim], dict[str, Any]],
+                     tuple[Any, BatchDim]]
+
+
+def _batch_size(args: Sequence[Any], dims: Sequence[BatchDim]) -> int:
+    for x, d in zip(args, dims):
+        if d is not None:
+            return int(x.shape[d])
+    raise AssertionError("a batching rule was called with no batched operand")
+
+
+def _example_rank(x: Any, d: BatchDim) -> int:
+    """Rank of one example of ``x``."""
+    return len(x.shape) - (d is not None)
+
+
+def _move_axis(b: Any, x: Any, src: int, dst: int) -> Any:
+    if src == dst:
+        return x
+    perm = [k for k in range(len(x.shape)) if k != src]
+    perm.insert(dst, src)
+    return b.bind(Op.TRANSPOSE, [x], {"perm": tuple(perm)})
+
+
+def _batch_first(b: Any, x: Any, d: BatchDim, size: int) -> Any:
+    """``x`` with its batch axis first; an unbatched ``x`` is broadcast along a new one."""
+    if d is None:
+        return b.bind(Op.BROADCAST, [x], {"shape": (size,) + tuple(x.shape)})
+    return _move_axis(b, x, d, 0)
+
+
+def _unit_axes_after_batch(b: Any, x: Any, rank: int) -> Any:
+    """``x[n, *s]`` as ``[n, 1, ..., 1, *s]`` of 1 + ``rank`` axes: a batched operand that numpy
+    broadcasting must align with the trailing axes of a per-example result of ``rank`` axes."""
+    missing = rank + 1 - len(x.shape)
+    if missing <= 0:
+        return x
+    shape = (x.shape[0],) + (1,) * missing + tuple(x.shape[1:])
+    return b.bind(Op.RESHAPE, [x], {"shape": shape})
+
+
+def _aligned(b: Any, args: Sequence[Any], dims: Sequence[BatchDim], rank: int) -> list[Any]:
+    """Operands of an op with numpy broadcasting (elementwise, gather and scatter indices) for a
+    result of ``rank`` axes per example: batched ones get their batch axis first and unit axes up
+    to 1 + rank axes; unbatched ones broadcast from the trailing axes as they are."""
+    return [x if d is None else _unit_axes_after_batch(b, _move_axis(b, x, d, 0), rank)
+            for x, d in zip(args, dims)]
+
+
+def _elementwise_rule(op: Op) -> BatchRule:
+    def rule(b: Any, args: Sequence[Any], dims: Sequence[BatchDim], params: dict[str, Any]
+             ) -> tuple[Any, BatchDim]:
+        rank = max(_example_rank(x, d) for x, d in zip(args, dims))
+        at = {d for d in dims if d is not None}
+        # the batch axis stays where it is when every batched operand has it there and all
+        # its axes, and the unbatched operands are scalars (they broadcast along anything)
+        if len(at) == 1 and all(len(x.shape) == (rank + 1 if d is not None else 0)
+                                for x, d in zip(args, dims)):
+            return b.bind(op, list(args), params), at.pop()
+        return b.bind(op, _aligned(b, args, dims, rank), params), 0
+
+    return rule
+
+
+def _reduction_rule(op: Op) -> BatchRule:
+    def rule(b: Any, args: Sequence[Any], dims: Sequence[BatchDim], params: dict[str, Any]
+             ) -> tuple[Any, BatchDim]:
+        d = dims[0]
+        axes = tuple(sorted(a + (a >= d) for a in params["axes"]))
+        out = b.bind(op, [args[0]], {**params, "axes": axes})
+        return out, d - sum(a < d for a in axes)
+
+    return rule
+
+
+def _batch_matmul(b: Any, args: Sequence[Any], dims: Sequence[BatchDim], params: dict[str, Any]
+                  ) -> tuple[Any, BatchDim]:
+    (x, y), (dx, dy) = args, dims
+    size = _batch_size(args, dims)
+    if dy is None and len(y.shape) == 2:
+        # x[.., M, K] @ w[K, N] with the batch axis before K: one matmul of (batch x M) rows
+        if dx == 2:
+            x, dx = _move_axis(b, x, 2, 0), 0
+        s0, s1, k = (int(s) for s in x.shape)
+        rows = b.bind(Op.RESHAPE, [x], {"shape": (s0 * s1, k)})
+        out = b.bind(Op.MATMUL, [rows, y], params)
+        return b.bind(Op.RESHAPE, [out], {"shape": (s0, s1, int(y.shape[1]))}), dx
+    x = _batch_first(b, x, dx, size)
+    y = _batch_first(b, y, dy, size)
+    return b.bind(Op.MATMUL, [x, y], params), 0
+
+
+def _batch_reshape(b: Any, args: Sequence[Any], dims: Sequence[BatchDim], params: dict[str, Any]
+                   ) -> tuple[Any, BatchDim]:
+    x = _move_axis(b, args[0], dims[0], 0)
+    shape = (int(x.shape[0]),) + tuple(params["shape"])
+    return b.bind(Op.RESHAPE, [x], {**params, "shape": shape}), 0
+
+
+def _batch_transpose(b: Any, args: Sequence[Any], dims: Sequence[BatchDim], params: dict[str, Any]
+                     ) -> tuple[Any, BatchDim]:
+    d = dims[0]
+    perm = (d,) + tuple(p + (p >= d) for p in params["perm"])
+    return b.bind(Op.TRANSPOSE, [args[0]], {**params, "perm": perm}), 0
+
+
+def _batch_broadcast(b: Any, args: Sequence[Any], dims: Sequence[BatchDim],
+                     params: dict[str, Any]) -> tuple[Any, BatchDim]:
+    shape = tuple(params["shape"])
+    x = _unit_axes_after_batch(b, _move_axis(b, args[0], dims[0], 0), len(shape))
+    return b.bind(Op.BROADCAST, [x], {**params, "shape": (int(x.shape[0]),) + shape}), 0
+
+
+def _batch_pad(b: Any, args: Sequence[Any], dims: Sequence[BatchDim], params: dict[str, Any]
+               ) -> tuple[Any, BatchDim]:
+    d = dims[0]
+    widths = list(params["widths"])
+    widths.insert(d, (0, 0))
+    return b.bind(Op.PAD, [args[0]], {**params, "widths": tuple(widths)}), d
+
+
+def _batch_slice(b: Any, args: Sequence[Any], dims: Sequence[BatchDim], params: dict[str, Any]
+                 ) -> tuple[Any, BatchDim]:
+    x, d = args[0], dims[0]
+    starts, steps, shape = (list(params[k]) for k in ("starts", "steps", "shape"))
+    starts.insert(d, 0)
+    steps.insert(d, 1)
+    shape.insert(d, int(x.shape[d]))
+    new = {**params, "starts": tuple(starts), "steps": tuple(steps), "shape": tuple(shape)}
+    return b.bind(Op.SLICE, [x], new), d
+
+
+def _batch_iota(b: Any, args: Sequence[Any], dims: Sequence[BatchDim], params: dict[str, Any]
+                ) -> tuple[Any, BatchDim]:
+    # iota has no operands, so it is never batched (the walker emits it as it is); listed so
+    # that the table covers every op a traced program holds
+    return b.bind(Op.IOTA, list(args), params), None
+
+
+def _batch_index(b: Any, size: int, rank: int) -> Any:
+    """The batch coordinate 0..size-1 along axis 0 of a [size, 1, ..., 1] array of 1 + rank
+    axes: the extra leading index of a gather or scatter into an operand batched on axis 0."""
+    return b.bind(Op.IOTA, [], {"shape": (size,) + (1,) * rank, "axis": 0, "dtype": "int32"})
+
+
+def _batch_gather(b: Any, args: Sequence[Any], dims: Sequence[BatchDim], params: dict[str, Any]
+                  ) -> tuple[Any, BatchDim]:
+    size = _batch_size(args, dims)
+    x, index = args[0], args[1:]
+    rank = max((_example_rank(i, d) for i, d in zip(index, dims[1:])), default=0)
+    index = _aligned(b, index, dims[1:], rank)
+    if dims[0] is None:  # a batched index: the result [size, *S] takes its batch axis from it
+        return b.bind(Op.GATHER, [x, *index], params), 0
+    x = _move_axis(b, x, dims[0], 0)
+    return b.bind(Op.GATHER, [x, _batch_index(b, size, rank), *index], params), 0
+
+
+def _batch_scatter(b: Any, args: Sequence[Any], dims: Sequence[BatchDim], params: dict[str, Any]
+                   ) -> tuple[Any, BatchDim]:
+    size = _batch_size(args, dims)
+    # every example scatters into its own copy of the operand, at [example, *index]
+    operand = _batch_first(b, args[0], dims[0], size)
+    rest, rest_dims = args[1:], dims[1:]
+    rank = max(_example_rank(x, d) for x, d in zip(rest, rest_dims))
+    updates, *index = _aligned(b, rest, rest_dims, rank)
+    new = [operand, updates, _batch_index(b, size, rank), *index]
+    return b.bind(Op.SCATTER, new, params), 0
+
+
+def _batch_cumulative(b: Any, args: Sequence[Any], dims: Sequence[BatchDim],
+                      params: dict[str, Any]) -> tuple[Any, BatchDim]:
+    d, axis = dims[0], int(params["axis"])
+    return b.bind(Op.CUMULATIVE, [args[0]], {**params, "axis": axis + (axis >= d)}), d
+
+
+def _sort_rule(op: Op) -> BatchRule:
+    def rule(b: Any, args: Sequence[Any], dims: Sequence[BatchDim], params: dict[str, Any]
+             ) -> tuple[Any, BatchDim]:
+        # sorts run along the last axis, which must stay the example's last axis
+        x, d = args[0], dims[0]
+        if d == len(x.shape) - 1:
+            x, d = _move_axis(b, x, d, 0), 0
+        return b.bind(op, [x], params), d
+
+    return rule
+
+
+def _batch_searchsorted(b: Any, args: Sequence[Any], dims: Sequence[BatchDim],
+                        params: dict[str, Any]) -> tuple[Any, BatchDim]:
+    (a, v), (da, dv) = args, dims
+    if da is None:  # one sorted array for every example: the queries' batch axis carries over
+        return b.bind(Op.SEARCHSORTED, [a, v], params), dv
+    # each example searches its own row: the insertion point in a sorted row is the number of
+    # the row's elements before the query (< for side "left", <= for "right") in the order
+    # searchsorted compares (NaN after everything, -0.0 equal to 0.0), counted as a sum
+    size = _batch_size(args, dims)
+    a = _move_axis(b, a, da, 0)  # [n, m]
+    queries = tuple(v.shape) if dv is None else tuple(v.shape[:dv] + v.shape[dv + 1:])
+    v = _batch_first(b, v, dv, size)  # [n, *Q]
+    rows = b.bind(Op.RESHAPE, [a], {"shape": (size,) + (1,) * len(queries) + (a.shape[1],)})
+    cols = b.bind(Op.RESHAPE, [v], {"shape": (size,) + queries + (1,)})
+    dt = str(a.dtype)
+    if dt == "bool":
+        rows = b.bind(Op.CAST, [rows], {"dtype": "int32"})
+        cols = b.bind(Op.CAST, [cols], {"dtype": "int32"})
+    before = b.bind(Op.LT if params["side"] == "left" else Op.LE, [rows, cols], {})
+    if dt == "float32":
+        nan_a = b.bind(Op.ISNAN, [rows], {})
+        nan_v = b.bind(Op.ISNAN, [cols], {})
+        if params["side"] == "left":  # a finite (or infinite) element is before a NaN query
+            extra = b.bind(Op.AND, [nan_v, b.bind(Op.NOT, [nan_a], {})], {})
+        else:  # every element, NaN included, is at or before a NaN query
+            extra = nan_v
+        before = b.bind(Op.OR, [before, extra], {})
+    count = b.bind(Op.CAST, [before], {"dtype": "int32"})
+    return b.bind(Op.SUM, [count], {"axes": (1 + len(queries),)}), 0
+
+
+def _batch_custom_vjp(b: Any, args: Sequence[Any], dims: Sequence[BatchDim],
+                      params: dict[str, Any]) -> tuple[Any, BatchDim]:
+    # the marker is y itself, batched as y is; its other operands (the custom function's
+    # arguments) only say what the backward function's cotangents are for. The registry entry
+    # behind params["rule"] (the backward function, residuals) is batched by fusec.vmap.
+    return b.bind(Op.CUSTOM_VJP, list(args), params), dims[0]
+
+
+BATCH_RULES: dict[Op, BatchRule] = {
+    # the table's rows and the two elementwise ops with params (CAST, IPOW) that have none
+    **{op: _elementwise_rule(op) for op in [*ELEMENTWISE, Op.CAST, Op.IPOW]},
+    **{op: _reduction_rule(op) for op in REDUCTIONS},
+    Op.MATMUL: _batch_matmul,
+    Op.RESHAPE: _batch_reshape,
+    Op.TRANSPOSE: _batch_transpose,
+    Op.BROADCAST: _batch_broadcast,
+    Op.PAD: _batch_pad,
+    Op.SLICE: _batch_slice,
+    Op.IOTA: _batch_iota,
+    Op.GATHER: _batch_gather,
+    Op.SCATTER: _batch_scatter,
+    Op.CUMULATIVE: _batch_cumulative,
+    Op.ARGSORT: _sort_rule(Op.ARGSORT),
+    Op.SORT: _sort_rule(Op.SORT),
+    Op.SEARCHSORTED: _batch_searchsorted,
+    Op.CUSTOM_VJP: _batch_custom_vjp,
+}

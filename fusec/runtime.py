@@ -378,7 +378,7 @@ class Array:
     __array_priority__ = 100  # ndarray + Array -> Array.__radd__ (runs on the device)
     # slots: every call makes one Array per output, so creating one is on the hot path
     __slots__ = ("_shape", "_dtype", "_buffer", "_host", "_submission", "_donated_to",
-                 "__weakref__")
+                 "_shared", "__weakref__")
 
     def __init__(self, shape: Sequence[int], dtype: str, buffer: Any = None,
                  host: Optional[np.ndarray] = None, submission: int = 0) -> None:
@@ -388,12 +388,27 @@ class Array:
         self._host = host
         self._submission = submission
         self._donated_to: Optional[str] = None
+        # another Array views the same buffer (an output returned twice, a reshape of an input):
+        # donating this one must not overwrite what the other holds (see donation_copy)
+        self._shared = False
 
     def _check_alive(self) -> None:
         if self._donated_to is not None:
             raise FusecError(
                 f"this array was donated to {self._donated_to} (donate_argnums) and its buffer now "
                 "holds that call's output; use the output, or stop donating this argument")
+
+    def donation_copy(self, rt: Runtime) -> Array:
+        """A copy in a buffer of its own, to donate in place of an Array that shares its buffer
+        with another: the donated buffer gets overwritten, the other Array must not change."""
+        src = self.device_buffer(rt)
+        nbytes = max(4, self.nbytes)
+        dst = rt.buffer(nbytes)
+        enc = rt.device.create_command_encoder()
+        enc.copy_buffer_to_buffer(src.raw, 0, dst.raw, 0, nbytes)
+        rt.device.queue.submit([enc.finish()])
+        rt.submitted += 1
+        return Array(self._shape, self._dtype, buffer=dst, submission=rt.submitted)
 
     def donate(self, to: str) -> None:
         """Give the buffer away (used by jitted functions with donate_argnums)."""
@@ -578,6 +593,7 @@ def _device_array(shape: tuple[int, ...], dtype: str, buffer: DeviceBuffer,
     a._host = None
     a._submission = submission
     a._donated_to = None
+    a._shared = False
     return a
 
 
@@ -712,6 +728,20 @@ class GpuExecutable:
                 self.out_plan.append((1, s))  # an input returned as is
             else:
                 self.out_plan.append((2, (s, self.var_of[s].shape, self.var_of[s].dtype)))
+        # outputs that view the same buffer as another output or an input (an output returned
+        # twice, reshapes): those Arrays get marked shared on every call (see Array._shared)
+        root: dict[int, int] = {}
+        for st in self.steps:
+            if isinstance(st, _Alias):
+                root[st.dst] = root.get(st.src, st.src)
+        groups: dict[int, list[int]] = {}
+        for pos, s in enumerate(self.out_slots):
+            if s is not None:
+                groups.setdefault(root.get(s, s), []).append(pos)
+        self.out_shared: list[tuple[list[int], Optional[int]]] = [
+            (poss, r if r < self.n_inputs else None) for r, poss in sorted(groups.items())
+            if len(poss) > 1 or r < self.n_inputs and any(
+                self.out_plan[p][0] == 2 for p in poss)]
         # the common case, outputs that are all fresh results: (slot, shape, dtype) each
         self.out_fresh: Optional[list[tuple[int, tuple[int, ...], str]]] = (
             [arg for _, arg in self.out_plan] if all(k == 2 for k, _ in self.out_plan) else None)
@@ -772,7 +802,7 @@ class GpuExecutable:
             rt.resolve_timestamps(enc)
         rt.device.queue.submit([enc.finish()])
         fresh = self.out_fresh
-        if fresh is not None:
+        if fresh is not None and not self.out_shared:
             return [_device_array(shape, dtype, bufs[s], sub) for s, shape, dtype in fresh]
         outs: list[Any] = []
         for kind, arg in self.out_plan:
@@ -783,6 +813,12 @@ class GpuExecutable:
                 outs.append(inputs[arg])
             else:
                 outs.append(Array((), arg.dtype, host=np.asarray(arg.value, dtype=arg.dtype)))
+        for poss, inp in self.out_shared:
+            for p in poss:
+                if isinstance(outs[p], Array):
+                    outs[p]._shared = True
+            if inp is not None and isinstance(inputs[inp], Array):
+                inputs[inp]._shared = True  # type: ignore[union-attr]
         return outs
 
     def _bind_group(self, st: _Launch, bound: tuple[Any, ...]) -> Any:

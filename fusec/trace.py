@@ -8,7 +8,7 @@ value to look at, so it raises :class:`TracerBoolConversionError` with advice.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Union
 
 import numpy as np
@@ -174,6 +174,9 @@ class Closed:
     captured: list[Tracer]
     out_tree: Any  # a fusec.tree TreeDef
     out_weak: tuple[bool, ...]
+    # the sub-trace's Builder.side (the transforms' per-trace data, e.g. its custom_vjp calls,
+    # which its equations refer to by key)
+    side: dict[str, Any] = field(default_factory=dict)
 
     @property
     def out_avals(self) -> list[Aval]:
@@ -208,7 +211,7 @@ def trace_function(fun: Callable[..., Any], in_tree: Any, in_avals: Sequence[Ava
                 raise TraceError(f"{name} returned a {type(o).__name__} at {path}; it must return "
                                  "arrays, scalars, or tuples/lists/dicts of them")
     return Closed(b.program(atoms), len(in_avals), list(b.const_values), list(b.captured),
-                  out_tree, tuple(weak))
+                  out_tree, tuple(weak), b.side)
 
 
 def inline(closed: Closed, args: Sequence[Union[Tracer, Lit]]) -> list[Union[Tracer, Lit]]:

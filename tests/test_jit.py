@@ -512,3 +512,26 @@ def test_device_put_keeps_zero_dim_shape():
     out = f(a)
     assert out.shape == () and np.asarray(out).shape == ()
     assert float(np.asarray(out)) == -2.5
+
+
+def test_donating_an_array_that_shares_its_buffer_leaves_the_other_intact() -> None:
+    # an output returned twice (cse merges the equal zeros) and an eager reshape both give two
+    # Arrays over one buffer: donating one must not overwrite the other
+    @fusec.gpu_jit
+    def two(x):  # type: ignore[no-untyped-def]
+        return fnp.zeros_like(x), fnp.zeros_like(x)
+
+    @fusec.gpu_jit(donate_argnums=(0,))
+    def inc(a):  # type: ignore[no-untyped-def]
+        return a + 1.0
+
+    a, b = two(np.ones(5, np.float32))
+    a2 = inc(a)
+    np.testing.assert_array_equal(np.asarray(b), np.zeros(5))
+    np.testing.assert_array_equal(np.asarray(a2), np.ones(5))
+    assert a.is_deleted and not b.is_deleted
+    x = fusec.device_put(np.arange(6, dtype=np.float32))
+    y = x.reshape(2, 3)
+    z = inc(x)
+    np.testing.assert_array_equal(np.asarray(y), np.arange(6).reshape(2, 3))
+    np.testing.assert_array_equal(np.asarray(z), np.arange(6) + 1)

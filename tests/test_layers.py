@@ -22,7 +22,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("passes",),
     ("runtime",),
     ("record", "jit"),
-    ("warmup", "transforms", "autodiff"),
+    ("warmup", "transforms", "autodiff", "vmap"),
     ("bench", "cli", "demo", "__main__", "__init__"),
 ]
 
