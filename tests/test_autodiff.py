@@ -1122,6 +1122,20 @@ def test_bad_inputs_raise_errors_that_name_the_argument() -> None:
         fusec.vjp(lambda a: (a, a), x)[1](x)
     with pytest.raises(TraceError, match=r"jacrev of <lambda>: it must return one array"):
         fusec.jacrev(lambda a: (a, a))(x)
+    with pytest.raises(TraceError, match=r"jacfwd of <lambda>: it must return one array"):
+        fusec.jacfwd(lambda a: [a, a])(x)
+    with pytest.raises(DTypeError, match=r"argument 'args\[0\]' of vector is int32"):
+        fusec.jacfwd(vector)(ids)
+    with pytest.raises(DTypeError, match=r"argument 'args\[1\]' of dot is int32"):
+        fusec.jacrev(dot, argnums=(0, 1))(x, ids)
+    with pytest.raises(TraceError, match=r"argnums=-3: dot was called with 2 positional"):
+        fusec.value_and_grad(dot, argnums=-3)(x, x)
+    with pytest.raises(ShapeError, match=r"grad of vector: it must return a float32 scalar"):
+        fusec.value_and_grad(vector)(x)
+    with pytest.raises(DTypeError, match=r"argument 'args\[0\]' of <lambda> is int32"):
+        fusec.jvp(lambda a: a * 2, (ids,), (x,))
+    with pytest.raises(DTypeError, match=r"argument 'args\[0\]' of <lambda> is bool"):
+        fusec.vjp(lambda a: a, ids > 2)
     with pytest.raises(TraceError, match=r"returned a str at output"):
         fusec.grad(lambda a: "loss")(x)
     for mode in ("max", "min", "multiply"):
