@@ -231,7 +231,7 @@ def _close(got: Any, want: np.ndarray, what: str) -> None:
     assert err <= RTOL * scale, f"{what}: error {err:.3g} at scale {scale:.3g}\n{got}\n{want}"
 
 
-@settings(max_examples=40, **SETTINGS)
+@settings(max_examples=100, **SETTINGS)
 @given(programs, st.integers(0, 2**32 - 1))
 def test_random_program_gradients(steps: list[tuple[str, int, int]], seed: int) -> None:
     prog = Program(steps)
