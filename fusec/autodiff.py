@@ -24,9 +24,9 @@ from .errors import DTypeError, ShapeError, TraceError
 from .ir import Eqn, Lit, Op, Var
 from .jit import JitFunction
 from .numpy._base import _tracer
-from .ops import JVP_RULES, LOWERED_ONLY, NO_DERIVATIVE, VJP_RULES, ad_sum_to, ad_zeros
+from .ops import JVP_RULES, LOWERED_ONLY, NO_DERIVATIVE, VJP_RULES, ad_zeros
 from .trace import Builder, Tracer, current_builder
-from .tree import flatten_with_paths, unflatten
+from .tree import flatten_with_paths, num_leaves, unflatten
 
 __all__ = ["grad", "value_and_grad", "vjp", "jvp", "jacrev", "jacfwd", "custom_vjp",
            "stop_gradient"]
@@ -93,9 +93,9 @@ def _rule(table: dict[Op, Any], op: Op, mode: str) -> Any:
 # --- custom_vjp registry --------------------------------------------------------------------------
 
 # Each trace keeps its custom_vjp calls in Builder.side["custom_vjp"]: rule key -> (the user's
-# backward function, residuals, input treedef, input vars (None: not differentiable), the call's
-# output vars in order, output treedef, function name). Keys count per trace, so that programs
-# (and their hashes) do not depend on what was traced before.
+# backward function, residuals, input treedef (of the arguments' tuple), input vars (None: not
+# differentiable), the call's output vars in order, output treedef, function name). Keys count per
+# trace, so that programs (and their hashes) do not depend on what was traced before.
 
 
 def _custom_calls(b: Builder) -> dict[int, Any]:
@@ -149,32 +149,45 @@ def _backward(tape: _Tape, out_vars: Sequence[Any], out_cts: Sequence[Any]) -> l
 
 def _custom_backward(b: Builder, key: int, ct: dict[int, Any]) -> list[tuple[Var, Any]]:
     bwd, res, in_tree, in_vars, out_vars, out_tree, fname = _custom_calls(b)[key]
+    arg_sizes = [num_leaves(td) for td in in_tree[2]]  # in_tree: the arguments' tuple
     g_leaves = [ct.get(id(v)) for v in out_vars]
     if all(g is None for g in g_leaves):
         return []
     g_leaves = [g if g is not None else ad_zeros(b, v.shape) for g, v in zip(g_leaves, out_vars)]
     cts = bwd(res, unflatten(out_tree, g_leaves))
-    if not isinstance(cts, tuple):
+    if not isinstance(cts, tuple) or len(cts) != len(arg_sizes):
+        got = f"a tuple of {len(cts)}" if isinstance(cts, tuple) else type(cts).__name__
         raise TraceError(f"the backward function of {fname} (custom_vjp) must return a tuple "
-                         f"with one cotangent per argument; got {type(cts).__name__}")
-    leaves, _ = flatten_with_paths(cts, "cotangent")
-    if len(leaves) != len(in_vars):
-        raise TraceError(f"the backward function of {fname} (custom_vjp) returned "
-                         f"{len(leaves)} cotangent leaves for {len(in_vars)} argument leaves")
+                         f"with one cotangent per argument ({len(arg_sizes)}); got {got}")
     out = []
-    for (path, c), v in zip(leaves, in_vars):
-        if v is None or c is None:
+    pos = 0
+    # matched argument by argument: None stands for a zero cotangent of a whole argument (an
+    # integer one, say), as in JAX; a pytree would flatten it away and shift the others
+    for k, (n, ct_k) in enumerate(zip(arg_sizes, cts)):
+        vars_k = in_vars[pos:pos + n]
+        pos += n
+        if ct_k is None:
             continue
-        c = _tracer(c)
-        if tuple(c.shape) != v.shape:
-            if np.broadcast_shapes(tuple(c.shape), v.shape) == v.shape:
-                c = ad_sum_to(b, c, v.shape) if c.ndim > len(v.shape) else \
-                    b.bind(Op.BROADCAST, [c], {"shape": v.shape})
-            else:
-                raise ShapeError(f"the backward function of {fname} (custom_vjp) returned a "
-                                 f"cotangent of shape {tuple(c.shape)} at {path} for an argument "
-                                 f"of shape {v.shape}")
-        out.append((v, c))
+        leaves, _ = flatten_with_paths(ct_k, f"cotangent[{k}]")
+        if len(leaves) != n:
+            raise TraceError(f"the backward function of {fname} (custom_vjp) returned "
+                             f"{len(leaves)} leaves at cotangent[{k}] for argument {k}, which "
+                             f"has {n}")
+        for (path, c), v in zip(leaves, vars_k):
+            if v is None or c is None:
+                continue
+            c = _tracer(c)
+            if tuple(c.shape) != v.shape:
+                try:
+                    fits = np.broadcast_shapes(tuple(c.shape), v.shape) == v.shape
+                except ValueError:  # shapes that do not broadcast at all
+                    fits = False
+                if not fits:
+                    raise ShapeError(f"the backward function of {fname} (custom_vjp) returned "
+                                     f"a cotangent of shape {tuple(c.shape)} at {path} for an "
+                                     f"argument of shape {v.shape}")
+                c = b.bind(Op.BROADCAST, [c], {"shape": v.shape})
+            out.append((v, c))
     return out
 
 
@@ -247,7 +260,7 @@ def _norm_argnums(argnums: Argnums) -> tuple[tuple[int, ...], bool]:
         return (argnums,), True
     try:
         nums = tuple(int(a) for a in argnums)
-    except TypeError:
+    except (TypeError, ValueError):  # not iterable, or items that are no ints (argnums="a")
         raise TraceError(f"argnums must be an int or a sequence of ints; got {argnums!r}") from None
     if not nums:
         raise TraceError("argnums must name at least one argument")
@@ -261,27 +274,37 @@ def _name(fun: Callable[..., Any]) -> str:
 class _Transformed:
     """A transformed function: traced in place inside a trace; compiled and run outside one."""
 
-    def __init__(self, fun: Callable[..., Any], name: str,
-                 traced: Callable[..., Any]) -> None:
+    def __init__(self, fun: Callable[..., Any], name: str, traced: Callable[..., Any],
+                 argnums: tuple[int, ...] = ()) -> None:
         self.fun = fun
         self.__name__ = name
         self.__qualname__ = name
         self.__doc__ = getattr(fun, "__doc__", None)
         self._traced = traced
-        self._jit: Optional[JitFunction] = None
+        self._argnums = argnums
+        self._jits: dict[Any, JitFunction] = {}
 
     def __call__(self, *args: Any) -> Any:
         if current_builder() is not None:
             return self._traced(*args)
-        if self._jit is None:
-            traced = self._traced
+        # Python ints, bools, strings and None outside argnums stay Python values, as in an
+        # untransformed call (an axis, a flag): one compilation per value, not a traced scalar
+        n = len(args)
+        diff = {k % n for k in self._argnums if -n <= k < n}
+        static = tuple((i, a) for i, a in enumerate(args)
+                       if i not in diff and (a is None or type(a) in (bool, int, str)))
+        jit = self._jits.get((n, static))
+        if jit is None:
+            traced, fixed = self._traced, dict(static)
 
-            def run(*a: Any) -> Any:
-                return traced(*a)
+            def run(*dyn: Any) -> Any:
+                it = iter(dyn)
+                return traced(*[fixed[i] if i in fixed else next(it) for i in range(n)])
 
             run.__name__ = run.__qualname__ = self.__name__
-            self._jit = JitFunction(run)
-        return self._jit(*args)
+            jit = self._jits[(n, static)] = JitFunction(run)
+        fixed_at = {i for i, _ in static}
+        return jit(*[a for i, a in enumerate(args) if i not in fixed_at])
 
     def __repr__(self) -> str:
         return f"<fusec transform {self.__name__}>"
@@ -317,7 +340,7 @@ def value_and_grad(fun: Callable[..., Any], argnums: Argnums = 0,
         value = unflatten(out_tree, outs)
         return ((value, aux), g) if has_aux else (value, g)
 
-    return _Transformed(fun, f"value_and_grad({fname})", traced)
+    return _Transformed(fun, f"value_and_grad({fname})", traced, nums)
 
 
 def grad(fun: Callable[..., Any], argnums: Argnums = 0,
@@ -337,7 +360,7 @@ def grad(fun: Callable[..., Any], argnums: Argnums = 0,
             return g, value[1]
         return g
 
-    return _Transformed(fun, f"grad({fname})", traced)
+    return _Transformed(fun, f"grad({fname})", traced, _norm_argnums(argnums)[0])
 
 
 def _structure(cts: list[Any], per_arg: list[list[Tracer]], tds: list[Any]) -> list[Any]:
@@ -479,7 +502,7 @@ def jacrev(fun: Callable[..., Any], argnums: Argnums = 0) -> Callable[..., Any]:
             jac.append(unflatten(tds[a], leaves))
         return jac[0] if single else tuple(jac)
 
-    return _Transformed(fun, f"jacrev({fname})", traced)
+    return _Transformed(fun, f"jacrev({fname})", traced, nums)
 
 
 def jacfwd(fun: Callable[..., Any], argnums: Argnums = 0) -> Callable[..., Any]:
@@ -517,7 +540,7 @@ def jacfwd(fun: Callable[..., Any], argnums: Argnums = 0) -> Callable[..., Any]:
             pos += len(fresh)
         return jac[0] if single else tuple(jac)
 
-    return _Transformed(fun, f"jacfwd({fname})", traced)
+    return _Transformed(fun, f"jacfwd({fname})", traced, nums)
 
 
 stop_gradient = lax.stop_gradient
