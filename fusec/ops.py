@@ -2132,11 +2132,6 @@ def _custom_vjp_jvp(b: Any, op: Op, p: dict[str, Any], ins: Sequence[Any], outs:
                      "with fusec.custom_vjp: it only has a reverse-mode rule (as in JAX)")
 
 
-def _stop_rule(b: Any, op: Op, p: dict[str, Any], ins: Sequence[Any], outs: Sequence[Any],
-               cts: Sequence[Any]) -> list[Any]:
-    return [None] * len(ins)
-
-
 _Rule = Callable[[Any, Op, dict[str, Any], Sequence[Any], Sequence[Any], Sequence[Any]], list[Any]]
 VJP_RULES: dict[Op, _Rule] = {}
 JVP_RULES: dict[Op, _Rule] = {}
