@@ -99,8 +99,7 @@ def _rule(table: dict[Op, Any], op: Op, mode: str) -> Any:
 
 
 def _custom_calls(b: Builder) -> dict[int, Any]:
-    calls: dict[int, Any] = b.side.setdefault("custom_vjp", {})
-    return calls
+    return b.custom_vjp_calls()
 
 
 def _backward(tape: _Tape, out_vars: Sequence[Any], out_cts: Sequence[Any]) -> list[Any]:
@@ -465,20 +464,15 @@ def jvp(fun: Callable[..., Any], primals: Sequence[Any], tangents: Sequence[Any]
     return unflatten(out_tree, outs), unflatten(out_tree, out_t)
 
 
-def _basis(b: Builder, n: int, k: int) -> Any:
-    """Row k of the identity of size n, as a traced float32 vector."""
-    from .numpy import creation
-
-    return creation.eye(n, dtype="float32")[k]
-
-
 def jacrev(fun: Callable[..., Any], argnums: Argnums = 0) -> Callable[..., Any]:
-    """The Jacobian of ``fun`` by reverse mode: ``out.shape + arg.shape`` per argument."""
+    """The Jacobian of ``fun`` by reverse mode: ``out.shape + arg.shape`` per argument. One
+    backward pass, batched over the rows of the identity with ``vmap``."""
     nums, single = _norm_argnums(argnums)
     fname = _name(fun)
 
     def traced(*args: Any) -> Any:
         from . import numpy as fnp
+        from .vmap import vmap
 
         b = current_builder()
         assert b is not None
@@ -486,32 +480,38 @@ def jacrev(fun: Callable[..., Any], argnums: Argnums = 0) -> Callable[..., Any]:
         if len(outs) != 1:
             raise TraceError(f"jacrev of {fname}: it must return one array")
         out = outs[0]
-        rows = []
-        for k in range(max(out.size, 1) if out.size else 0):
-            e = fnp.reshape(_basis(b, out.size, k), out.shape)
-            rows.append(_structure(_backward(tape, [out.var], [e]), per_arg, tds))
+
+        def row(e: Any) -> list[Any]:
+            bb = current_builder()
+            res = _backward(tape, [out.var], [fnp.reshape(e, out.shape)])
+            return [r if r is not None else ad_zeros(bb, x.shape)
+                    for r, x in zip(res, tape.inputs)]
+
+        if out.size:
+            rows = vmap(row)(fnp.eye(out.size, dtype="float32"))
+        else:
+            rows = [ad_zeros(b, (0,) + tuple(x.shape)) for x in tape.inputs]
+        leaves = [fnp.reshape(r, tuple(out.shape) + tuple(x.shape))
+                  for r, x in zip(rows, tape.inputs)]
         jac = []
+        pos = 0
         for a, fresh in enumerate(per_arg):
-            leaves = []
-            for j, x in enumerate(fresh):
-                if rows:
-                    col = fnp.stack([flatten_with_paths(r[a], "")[0][j][1] for r in rows])
-                else:
-                    col = ad_zeros(b, (0,) + tuple(x.shape))
-                leaves.append(fnp.reshape(col, tuple(out.shape) + tuple(x.shape)))
-            jac.append(unflatten(tds[a], leaves))
+            jac.append(unflatten(tds[a], leaves[pos:pos + len(fresh)]))
+            pos += len(fresh)
         return jac[0] if single else tuple(jac)
 
     return _Transformed(fun, f"jacrev({fname})", traced, nums)
 
 
 def jacfwd(fun: Callable[..., Any], argnums: Argnums = 0) -> Callable[..., Any]:
-    """The Jacobian of ``fun`` by forward mode: ``out.shape + arg.shape`` per argument."""
+    """The Jacobian of ``fun`` by forward mode: ``out.shape + arg.shape`` per argument. One
+    forward-mode pass per argument leaf, batched over its basis directions with ``vmap``."""
     nums, single = _norm_argnums(argnums)
     fname = _name(fun)
 
     def traced(*args: Any) -> Any:
         from . import numpy as fnp
+        from .vmap import vmap
 
         b = current_builder()
         assert b is not None
@@ -522,14 +522,15 @@ def jacfwd(fun: Callable[..., Any], argnums: Argnums = 0) -> Callable[..., Any]:
         flat = [x for fresh in per_arg for x in fresh]
         cols: list[Any] = []
         for j, x in enumerate(flat):
-            per_elem = []
-            for k in range(x.size):
+
+            def column(e: Any, j: int = j, x: Any = x) -> Any:
                 ts: list[Any] = [None] * len(flat)
-                ts[j] = fnp.reshape(_basis(b, x.size, k), x.shape)
+                ts[j] = fnp.reshape(e, x.shape)
                 t = _forward(tape, ts).get(id(out.var))
-                per_elem.append(t if t is not None else ad_zeros(b, out.shape))
-            if per_elem:
-                col = fnp.stack(per_elem, axis=-1)
+                return t if t is not None else ad_zeros(current_builder(), out.shape)
+
+            if x.size:
+                col = vmap(column, out_axes=-1)(fnp.eye(x.size, dtype="float32"))
             else:
                 col = ad_zeros(b, tuple(out.shape) + (0,))
             cols.append(fnp.reshape(col, tuple(out.shape) + tuple(x.shape)))
