@@ -8,6 +8,11 @@ result ready (fusec: ``block_until_ready``; torch: ``cuda.synchronize``; JAX:
 ``block_until_ready``). Median of ``--reps`` steps after warm-up. Also checks that the three agree.
 
     python bench/train_step.py [--seq 2048 --d 1024 --heads 8 --ffn 2816] [--reps 20] [--out r.json]
+
+Two figures per library: ``*_ms``, one call of the value-and-gradient step and its wait (a round
+trip); ``*_loop_ms_per_step``, a training loop (gradient and SGD update in one call, parameters
+fed from step to step, ``--loop`` steps and one wait), where a step's host work overlaps the GPU
+work of the step before, as in real training.
 """
 
 from __future__ import annotations
@@ -61,6 +66,41 @@ def _median_wall(fn: Callable[[], Any], reps: int) -> float:
     return statistics.median(ts)
 
 
+LR = 1e-3
+
+
+def _loop_wall(step_once: Callable[[], Any], sync: Callable[[], Any], steps: int,
+               reps: int) -> float:
+    """Seconds per step of ``steps`` chained training steps (each feeding the next its updated
+    parameters) with one wait at the end: a training loop's throughput, where the host's work
+    for one step overlaps the GPU's work on the one before. Median over ``reps`` loops."""
+    step_once()
+    sync()
+    ts = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        for _ in range(steps):
+            step_once()
+        sync()
+        ts.append((time.perf_counter() - t) / steps)
+    return statistics.median(ts)
+
+
+def fusec_train_step(heads: int) -> Callable[..., Any]:
+    """Forward, backward and an SGD update, one jitted call (parameters donated)."""
+    B = FusecOps()
+
+    def loss(params: dict[str, Any], x: Any) -> Any:
+        y = _transformer(heads, B, x, *(params[n] for n in NAMES))
+        return fnp.mean(y * y)
+
+    def step(params: dict[str, Any], x: Any) -> Any:
+        value, g = fusec.value_and_grad(loss)(params, x)
+        return value, fusec.tree_util.tree_map(lambda p, d: p - LR * d, params, g)
+
+    return fusec.gpu_jit(step, donate_argnums=(0,))
+
+
 def fusec_step(heads: int) -> Callable[..., Any]:
     B = FusecOps()
 
@@ -108,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ffn", type=int, default=2816)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--out", default="")
+    ap.add_argument("--loop", type=int, default=20, help="chained steps per timed loop")
+    ap.add_argument("--loop-reps", type=int, default=5)
     ap.add_argument("--fusec-only", action="store_true", help="skip JAX and torch")
     ap.add_argument("--profile", action="store_true", help="print each fusec kernel's GPU time")
     a = ap.parse_args(argv)
@@ -130,6 +172,14 @@ def main(argv: list[str] | None = None) -> int:
         g["w_down"].block_until_ready()
 
     res["fusec_ms"] = 1e3 * _median_wall(run_fusec, a.reps)
+    tstep = fusec_train_step(a.heads)
+    state = {"p": {k: fusec.device_put(v) for k, v in p_np.items()}, "v": None}
+
+    def fusec_once() -> None:
+        state["v"], state["p"] = tstep(state["p"], x_dev)
+
+    res["fusec_loop_ms_per_step"] = 1e3 * _loop_wall(
+        fusec_once, lambda: state["v"].block_until_ready(), a.loop, a.loop_reps)
     # where the wall time goes: the host's part (the call returns once the work is submitted)
     # and the GPU's (timestamps around the call's one compute pass)
     from fusec.runtime import get_runtime
@@ -191,6 +241,19 @@ def main(argv: list[str] | None = None) -> int:
             lambda: jax.block_until_ready(jstep_tf32(pj, xj)), a.reps)
         with jax.default_matmul_precision("highest"):
             v, g = jstep(pj, xj)
+
+            def jtrain(params: dict[str, Any], x: Any) -> Any:
+                value, g = jax.value_and_grad(jloss)(params, x)
+                return value, jax.tree_util.tree_map(lambda p, d: p - LR * d, params, g)
+
+            jtrain_step = jax.jit(jtrain, donate_argnums=(0,))
+            jstate = {"p": {k: jax.device_put(v) for k, v in p_np.items()}, "v": None}
+
+            def jax_once() -> None:
+                jstate["v"], jstate["p"] = jtrain_step(jstate["p"], xj)
+
+            res["jax_loop_ms_per_step"] = 1e3 * _loop_wall(
+                jax_once, lambda: jax.block_until_ready(jstate["v"]), a.loop, a.loop_reps)
         grads["jax"] = (float(v), {k: np.asarray(t) for k, t in g.items()})
     except Exception as exc:  # noqa: BLE001 - optional reference
         res["jax_error"] = repr(exc)
@@ -215,8 +278,21 @@ def main(argv: list[str] | None = None) -> int:
             torch.cuda.synchronize()
 
         res["torch_eager_ms"] = 1e3 * _median_wall(run_torch, a.reps)
+        tp = {k: torch.from_numpy(v).cuda().requires_grad_(True) for k, v in p_np.items()}
+
+        def torch_once() -> None:
+            for p in tp.values():
+                p.grad = None
+            y = _transformer(a.heads, T, xt, *(tp[n] for n in NAMES))
+            (y * y).mean().backward()
+            with torch.no_grad():
+                for p in tp.values():
+                    p -= LR * p.grad
+
+        res["torch_eager_loop_ms_per_step"] = 1e3 * _loop_wall(
+            torch_once, torch.cuda.synchronize, a.loop, a.loop_reps)
         loss = tstep()
-        grads["torch"] = (float(loss), {k: p.grad.cpu().numpy() for k, p in pt.items()})
+        grads["torch"] = (float(loss.detach()), {k: p.grad.cpu().numpy() for k, p in pt.items()})
 
     # agreement: each gradient within float32 reach of the others
     if "jax" in grads:
@@ -228,6 +304,11 @@ def main(argv: list[str] | None = None) -> int:
         res["loss"] = {n: grads[n][0] for n in grads}
     if "jax_ms" in res:
         res["fusec_over_jax"] = res["fusec_ms"] / res["jax_ms"]
+    if "jax_loop_ms_per_step" in res:
+        res["fusec_over_jax_loop"] = res["fusec_loop_ms_per_step"] / res["jax_loop_ms_per_step"]
+    if "torch_eager_loop_ms_per_step" in res:
+        res["fusec_over_torch_eager_loop"] = (res["fusec_loop_ms_per_step"]
+                                              / res["torch_eager_loop_ms_per_step"])
     if "torch_eager_ms" in res:
         res["fusec_over_torch_eager"] = res["fusec_ms"] / res["torch_eager_ms"]
     print(json.dumps(res, indent=1))

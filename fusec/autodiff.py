@@ -24,9 +24,9 @@ from .errors import DTypeError, ShapeError, TraceError
 from .ir import Eqn, Lit, Op, Var
 from .jit import JitFunction
 from .numpy._base import _tracer
-from .ops import JVP_RULES, LOWERED_ONLY, NO_DERIVATIVE, VJP_RULES, ad_sum_to, ad_zeros
+from .ops import JVP_RULES, LOWERED_ONLY, NO_DERIVATIVE, VJP_RULES, ad_zeros
 from .trace import Builder, Tracer, current_builder
-from .tree import flatten_with_paths, unflatten
+from .tree import flatten_with_paths, num_leaves, unflatten
 
 __all__ = ["grad", "value_and_grad", "vjp", "jvp", "jacrev", "jacfwd", "custom_vjp",
            "stop_gradient"]
@@ -93,14 +93,13 @@ def _rule(table: dict[Op, Any], op: Op, mode: str) -> Any:
 # --- custom_vjp registry --------------------------------------------------------------------------
 
 # Each trace keeps its custom_vjp calls in Builder.side["custom_vjp"]: rule key -> (the user's
-# backward function, residuals, input treedef, input vars (None: not differentiable), the call's
-# output vars in order, output treedef, function name). Keys count per trace, so that programs
-# (and their hashes) do not depend on what was traced before.
+# backward function, residuals, input treedef (of the arguments' tuple), input vars (None: not
+# differentiable), the call's output vars in order, output treedef, function name). Keys count per
+# trace, so that programs (and their hashes) do not depend on what was traced before.
 
 
 def _custom_calls(b: Builder) -> dict[int, Any]:
-    calls: dict[int, Any] = b.side.setdefault("custom_vjp", {})
-    return calls
+    return b.custom_vjp_calls()
 
 
 def _backward(tape: _Tape, out_vars: Sequence[Any], out_cts: Sequence[Any]) -> list[Any]:
@@ -149,32 +148,45 @@ def _backward(tape: _Tape, out_vars: Sequence[Any], out_cts: Sequence[Any]) -> l
 
 def _custom_backward(b: Builder, key: int, ct: dict[int, Any]) -> list[tuple[Var, Any]]:
     bwd, res, in_tree, in_vars, out_vars, out_tree, fname = _custom_calls(b)[key]
+    arg_sizes = [num_leaves(td) for td in in_tree[2]]  # in_tree: the arguments' tuple
     g_leaves = [ct.get(id(v)) for v in out_vars]
     if all(g is None for g in g_leaves):
         return []
     g_leaves = [g if g is not None else ad_zeros(b, v.shape) for g, v in zip(g_leaves, out_vars)]
     cts = bwd(res, unflatten(out_tree, g_leaves))
-    if not isinstance(cts, tuple):
+    if not isinstance(cts, tuple) or len(cts) != len(arg_sizes):
+        got = f"a tuple of {len(cts)}" if isinstance(cts, tuple) else type(cts).__name__
         raise TraceError(f"the backward function of {fname} (custom_vjp) must return a tuple "
-                         f"with one cotangent per argument; got {type(cts).__name__}")
-    leaves, _ = flatten_with_paths(cts, "cotangent")
-    if len(leaves) != len(in_vars):
-        raise TraceError(f"the backward function of {fname} (custom_vjp) returned "
-                         f"{len(leaves)} cotangent leaves for {len(in_vars)} argument leaves")
+                         f"with one cotangent per argument ({len(arg_sizes)}); got {got}")
     out = []
-    for (path, c), v in zip(leaves, in_vars):
-        if v is None or c is None:
+    pos = 0
+    # matched argument by argument: None stands for a zero cotangent of a whole argument (an
+    # integer one, say), as in JAX; a pytree would flatten it away and shift the others
+    for k, (n, ct_k) in enumerate(zip(arg_sizes, cts)):
+        vars_k = in_vars[pos:pos + n]
+        pos += n
+        if ct_k is None:
             continue
-        c = _tracer(c)
-        if tuple(c.shape) != v.shape:
-            if np.broadcast_shapes(tuple(c.shape), v.shape) == v.shape:
-                c = ad_sum_to(b, c, v.shape) if c.ndim > len(v.shape) else \
-                    b.bind(Op.BROADCAST, [c], {"shape": v.shape})
-            else:
-                raise ShapeError(f"the backward function of {fname} (custom_vjp) returned a "
-                                 f"cotangent of shape {tuple(c.shape)} at {path} for an argument "
-                                 f"of shape {v.shape}")
-        out.append((v, c))
+        leaves, _ = flatten_with_paths(ct_k, f"cotangent[{k}]")
+        if len(leaves) != n:
+            raise TraceError(f"the backward function of {fname} (custom_vjp) returned "
+                             f"{len(leaves)} leaves at cotangent[{k}] for argument {k}, which "
+                             f"has {n}")
+        for (path, c), v in zip(leaves, vars_k):
+            if v is None or c is None:
+                continue
+            c = _tracer(c)
+            if tuple(c.shape) != v.shape:
+                try:
+                    fits = np.broadcast_shapes(tuple(c.shape), v.shape) == v.shape
+                except ValueError:  # shapes that do not broadcast at all
+                    fits = False
+                if not fits:
+                    raise ShapeError(f"the backward function of {fname} (custom_vjp) returned "
+                                     f"a cotangent of shape {tuple(c.shape)} at {path} for an "
+                                     f"argument of shape {v.shape}")
+                c = b.bind(Op.BROADCAST, [c], {"shape": v.shape})
+            out.append((v, c))
     return out
 
 
@@ -247,7 +259,7 @@ def _norm_argnums(argnums: Argnums) -> tuple[tuple[int, ...], bool]:
         return (argnums,), True
     try:
         nums = tuple(int(a) for a in argnums)
-    except TypeError:
+    except (TypeError, ValueError):  # not iterable, or items that are no ints (argnums="a")
         raise TraceError(f"argnums must be an int or a sequence of ints; got {argnums!r}") from None
     if not nums:
         raise TraceError("argnums must name at least one argument")
@@ -261,27 +273,37 @@ def _name(fun: Callable[..., Any]) -> str:
 class _Transformed:
     """A transformed function: traced in place inside a trace; compiled and run outside one."""
 
-    def __init__(self, fun: Callable[..., Any], name: str,
-                 traced: Callable[..., Any]) -> None:
+    def __init__(self, fun: Callable[..., Any], name: str, traced: Callable[..., Any],
+                 argnums: tuple[int, ...] = ()) -> None:
         self.fun = fun
         self.__name__ = name
         self.__qualname__ = name
         self.__doc__ = getattr(fun, "__doc__", None)
         self._traced = traced
-        self._jit: Optional[JitFunction] = None
+        self._argnums = argnums
+        self._jits: dict[Any, JitFunction] = {}
 
     def __call__(self, *args: Any) -> Any:
         if current_builder() is not None:
             return self._traced(*args)
-        if self._jit is None:
-            traced = self._traced
+        # Python ints, bools, strings and None outside argnums stay Python values, as in an
+        # untransformed call (an axis, a flag): one compilation per value, not a traced scalar
+        n = len(args)
+        diff = {k % n for k in self._argnums if -n <= k < n}
+        static = tuple((i, a) for i, a in enumerate(args)
+                       if i not in diff and (a is None or type(a) in (bool, int, str)))
+        jit = self._jits.get((n, static))
+        if jit is None:
+            traced, fixed = self._traced, dict(static)
 
-            def run(*a: Any) -> Any:
-                return traced(*a)
+            def run(*dyn: Any) -> Any:
+                it = iter(dyn)
+                return traced(*[fixed[i] if i in fixed else next(it) for i in range(n)])
 
             run.__name__ = run.__qualname__ = self.__name__
-            self._jit = JitFunction(run)
-        return self._jit(*args)
+            jit = self._jits[(n, static)] = JitFunction(run)
+        fixed_at = {i for i, _ in static}
+        return jit(*[a for i, a in enumerate(args) if i not in fixed_at])
 
     def __repr__(self) -> str:
         return f"<fusec transform {self.__name__}>"
@@ -317,7 +339,7 @@ def value_and_grad(fun: Callable[..., Any], argnums: Argnums = 0,
         value = unflatten(out_tree, outs)
         return ((value, aux), g) if has_aux else (value, g)
 
-    return _Transformed(fun, f"value_and_grad({fname})", traced)
+    return _Transformed(fun, f"value_and_grad({fname})", traced, nums)
 
 
 def grad(fun: Callable[..., Any], argnums: Argnums = 0,
@@ -337,7 +359,7 @@ def grad(fun: Callable[..., Any], argnums: Argnums = 0,
             return g, value[1]
         return g
 
-    return _Transformed(fun, f"grad({fname})", traced)
+    return _Transformed(fun, f"grad({fname})", traced, _norm_argnums(argnums)[0])
 
 
 def _structure(cts: list[Any], per_arg: list[list[Tracer]], tds: list[Any]) -> list[Any]:
@@ -442,20 +464,15 @@ def jvp(fun: Callable[..., Any], primals: Sequence[Any], tangents: Sequence[Any]
     return unflatten(out_tree, outs), unflatten(out_tree, out_t)
 
 
-def _basis(b: Builder, n: int, k: int) -> Any:
-    """Row k of the identity of size n, as a traced float32 vector."""
-    from .numpy import creation
-
-    return creation.eye(n, dtype="float32")[k]
-
-
 def jacrev(fun: Callable[..., Any], argnums: Argnums = 0) -> Callable[..., Any]:
-    """The Jacobian of ``fun`` by reverse mode: ``out.shape + arg.shape`` per argument."""
+    """The Jacobian of ``fun`` by reverse mode: ``out.shape + arg.shape`` per argument. One
+    backward pass, batched over the rows of the identity with ``vmap``."""
     nums, single = _norm_argnums(argnums)
     fname = _name(fun)
 
     def traced(*args: Any) -> Any:
         from . import numpy as fnp
+        from .vmap import vmap
 
         b = current_builder()
         assert b is not None
@@ -463,32 +480,38 @@ def jacrev(fun: Callable[..., Any], argnums: Argnums = 0) -> Callable[..., Any]:
         if len(outs) != 1:
             raise TraceError(f"jacrev of {fname}: it must return one array")
         out = outs[0]
-        rows = []
-        for k in range(max(out.size, 1) if out.size else 0):
-            e = fnp.reshape(_basis(b, out.size, k), out.shape)
-            rows.append(_structure(_backward(tape, [out.var], [e]), per_arg, tds))
+
+        def row(e: Any) -> list[Any]:
+            bb = current_builder()
+            res = _backward(tape, [out.var], [fnp.reshape(e, out.shape)])
+            return [r if r is not None else ad_zeros(bb, x.shape)
+                    for r, x in zip(res, tape.inputs)]
+
+        if out.size:
+            rows = vmap(row)(fnp.eye(out.size, dtype="float32"))
+        else:
+            rows = [ad_zeros(b, (0,) + tuple(x.shape)) for x in tape.inputs]
+        leaves = [fnp.reshape(r, tuple(out.shape) + tuple(x.shape))
+                  for r, x in zip(rows, tape.inputs)]
         jac = []
+        pos = 0
         for a, fresh in enumerate(per_arg):
-            leaves = []
-            for j, x in enumerate(fresh):
-                if rows:
-                    col = fnp.stack([flatten_with_paths(r[a], "")[0][j][1] for r in rows])
-                else:
-                    col = ad_zeros(b, (0,) + tuple(x.shape))
-                leaves.append(fnp.reshape(col, tuple(out.shape) + tuple(x.shape)))
-            jac.append(unflatten(tds[a], leaves))
+            jac.append(unflatten(tds[a], leaves[pos:pos + len(fresh)]))
+            pos += len(fresh)
         return jac[0] if single else tuple(jac)
 
-    return _Transformed(fun, f"jacrev({fname})", traced)
+    return _Transformed(fun, f"jacrev({fname})", traced, nums)
 
 
 def jacfwd(fun: Callable[..., Any], argnums: Argnums = 0) -> Callable[..., Any]:
-    """The Jacobian of ``fun`` by forward mode: ``out.shape + arg.shape`` per argument."""
+    """The Jacobian of ``fun`` by forward mode: ``out.shape + arg.shape`` per argument. One
+    forward-mode pass per argument leaf, batched over its basis directions with ``vmap``."""
     nums, single = _norm_argnums(argnums)
     fname = _name(fun)
 
     def traced(*args: Any) -> Any:
         from . import numpy as fnp
+        from .vmap import vmap
 
         b = current_builder()
         assert b is not None
@@ -499,14 +522,15 @@ def jacfwd(fun: Callable[..., Any], argnums: Argnums = 0) -> Callable[..., Any]:
         flat = [x for fresh in per_arg for x in fresh]
         cols: list[Any] = []
         for j, x in enumerate(flat):
-            per_elem = []
-            for k in range(x.size):
+
+            def column(e: Any, j: int = j, x: Any = x) -> Any:
                 ts: list[Any] = [None] * len(flat)
-                ts[j] = fnp.reshape(_basis(b, x.size, k), x.shape)
+                ts[j] = fnp.reshape(e, x.shape)
                 t = _forward(tape, ts).get(id(out.var))
-                per_elem.append(t if t is not None else ad_zeros(b, out.shape))
-            if per_elem:
-                col = fnp.stack(per_elem, axis=-1)
+                return t if t is not None else ad_zeros(current_builder(), out.shape)
+
+            if x.size:
+                col = vmap(column, out_axes=-1)(fnp.eye(x.size, dtype="float32"))
             else:
                 col = ad_zeros(b, tuple(out.shape) + (0,))
             cols.append(fnp.reshape(col, tuple(out.shape) + tuple(x.shape)))
@@ -517,7 +541,7 @@ def jacfwd(fun: Callable[..., Any], argnums: Argnums = 0) -> Callable[..., Any]:
             pos += len(fresh)
         return jac[0] if single else tuple(jac)
 
-    return _Transformed(fun, f"jacfwd({fname})", traced)
+    return _Transformed(fun, f"jacfwd({fname})", traced, nums)
 
 
 stop_gradient = lax.stop_gradient

@@ -671,9 +671,10 @@ def _d_pow(b: Any, ins: Sequence[Any], out: Any, g: Any, i: int) -> Any:
             d = ad_call(b, Op.WHERE, y == 0.0, 0.0, d)
         return g * d
     # log(x) * x ** y, with log(0) taken as 0: d/dy of 0 ** y is 0 for y > 0
-    safe = ad_call(b, Op.WHERE, x == 0.0, 1.0, x) if not isinstance(x, (int, float)) else (
-        x if x != 0 else 1.0)
-    return g * (ad_call(b, Op.LOG, safe) if not isinstance(safe, float) else math.log(safe)) * out
+    if isinstance(x, (int, float)):  # a literal base; log of a negative one is NaN, as log(x)
+        return g * (math.log(x) if x > 0 else 0.0 if x == 0 else math.nan) * out
+    safe = ad_call(b, Op.WHERE, x == 0.0, 1.0, x)
+    return g * ad_call(b, Op.LOG, safe) * out
 
 
 def _d_minmax(greater: bool) -> Callable[..., Any]:
@@ -717,6 +718,9 @@ def _d_rem(trunc: bool) -> Callable[..., Any]:
 def _d_where(b: Any, ins: Sequence[Any], out: Any, g: Any, i: int) -> Any:
     if i == 0:
         return None
+    if isinstance(ins[0], (bool, int, float)):  # a literal condition picks one branch statically
+        # (ad_call would make it a float32 literal, which a select refuses)
+        return g if bool(ins[0]) == (i == 1) else None
     # a select, not a product with a mask: a NaN cotangent must not leak into the other branch
     return ad_call(b, Op.WHERE, ins[0], g, 0.0) if i == 1 else ad_call(b, Op.WHERE, ins[0], 0.0, g)
 
@@ -1738,6 +1742,8 @@ def _elementwise_jvp(b: Any, op: Op, params: dict[str, Any], ins: Sequence[Any],
 def _deriv_of(op: Op, params: dict[str, Any]) -> Optional[Callable[..., Any]]:
     if op is Op.CAST:  # float -> float only: other casts have no float result or operand
         return _D_ID if params.get("dtype") == "float32" else None
+    if op is Op.COPY:  # an identity (no row in the table: nothing traces it today)
+        return _D_ID
     if op is Op.IPOW:
         n = int(params["n"])
         if n == 0:
@@ -1850,7 +1856,9 @@ def _linear_jvp(b: Any, op: Op, p: dict[str, Any], ins: Sequence[Any], outs: Seq
     params = dict(p)
     if op is Op.PAD:
         params["value"] = 0.0
-    rest = [ad_atom(x) for x in ins[1:]]
+    # the other operands are a gather's indices: literal ones stay integers (ad_atom would make
+    # a Python int a float32 literal, which a gather refuses)
+    rest = [ad_int(int(x)) if isinstance(x, (int, float)) else x for x in ins[1:]]
     return [b.bind(op, [ts[0], *rest], params)]
 
 
@@ -2035,7 +2043,9 @@ def _running_index(b: Any, x: Any, y: Any, p: dict[str, Any]) -> Any:
     """For cummax/cummin: the position along the axis whose value each running result took."""
     shape, axis, reverse = ad_shape(x), int(p["axis"]), bool(p.get("reverse", False))
     io = b.bind(Op.IOTA, [], {"shape": shape, "axis": axis, "dtype": "int32"})
-    hit = b.bind(Op.EQ, [x, y])
+    # a NaN is the running extreme from where it occurs (NaN == NaN is false: without this, its
+    # results' derivatives went to the last number before it, which does not change them)
+    hit = b.bind(Op.OR, [b.bind(Op.EQ, [x, y]), b.bind(Op.ISNAN, [x])])
     # the latest position (in scan order) where the running extreme was reached
     fill = ad_int(shape[axis] if reverse else -1)
     marked = b.bind(Op.WHERE, [hit, io, fill])
@@ -2049,6 +2059,20 @@ def _axis_indices(b: Any, shape: Shape, axis: int, along: Any) -> list[Any]:
             for k in range(len(shape))]
 
 
+def _cumprod_zeros(b: Any, x: Any, p: dict[str, Any]) -> tuple[Any, Any, Any, Any, Any]:
+    """For cumprod's derivatives without dividing by zero: where x is 0, x with its zeros made
+    1, that one's cumprod, and where the running count of zeros is 0 and where it is 1. (The
+    derivative of a running product by x_i is the product of the others: y / x_i while no zero
+    came; with one zero, nonzero only at that zero; with two, zero.)"""
+    zero = b.bind(Op.EQ, [x, ad_atom(0.0)])
+    safe = b.bind(Op.WHERE, [zero, ad_atom(1.0), x])
+    ys = b.bind(Op.CUMULATIVE, [safe], dict(p))
+    count = b.bind(Op.CUMULATIVE, [b.bind(Op.CAST, [zero], {"dtype": "int32"})],
+                   {**p, "reduce": "sum"})
+    return (zero, safe, ys, b.bind(Op.EQ, [count, ad_int(0)]),
+            b.bind(Op.EQ, [count, ad_int(1)]))
+
+
 def _cumulative_vjp(b: Any, op: Op, p: dict[str, Any], ins: Sequence[Any], outs: Sequence[Any],
                     cts: Sequence[Any]) -> list[Any]:
     x, y, g = ins[0], outs[0], cts[0]
@@ -2059,9 +2083,16 @@ def _cumulative_vjp(b: Any, op: Op, p: dict[str, Any], ins: Sequence[Any], outs:
         return [b.bind(Op.CUMULATIVE, [g], {"reduce": "sum", "axis": axis,
                                             "reverse": not reverse})]
     if reduce == "prod":
-        s = b.bind(Op.CUMULATIVE, [g * y], {"reduce": "sum", "axis": axis,
-                                            "reverse": not reverse})
-        return [s / x]
+        zero, safe, ys, none, one = _cumprod_zeros(b, x, p)
+        gy = g * ys
+
+        def back(v: Any) -> Any:
+            return b.bind(Op.CUMULATIVE, [v], {"reduce": "sum", "axis": axis,
+                                               "reverse": not reverse})
+        # a zero x_i: the later products up to the next zero, without it; any other x_i: the
+        # later products while no zero came, divided by x_i
+        return [b.bind(Op.WHERE, [zero, back(b.bind(Op.WHERE, [one, gy, ad_atom(0.0)])),
+                                  back(b.bind(Op.WHERE, [none, gy, ad_atom(0.0)])) / safe])]
     where = _running_index(b, x, y, p)
     shape = ad_shape(x)
     return [b.bind(Op.SCATTER, [ad_zeros(b, shape), g, *_axis_indices(b, shape, axis, where)],
@@ -2075,7 +2106,15 @@ def _cumulative_jvp(b: Any, op: Op, p: dict[str, Any], ins: Sequence[Any], outs:
     if reduce == "sum":
         return [b.bind(Op.CUMULATIVE, [t], dict(p))]
     if reduce == "prod":
-        return [y * b.bind(Op.CUMULATIVE, [t / x], {**p, "reduce": "sum"})]
+        zero, safe, ys, none, one = _cumprod_zeros(b, x, p)
+
+        def run(v: Any) -> Any:
+            return b.bind(Op.CUMULATIVE, [v], {**p, "reduce": "sum"})
+        # no zero so far: y * sum(t / x); one zero: the others' product times its tangent
+        at_zero = run(b.bind(Op.WHERE, [zero, t, ad_atom(0.0)]))
+        inner = b.bind(Op.WHERE, [none, run(t / safe),
+                                  b.bind(Op.WHERE, [one, at_zero, ad_atom(0.0)])])
+        return [ys * inner]
     where = _running_index(b, x, y, p)
     return [b.bind(Op.GATHER, [t, *_axis_indices(b, ad_shape(x), int(p["axis"]), where)])]
 
@@ -2110,15 +2149,10 @@ def _custom_vjp_jvp(b: Any, op: Op, p: dict[str, Any], ins: Sequence[Any], outs:
                      "with fusec.custom_vjp: it only has a reverse-mode rule (as in JAX)")
 
 
-def _stop_rule(b: Any, op: Op, p: dict[str, Any], ins: Sequence[Any], outs: Sequence[Any],
-               cts: Sequence[Any]) -> list[Any]:
-    return [None] * len(ins)
-
-
 _Rule = Callable[[Any, Op, dict[str, Any], Sequence[Any], Sequence[Any], Sequence[Any]], list[Any]]
 VJP_RULES: dict[Op, _Rule] = {}
 JVP_RULES: dict[Op, _Rule] = {}
-for _op in list(ELEMENTWISE) + [Op.CAST, Op.IPOW]:
+for _op in list(ELEMENTWISE) + [Op.CAST, Op.IPOW, Op.COPY]:
     VJP_RULES[_op] = _elementwise_vjp
     JVP_RULES[_op] = _elementwise_jvp
 for _op in (Op.SUM, Op.RMAX, Op.RMIN, Op.PROD):

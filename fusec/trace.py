@@ -138,6 +138,11 @@ class Builder:
         self.producer[id(out)] = eqn
         return Tracer(out, self, weak)
 
+    def custom_vjp_calls(self) -> dict[int, Any]:
+        """This trace's custom_vjp calls (fusec.autodiff): rule key -> what its rule needs."""
+        calls: dict[int, Any] = self.side.setdefault("custom_vjp", {})
+        return calls
+
     def bind_multi(self, op: Op, inputs: Sequence[Union[Tracer, Lit]], params: dict[str, Any],
                    n_out: int) -> list[Tracer]:
         """Bind an op of several results (a loop); single-result ops go through :meth:`bind`."""

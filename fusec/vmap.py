@@ -25,7 +25,6 @@ from typing import Any, Optional, Union
 import numpy as np
 
 from . import dtypes
-from .autodiff import _custom_calls
 from .errors import ShapeError, TraceError
 from .ir import Eqn, Lit, Op
 from .jit import JitFunction
@@ -358,7 +357,7 @@ def _batch_custom_vjp(b: Builder, closed: Closed, eqns: list[Eqn], key: int,
     ins = [None if v is None else env[id(v)] for v in in_vars]
     batched = (any(d is not None for e in eqns for _, d in map(read, e.inputs))
                or any(d is not None for _, _, d in res_dyn))
-    calls = _custom_calls(b)
+    calls = b.custom_vjp_calls()
     new_key = len(calls)
     calls[new_key] = None  # reserved: the backward function below may trace calls of its own
     done: dict[int, tuple[Value, Axis]] = {}

@@ -832,3 +832,21 @@ def test_as_text_ir_shows_which_ops_went_into_which_kernel() -> None:
     assert all(e.op is Op.KERNEL for e in lowered.ir.eqns)
     assert sum(len(ops) for ops in ks.values()) == sum(
         len(k.params["body"].eqns) for k in kernel_eqns(lowered.ir))
+
+
+def test_matmul_group_whose_first_root_is_elementwise() -> None:
+    """A matmul kernel that took in an elementwise group placed before the product (here exp(a),
+    the operand of two products and an output's factor) lists that group's root first; a later
+    merge asked codegen for the matmul shape of that root (ValueError: found by autodiff's
+    random programs, whose jvp and vjp of one function trace such shapes)."""
+    rng = np.random.default_rng(5)
+    a, b, c, d, e = (rng.standard_normal((4, 4)).astype(np.float32) for _ in range(5))
+
+    def f(a, b, c, d, e):
+        j = fnp.exp(a)
+        return (b @ c) * j, e @ j + d @ (d * j)
+
+    got = fusec.gpu_jit(f)(a, b, c, d, e)
+    j = np.exp(a.astype(np.float64))
+    np.testing.assert_allclose(np.asarray(got[0]), (b @ c) * j, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(got[1]), e @ j + d @ (d * j), rtol=1e-5, atol=1e-5)

@@ -292,7 +292,9 @@ class _Planner:
         if ew.kind != "elementwise" or not reads(ew, {id(o) for o in red.outs()}):
             return None
         if red.kind == "matmul":
-            mm = red.roots[0]
+            # the group's matmul: after an earlier merge, roots start with the first group's
+            # (an elementwise root that comes before the product in program order, say)
+            mm = next(r for r in red.roots if r.op is Op.MATMUL)
             if not codegen.epilogue_fuses(mm, self.target):
                 return None
             return "matmul" if all(r.out.shape == mm.out.shape for r in ew.roots) else None
