@@ -242,7 +242,7 @@ def inline(closed: Closed, args: Sequence[Union[Tracer, Lit]]) -> list[Union[Tra
         if e.op is Op.CUSTOM_VJP and int(params["rule"]) in calls:
             old = int(params["rule"])
             if old not in rekey:
-                mine = b.side.setdefault("custom_vjp", {})
+                mine = b.custom_vjp_calls()
                 rekey[old] = len(mine)
                 mine[rekey[old]] = None  # filled in below, once every value is inlined
             params = {**params, "rule": rekey[old]}
@@ -250,7 +250,7 @@ def inline(closed: Closed, args: Sequence[Union[Tracer, Lit]]) -> list[Union[Tra
         for v, t in zip(e.outs, outs):
             env[id(v)] = t
     for old, new in rekey.items():
-        b.side["custom_vjp"][new] = _inlined_entry(calls[old], env)
+        b.custom_vjp_calls()[new] = _inlined_entry(calls[old], env)
     return [read(o) for o in prog.outputs]
 
 
