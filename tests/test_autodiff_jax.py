@@ -1,5 +1,5 @@
 """fusec.grad against jax.grad on whole programs: an MLP, softmax cross-entropy, layer_norm, a
-gather (take and .at[].add), the bench transformer block, and the NaN conventions.
+gather (take and .at[].add), the bench transformer block, a scan, and the NaN conventions.
 
 JAX runs on the CPU in float32 (64-bit types off, its default), fusec on the wgpu device; both
 round differently, so gradients are compared with float32 tolerances: 2e-4 relative to each
@@ -157,8 +157,27 @@ def test_bench_transformer_block(rng: np.random.Generator) -> None:
 
 
 # --- a scan ---------------------------------------------------------------------------------------
-# fusec.lax.scan is being built separately; when it lands, compare the gradient of a recurrence
-# (e.g. carry = tanh(carry @ w + x_t), loss = sum of the carries) with jax.lax.scan's here.
+
+
+@pytest.mark.parametrize("length", [3, 23])  # unrolled (short) and a compiled loop
+def test_scan_recurrence(rng: np.random.Generator, length: int) -> None:
+    w, u = _n(rng, 6, 6, scale=0.3), _n(rng, 6, scale=0.2)
+    h0, xs = _n(rng, 4, 6), _n(rng, length, 4, 6)
+
+    def loss(np_: Any, scan: Any, w: Any, u: Any, h0: Any, xs: Any) -> Any:
+        def step(h: Any, x: Any) -> Any:
+            h = np_.tanh(h @ w + x * u)
+            return h, np_.sum(h * h)
+
+        h, ys = scan(step, h0, xs)
+        return np_.sum(h) + np_.sum(ys * np_.arange(length, dtype=np.float32))
+
+    got = fusec.gpu_jit(fusec.value_and_grad(
+        lambda *a: loss(fnp, fusec.lax.scan, *a), argnums=(0, 1, 2, 3)))(w, u, h0, xs)
+    want = jax.value_and_grad(lambda *a: loss(jnp, jax.lax.scan, *a),
+                              argnums=(0, 1, 2, 3))(w, u, h0, xs)
+    assert_tree_close(got[0], want[0], "scan loss")
+    assert_tree_close(got[1], want[1], "scan gradient")
 
 
 # --- NaN conventions ------------------------------------------------------------------------------
