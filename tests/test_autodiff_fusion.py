@@ -25,8 +25,10 @@ def test_matmul_backward_reads_transposed_operands_in_place() -> None:
     ks = _kernels(fusec.grad(loss, argnums=(0, 1)), w, b, x)
     kinds = [k.name.split("_")[1] for k in ks]
     # forward product with the backward's elementwise part as its epilogue, the bias gradient
-    # (a column sum), and the weight gradient: no kernel of its own for a transpose
-    assert kinds.count("mm") == 2 and len(ks) == 3, [k.name for k in ks]
+    # (a column sum: one kernel, or two where split_reductions splits it for a GPU), and the
+    # weight gradient: no kernel of its own for a transpose or an elementwise step
+    assert kinds.count("mm") == 2 and set(kinds) == {"mm", "red"} and len(ks) <= 4, \
+        [k.name for k in ks]
     assert not any("transpose" in k.name for k in ks)
     gw, gb = fusec.grad(loss, argnums=(0, 1))(w, b, x)
     h = x.astype(np.float64) @ w + b
@@ -40,8 +42,10 @@ def test_broadcast_gradient_is_a_reduction_kernel() -> None:
     x = rng.standard_normal((300, 7)).astype(np.float32)
     s = rng.standard_normal(7).astype(np.float32)
     ks = _kernels(fusec.grad(lambda s, x: fnp.sum(fnp.tanh(x * s)), argnums=0), s, x)
-    # the sum over the broadcast rows is in the kernel that computes the elementwise part
-    assert len(ks) == 1 and "_red_" in ks[0].name, [k.name for k in ks]
+    # the sum over the broadcast rows is computed by the kernel that computes the elementwise
+    # part (and a second stage where split_reductions splits the sum for a GPU)
+    assert all("_red_" in k.name for k in ks) and len(ks) <= 2, [k.name for k in ks]
+    assert "tanh" in ks[0].name or "mul" in ks[0].name
     g = np.asarray(fusec.grad(lambda s, x: fnp.sum(fnp.tanh(x * s)))(s, x))
     ref = ((1 - np.tanh(x.astype(np.float64) * s) ** 2) * x).sum(0)
     np.testing.assert_allclose(g, ref, rtol=1e-4, atol=1e-4)

@@ -1,7 +1,8 @@
 """fusec.grad against jax.grad on whole programs: an MLP, softmax cross-entropy, layer_norm, a
 gather (take and .at[].add), the bench transformer block, a scan, and the NaN conventions.
 
-JAX runs on the CPU in float32 (64-bit types off, its default), fusec on the wgpu device; both
+JAX runs in float32 (64-bit types off, its default; on the CPU, or on the GPU machine's CUDA device
+with its matmuls at "highest" precision), fusec on the wgpu device; both
 round differently, so gradients are compared with float32 tolerances: 2e-4 relative to each
 gradient's scale (its largest magnitude), room for the few-ULP differences of transcendental
 functions and sums of up to a few hundred terms in another order. A wrong rule is off by O(1).
@@ -21,6 +22,10 @@ import fusec
 import fusec.numpy as fnp
 from fusec import nn
 from fusec.bench import FusecOps, _transformer
+
+# float32 products as written: on an NVIDIA GPU JAX's default precision rounds matmul operands to
+# TF32 (errors of 1e-3 relative), which is not the reference these tolerances are for
+jax.config.update("jax_default_matmul_precision", "highest")
 
 RTOL = 2e-4
 F32 = np.float32
