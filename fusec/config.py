@@ -38,6 +38,9 @@ _ENV = {
     "retrace_warn": ("FUSEC_RETRACE_WARN", 10),
     "shader_checks": ("FUSEC_SHADER_CHECKS", 0),
     "strict_dtypes": ("FUSEC_STRICT_DTYPES", 0),
+    # how a readback waits for the GPU: "poll" (the calling thread blocks in wgpu-native's
+    # poll) or "thread" (wgpu-py's map_sync, through its poller thread)
+    "wait": ("FUSEC_WAIT", "poll"),
     # dispatches encoded before the first submit of a call with many kernels (0: one submit):
     # the GPU starts on them while the host encodes the rest; later chunks double in size
     "submit_first": ("FUSEC_SUBMIT_FIRST", 0),

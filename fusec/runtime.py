@@ -198,7 +198,7 @@ class Runtime:
         enc.copy_buffer_to_buffer(buffer, 0, stage, 0, max(4, nbytes))
         self.device.queue.submit([enc.finish()])
         self.submitted += 1
-        stage.map_sync(self.wgpu.MapMode.READ, 0, max(4, nbytes))
+        self._map_read(stage, max(4, nbytes))
         try:
             data = bytes(stage.read_mapped(0, max(4, nbytes)))
         finally:
@@ -206,6 +206,20 @@ class Runtime:
         self.completed = self.submitted
         cache.STATS.readbacks += 1
         return data[:nbytes]
+
+    def _map_read(self, stage: Any, nbytes: int) -> None:
+        """Map ``stage`` for reading once the queue is done with it.
+
+        wgpu-py's ``map_sync`` first submits an empty command buffer, then waits on an event that
+        its poller thread sets after its own blocking poll: two thread hand-offs under the GIL.
+        Here the calling thread blocks in wgpu-native's poll itself (FUSEC_WAIT=thread: the
+        wgpu-py way, for comparison)."""
+        if config.get("wait") == "thread":
+            stage.map_sync(self.wgpu.MapMode.READ, 0, nbytes)
+            return
+        promise = stage.map_async("READ_NOSYNC", 0, nbytes)
+        self.device._poll_wait()  # returns when the queue is idle; the map callback has run
+        promise.sync_wait()
 
     def timestamp_writes(self) -> Optional[dict[str, Any]]:
         if not self.profile or "timestamp-query" not in self.info.features:
@@ -231,8 +245,14 @@ class Runtime:
         return int(t1) - int(t0)
 
     def sync(self) -> None:
-        """Wait for every submitted command (a mapped read; on_submitted_work_done is unusable)."""
+        """Wait for every submitted command: the calling thread blocks in wgpu-native's poll,
+        which returns once the queue is idle (FUSEC_WAIT=thread: a mapped read through wgpu-py's
+        poller thread; its on_submitted_work_done is unusable)."""
         if self.completed >= self.submitted:
+            return
+        if config.get("wait") != "thread":
+            self.device._poll_wait()
+            self.completed = self.submitted
             return
         if self._sync_src is None:
             self._sync_src = self.buffer(4)

@@ -899,7 +899,7 @@ def test_a_call_returns_an_array_without_reading_back(reads: list[int]) -> None:
     assert d.readbacks == 0 and reads == []
     assert not out.is_ready()
     assert out.block_until_ready() is out and out.is_ready()
-    assert len(reads) == 1  # one wait ...
+    assert reads == []  # the wait blocks in wgpu-native's poll: no copy, no mapped read ...
     with Delta() as w:
         np.testing.assert_array_equal(out.numpy(), np.full((32, 32), 33.0, np.float32))
     assert w.readbacks == 1  # ... and one readback, of the data
