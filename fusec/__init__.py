@@ -36,7 +36,7 @@ from .errors import (
     TracerBoolConversionError,
 )
 from .jit import Compiled, JitFunction, Lowered, Traced, gpu_jit
-from .runtime import Array, DeviceInfo, default_device, device_put
+from .runtime import Array, DeviceInfo, default_device, device_put, profile
 from .trace import ShapeDtype
 from .vmap import vmap
 from .warmup import warmup_from

@@ -97,6 +97,9 @@ class Runtime:
         # brackets its compute pass with timestamps; ``last_gpu_ns`` reads the last call's time
         self.profile = False
         self._query: Any = None
+        # fusec.profile(): (kernel name, GPU microseconds) of every kernel run while it is on
+        self.kernel_profile: Optional[list[tuple[str, float]]] = None
+        self._kernel_query: Any = None
         self.submitted = 0  # submission counter; arrays remember theirs
         self.completed = 0  # every submission up to this one has finished
         cache.register(self)
@@ -231,6 +234,16 @@ class Runtime:
             self._query = (qs, buf)
         return {"query_set": self._query[0], "beginning_of_pass_write_index": 0,
                 "end_of_pass_write_index": 1}
+
+    def kernel_queries(self, n: int) -> tuple[Any, Any]:
+        """A timestamp query set of at least 2n entries and its resolve buffer (fusec.profile)."""
+        if self._kernel_query is None or self._kernel_query[2] < n:
+            cap = max(64, 1 << (n - 1).bit_length())
+            qs = self.device.create_query_set(type=self.wgpu.QueryType.timestamp, count=2 * cap)
+            buf = self.device.create_buffer(size=16 * cap, usage=self.wgpu.BufferUsage.QUERY_RESOLVE
+                                            | self.wgpu.BufferUsage.COPY_SRC)
+            self._kernel_query = (qs, buf, cap)
+        return self._kernel_query[0], self._kernel_query[1]
 
     def resolve_timestamps(self, enc: Any) -> None:
         if self.profile and self._query is not None:
@@ -671,6 +684,7 @@ class _Launch:
     gather: Any = None  # slot handles -> the bound ones (reads, then writes) as a tuple (_plan)
     alloc: list[tuple[int, int, Any]] = field(default_factory=list)  # (slot, kind, arg)
     cap: int = BIND_GROUP_CACHE  # bind groups kept (more inside a loop: three per call)
+    name: str = ""  # the kernel's name (fusec.profile reports it)
 
 
 @dataclass
@@ -721,7 +735,7 @@ class _Steps:
                               if sl.startswith("=") else sl for sl in slots)
                 writes = [slot_of(o) for o in e.outs]
                 self.steps.append(_Launch(pipe, layout, reads, writes, slots, code.grid,
-                                          cap=cap))
+                                          cap=cap, name=code.name))
                 self._note_slots(e.outs, writes, slots)
             elif e.op is Op.LOOP:
                 loop = _LoopRun(rt, e, [slot_of(cast(Var, a)) for a in e.inputs], codes)
@@ -1097,6 +1111,10 @@ class GpuExecutable(_Steps):
             enc.clear_buffer(b.raw)
         ts = rt.timestamp_writes() if rt.profile else None
         cpass = enc.begin_compute_pass(timestamp_writes=ts) if ts else enc.begin_compute_pass()
+        # fusec.profile(): each kernel in a pass of its own, between two timestamps
+        kq = rt.kernel_queries(len(self.steps)) if rt.kernel_profile is not None and \
+            "timestamp-query" in rt.info.features else None
+        timed: list[str] = []
         for st in self.steps:
             if type(st) is _Alias:
                 bufs[st.dst] = bufs[st.src]
@@ -1119,13 +1137,26 @@ class GpuExecutable(_Steps):
             bg = st.bind_groups.get(bound)
             if bg is None:
                 bg = _bind_group(rt, st, bound)
+            if kq is not None:
+                cpass.end()
+                k = 2 * len(timed)
+                cpass = enc.begin_compute_pass(timestamp_writes={
+                    "query_set": kq[0], "beginning_of_pass_write_index": k,
+                    "end_of_pass_write_index": k + 1})
+                timed.append(st.name)
             cpass.set_pipeline(st.pipeline)
             cpass.set_bind_group(0, bg)
             cpass.dispatch_workgroups(*st.grid)
         cpass.end()
         if rt.profile:
             rt.resolve_timestamps(enc)
+        if kq is not None and timed:
+            enc.resolve_query_set(kq[0], 0, 2 * len(timed), kq[1], 0)
         rt.device.queue.submit([enc.finish()])
+        if kq is not None and timed and rt.kernel_profile is not None:
+            t = np.frombuffer(rt.read(kq[1], 16 * len(timed)), dtype=np.uint64).astype(np.int64)
+            cache.STATS.readbacks -= 1  # the profiler's, not the user's
+            rt.kernel_profile.extend(zip(timed, ((t[1::2] - t[0::2]) / 1e3).tolist()))
         fresh = self.out_fresh
         if fresh is not None and not self.out_shared:
             return [_device_array(shape, dtype, bufs[s], sub) for s, shape, dtype in fresh]
@@ -1183,3 +1214,61 @@ class CpuExecutable:
                 for v, a in zip(self.prog.inputs, inputs)]
         outs = evaluate(self.prog, args)
         return [Array(o.shape, str(o.dtype), host=o) for o in outs]
+
+
+class profile:
+    """GPU time of every kernel that jitted calls run inside ``with fusec.profile():``.
+
+    Each kernel runs in a compute pass of its own between two timestamp queries (which adds the
+    barriers of separate passes, so the kernels' sum exceeds a normal call's GPU time a little),
+    and each call waits for its result. On leaving the block, a table of kernels by total GPU time
+    is printed (``print_report=False`` keeps it quiet) and kept as ``.rows`` (kernel name, calls,
+    total and mean microseconds), with the block's wall time in ``.wall_ms``. Needs an adapter with
+    timestamp queries (``fusec.default_device().features``); calls with compiled loops are timed
+    as a whole, not per kernel.
+
+        with fusec.profile():
+            step(params, x)
+    """
+
+    def __init__(self, print_report: bool = True) -> None:
+        self.print_report = print_report
+        self.kernels: list[tuple[str, float]] = []
+        self.rows: list[tuple[str, int, float, float]] = []
+        self.wall_ms = 0.0
+
+    def __enter__(self) -> profile:
+        rt = get_runtime()
+        if rt is None or "timestamp-query" not in rt.info.features:
+            raise FusecError("fusec.profile needs a GPU adapter with timestamp queries; this one "
+                             f"has none ({default_device()})")
+        rt.sync()
+        rt.kernel_profile = []
+        self._t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        rt = get_runtime()
+        assert rt is not None
+        rt.sync()
+        self.wall_ms = 1e3 * (time.perf_counter() - self._t0)
+        self.kernels = rt.kernel_profile or []
+        rt.kernel_profile = None
+        totals: dict[str, list[float]] = {}
+        for name, us in self.kernels:
+            totals.setdefault(name, []).append(us)
+        self.rows = sorted(((n, len(v), sum(v), sum(v) / len(v)) for n, v in totals.items()),
+                           key=lambda r: -r[2])
+        if self.print_report and exc[0] is None:
+            print(self.report())
+
+    def report(self) -> str:
+        """The table printed on leaving the block."""
+        gpu = sum(r[2] for r in self.rows)
+        lines = [f"fusec.profile: {len(self.kernels)} kernel runs, {gpu / 1e3:.3f} ms of GPU time "
+                 f"in a block of {self.wall_ms:.3f} ms wall time",
+                 f"{'GPU us':>10} {'share':>6} {'calls':>6} {'mean us':>9}  kernel"]
+        for name, calls, total, mean in self.rows:
+            lines.append(f"{total:10.1f} {100 * total / max(gpu, 1e-9):5.1f}% {calls:6d} "
+                         f"{mean:9.1f}  {name}")
+        return "\n".join(lines)
