@@ -48,5 +48,5 @@ __all__ = [
     "StaticArgumentError", "TraceError", "Traced", "TracerBoolConversionError", "cache_info",
     "clear_cache", "config", "default_device", "device_put", "gpu_jit", "lax", "nn", "numpy",
     "random", "tree_util", "vmap", "warmup_from", "grad", "value_and_grad", "vjp", "jvp",
-    "jacrev", "jacfwd", "custom_vjp", "stop_gradient",
+    "jacrev", "jacfwd", "custom_vjp", "stop_gradient", "profile",
 ]

@@ -41,6 +41,8 @@ _ENV = {
     # how a readback waits for the GPU: "poll" (the calling thread blocks in wgpu-native's
     # poll) or "thread" (wgpu-py's map_sync, through its poller thread)
     "wait": ("FUSEC_WAIT", "poll"),
+    # lazy submission: small calls submitted together, this many at most (0: each call at once)
+    "batch_calls": ("FUSEC_BATCH_CALLS", 64),
     # dispatches encoded before the first submit of a call with many kernels (0: one submit):
     # the GPU starts on them while the host encodes the rest; later chunks double in size
     "submit_first": ("FUSEC_SUBMIT_FIRST", 0),

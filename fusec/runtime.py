@@ -100,6 +100,16 @@ class Runtime:
         # fusec.profile(): (kernel name, GPU microseconds) of every kernel run while it is on
         self.kernel_profile: Optional[list[tuple[str, float]]] = None
         self._kernel_query: Any = None
+        # Lazy submission: small calls are recorded into one open compute pass of a pending
+        # encoder (the batch) and submitted together by flush(): when a result is read or
+        # waited for, before an upload, when BATCH_CALLS calls are pending, or with a large call
+        # (see GpuExecutable.run). One lock serialises recording across threads.
+        self.lock = threading.RLock()
+        self._batch_enc: Any = None
+        self._batch_pass: Any = None
+        self.batch_calls = 0
+        self.flushes = 0  # batches submitted (tests count them)
+        self._doomed: list[Any] = []  # buffers to destroy once the batch naming them is submitted
         self.submitted = 0  # submission counter; arrays remember theirs
         self.completed = 0  # every submission up to this one has finished
         cache.register(self)
@@ -145,6 +155,10 @@ class Runtime:
         return self.buffer_of_class(self._size_class(nbytes))
 
     def buffer_of_class(self, size: int) -> DeviceBuffer:
+        with self.lock:
+            return self._buffer_of_class(size)
+
+    def _buffer_of_class(self, size: int) -> DeviceBuffer:
         free = self._free.get(size)
         while free:
             self._free_bytes -= size
@@ -162,19 +176,66 @@ class Runtime:
     def release(self, raw: Any, size: int) -> None:
         """Take back a buffer nobody references. Work already submitted that uses it runs before
         any later submission that reuses it (the queue is ordered), so reuse is safe."""
+        with self.lock:
+            self._release(raw, size)
+
+    def _release(self, raw: Any, size: int) -> None:
         if getattr(raw, "_internal", True) is None:
             # Already released: the garbage collector finalises a reference cycle in any order,
             # so wgpu's buffer object may have gone first. Pooling it would hand wgpu a dead
             # handle (a panic in wgpu-native at the next bind group).
             return
         if self._free_bytes + size > self.pool_limit:
-            raw.destroy()
-            self.destroyed += 1  # cached bind groups may name it: executables drop theirs
+            # destroyed at the next flush: a pending batch may still name it (this may run in
+            # the middle of recording, from the garbage collector, so it must not flush here)
+            self._doomed.append(raw)
+            if self._batch_enc is None:
+                self._destroy_doomed()
             return
         self._free.setdefault(size, []).append(raw)
         self._free_bytes += size
 
+    def _destroy_doomed(self) -> None:
+        doomed, self._doomed = self._doomed, []
+        for raw in doomed:
+            raw.destroy()
+        self.destroyed += len(doomed)  # cached bind groups may name them: executables drop theirs
+
+    def batch_pass(self, clears: Sequence[Any]) -> Any:
+        """The batch's open compute pass, with ``clears`` (buffers to zero) recorded before it."""
+        if self._batch_enc is None:
+            self._batch_enc = self.device.create_command_encoder()
+        if clears:
+            if self._batch_pass is not None:
+                self._batch_pass.end()
+                self._batch_pass = None
+            for raw in clears:
+                self._batch_enc.clear_buffer(raw)
+        if self._batch_pass is None:
+            self._batch_pass = self._batch_enc.begin_compute_pass()
+        return self._batch_pass
+
+    def flush(self) -> None:
+        """Submit the calls recorded in the batch (lazy submission); nothing if none is."""
+        with self.lock:
+            if self._batch_enc is not None:
+                if self._batch_pass is not None:
+                    self._batch_pass.end()
+                self.device.queue.submit([self._batch_enc.finish()])
+                self._batch_enc = self._batch_pass = None
+                self.batch_calls = 0
+                self.flushes += 1
+            if self._doomed:
+                self._destroy_doomed()
+
     def upload(self, data: np.ndarray) -> DeviceBuffer:
+        with self.lock:
+            return self._upload(data)
+
+    def _upload(self, data: np.ndarray) -> DeviceBuffer:
+        # queue.write_buffer takes effect at the next submit, before the commands it carries:
+        # the batch recorded so far must go first (it may read the buffer's old contents)
+        self.flush()
         raw = np.ascontiguousarray(data)
         if raw.nbytes == 0:
             raw = np.zeros(1, dtype=np.uint32)
@@ -194,8 +255,13 @@ class Runtime:
 
     def read(self, buffer: Any, nbytes: int) -> bytes:
         """Copy ``nbytes`` from a device buffer to the host (waits for all submitted work)."""
+        with self.lock:  # one staging buffer per size: one reader at a time
+            return self._read(buffer, nbytes)
+
+    def _read(self, buffer: Any, nbytes: int) -> bytes:
         if isinstance(buffer, DeviceBuffer):
             buffer = buffer.raw
+        self.flush()
         stage = self._staging_buffer(nbytes)
         enc = self.device.create_command_encoder()
         enc.copy_buffer_to_buffer(buffer, 0, stage, 0, max(4, nbytes))
@@ -263,6 +329,7 @@ class Runtime:
         poller thread; its on_submitted_work_done is unusable)."""
         if self.completed >= self.submitted:
             return
+        self.flush()
         if config.get("wait") != "thread":
             self.device._poll_wait()
             self.completed = self.submitted
@@ -443,6 +510,7 @@ class Array:
         src = self.device_buffer(rt)
         nbytes = max(4, self.nbytes)
         dst = rt.buffer(nbytes)
+        rt.flush()  # the copy must follow the calls that wrote the source
         enc = rt.device.create_command_encoder()
         enc.copy_buffer_to_buffer(src.raw, 0, dst.raw, 0, nbytes)
         rt.device.queue.submit([enc.finish()])
@@ -518,7 +586,10 @@ class Array:
 
     def is_ready(self) -> bool:
         rt = get_runtime()
-        return rt is None or self._host is not None or rt.completed >= self._submission
+        ready = rt is None or self._host is not None or rt.completed >= self._submission
+        if not ready and rt is not None:
+            rt.flush()  # a call still in the batch: send it, so that it does get ready
+        return ready
 
     def __repr__(self) -> str:
         body = np.array2string(self._host_value(), separator=", ", prefix="fusec.Array(")
@@ -669,6 +740,15 @@ WHILE_CHUNK_MAX = 64
 def while_chunk_max() -> int:
     cap = int(config.get("while_chunk_max") or WHILE_CHUNK_MAX)
     return max(2, cap + cap % 2)
+
+
+# Lazy submission (see Runtime.flush): a call joins the batch when it has at most
+# BATCH_MAX_LAUNCHES kernels and BATCH_MAX_WORKGROUPS workgroups in all; the batch is submitted
+# after BATCH_CALLS calls (FUSEC_BATCH_CALLS; 0 submits every call at once), or earlier by a read,
+# a wait, an upload, or a call that does not join it.
+BATCH_CALLS = int(config.get("batch_calls") or 0)
+BATCH_MAX_LAUNCHES = 32
+BATCH_MAX_WORKGROUPS = 4096
 
 
 @dataclass(eq=False)
@@ -904,7 +984,7 @@ class _Recorder:
         self.enc.copy_buffer_to_buffer(raw, 0, stage, 0, 4)
         rt.device.queue.submit([self.enc.finish()])
         rt.submitted += 1
-        stage.map_sync(rt.wgpu.MapMode.READ, 0, 4)
+        rt._map_read(stage, 4)
         try:
             flag = bool(np.frombuffer(bytes(stage.read_mapped(0, 4)), dtype=np.uint32)[0])
         finally:
@@ -1082,8 +1162,20 @@ class GpuExecutable(_Steps):
         # the common case, outputs that are all fresh results: (slot, shape, dtype) each
         self.out_fresh: Optional[list[tuple[int, tuple[int, ...], str]]] = (
             [arg for _, arg in self.out_plan] if all(k == 2 for k, _ in self.out_plan) else None)
+        # a small call joins the batch (lazy submission); a large one is submitted at once, so
+        # that the GPU starts on it while the caller goes on
+        launches = [st for st in self.steps if isinstance(st, _Launch)]
+        self.batchable = (
+            not self.has_loops and int(config.get("batch_calls") or 0) > 0
+            and len(launches) <= BATCH_MAX_LAUNCHES
+            and sum(st.grid[0] * st.grid[1] * st.grid[2] for st in launches)
+            <= BATCH_MAX_WORKGROUPS)
 
     def run(self, inputs: Sequence[Optional[Array]]) -> list[Any]:
+        with self.rt.lock:  # recording into the batch is one thread at a time
+            return self._run(inputs)
+
+    def _run(self, inputs: Sequence[Optional[Array]]) -> list[Any]:
         # This is the whole per-call cost of a cached jitted call on top of wgpu's own: keep it
         # to list indexing and dict lookups (bench/host_overhead.py measures it).
         rt = self.rt
@@ -1100,20 +1192,32 @@ class GpuExecutable(_Steps):
         if self.destroyed != rt.destroyed:
             self._drop_bind_groups()
         if self.has_loops:
+            rt.flush()
             return self._run_loops(inputs, bufs, raws)
         rt.submitted += 1
         sub = rt.submitted
-        enc = rt.device.create_command_encoder()
+        clears = []
         for z in self.zeroed:
             b = self.pool.get(z)
             if b is None:
                 b = self.pool[z] = rt.buffer(self.pool_sizes[z])
-            enc.clear_buffer(b.raw)
-        ts = rt.timestamp_writes() if rt.profile else None
-        cpass = enc.begin_compute_pass(timestamp_writes=ts) if ts else enc.begin_compute_pass()
-        # fusec.profile(): each kernel in a pass of its own, between two timestamps
-        kq = rt.kernel_queries(len(self.steps)) if rt.kernel_profile is not None and \
-            "timestamp-query" in rt.info.features else None
+            clears.append(b.raw)
+        batched = self.batchable and not rt.profile and rt.kernel_profile is None
+        enc: Any = None
+        kq = None
+        if batched:
+            cpass = rt.batch_pass(clears)
+        else:
+            rt.flush()  # the calls recorded before this one go first
+            enc = rt.device.create_command_encoder()
+            for raw in clears:
+                enc.clear_buffer(raw)
+            ts = rt.timestamp_writes() if rt.profile else None
+            cpass = enc.begin_compute_pass(timestamp_writes=ts) if ts else \
+                enc.begin_compute_pass()
+            # fusec.profile(): each kernel in a pass of its own, between two timestamps
+            if rt.kernel_profile is not None and "timestamp-query" in rt.info.features:
+                kq = rt.kernel_queries(len(self.steps))
         timed: list[str] = []
         for st in self.steps:
             if type(st) is _Alias:
@@ -1147,6 +1251,14 @@ class GpuExecutable(_Steps):
             cpass.set_pipeline(st.pipeline)
             cpass.set_bind_group(0, bg)
             cpass.dispatch_workgroups(*st.grid)
+        if batched:
+            rt.batch_calls += 1
+            if rt.batch_calls >= BATCH_CALLS:
+                rt.flush()
+            fresh = self.out_fresh
+            if fresh is not None and not self.out_shared:
+                return [_device_array(shape, dtype, bufs[s], sub) for s, shape, dtype in fresh]
+            return self._outputs(inputs, bufs, sub)
         cpass.end()
         if rt.profile:
             rt.resolve_timestamps(enc)

@@ -1,0 +1,138 @@
+"""Lazy submission: small calls are recorded into one batch and submitted together (on a read, a
+wait, an upload, a large call, or every BATCH_CALLS calls). Results must be what one submit per
+call gives, whatever the buffers in flight."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+import fusec
+import fusec.numpy as fnp
+from fusec import runtime
+
+
+def _rt() -> runtime.Runtime:
+    rt = runtime.get_runtime()
+    assert rt is not None and not rt.info.is_cpu_fallback
+    return rt
+
+
+def test_a_loop_of_1000_calls_submits_once_per_batch(monkeypatch: object) -> None:
+    rt = _rt()
+    f = fusec.gpu_jit(lambda v: v + 1.0)
+    x = fusec.device_put(np.arange(1000, dtype=np.float32))
+    f(x).block_until_ready()  # compiled, nothing pending
+    submits = []
+    real = rt.device.queue.submit
+
+    class Spy:
+        def submit(self, bufs: list) -> None:  # type: ignore[type-arg]
+            submits.append(len(bufs))
+            real(bufs)
+
+    queue = rt.device.queue
+    orig = type(queue).submit
+    type(queue).submit = lambda self, b: Spy().submit(b)  # type: ignore[method-assign]
+    try:
+        flushes0 = rt.flushes
+        y = x
+        for _ in range(1000):
+            y = f(y)
+        assert rt.batch_calls == 1000 % runtime.BATCH_CALLS  # the rest is still recorded
+        out = np.asarray(y)  # the read submits it
+    finally:
+        type(queue).submit = orig  # type: ignore[method-assign]
+    batches = -(-1000 // runtime.BATCH_CALLS)
+    assert rt.flushes - flushes0 == batches
+    # one submit per batch, plus the read's own copy to the staging buffer
+    assert len(submits) == batches + 1 and all(n == 1 for n in submits)
+    # each call read the one before: exact integers in float32
+    np.testing.assert_array_equal(out, np.arange(1000) + 1000.0)
+
+
+def test_buffers_reused_while_in_flight_keep_every_result_right() -> None:
+    # results dropped at once go back to the pool and are rewritten by the next calls of the
+    # same batch; the ones kept must still hold their own values
+    _rt()
+    rng = np.random.default_rng(3)
+    f = fusec.gpu_jit(lambda a, b: fnp.tanh(a * b) + a)
+    g = fusec.gpu_jit(lambda a: a[::-1] * 2.0)
+    xs = [fusec.device_put(rng.standard_normal(333).astype(np.float32)) for _ in range(5)]
+    kept = []
+    for i in range(300):
+        a, b = xs[i % 5], xs[(i + 1) % 5]
+        y = f(a, b)
+        z = g(y)  # reads y, which is dropped right after: its buffer is reused below
+        if i % 37 == 0:
+            kept.append((i, z))
+    for i, z in kept:
+        a = np.asarray(xs[i % 5], np.float64)
+        b = np.asarray(xs[(i + 1) % 5], np.float64)
+        np.testing.assert_allclose(np.asarray(z), ((np.tanh(a * b) + a)[::-1] * 2.0),
+                                   rtol=1e-5, atol=1e-6)
+
+
+def test_donated_inputs_in_a_batch() -> None:
+    _rt()
+    step = fusec.gpu_jit(lambda p, g: p - 0.5 * g, donate_argnums=(0,))
+    g = fusec.device_put(np.arange(7, dtype=np.float32))
+    p = fusec.device_put(np.full(7, 100.0, np.float32))
+    for _ in range(150):
+        p = step(p, g)
+    np.testing.assert_allclose(np.asarray(p), 100.0 - 75.0 * np.arange(7), rtol=1e-6)
+
+
+def test_an_upload_goes_after_the_calls_recorded_before_it() -> None:
+    # host arrays are uploaded with queue.write_buffer, which would land before commands still
+    # in the batch: the batch is submitted first
+    _rt()
+    f = fusec.gpu_jit(lambda a: a + 1.0)
+    outs = []
+    for k in range(200):
+        outs.append(f(np.full(17, float(k), np.float32)))  # an upload per call
+        if k % 3:
+            outs.pop(0)  # free some results: their buffers get reused by later uploads
+    for o in outs:
+        v = np.asarray(o)
+        assert np.all(v == v[0])
+    assert float(np.asarray(outs[-1])[0]) == 200.0
+
+
+def test_calls_from_several_threads() -> None:
+    _rt()
+    f = fusec.gpu_jit(lambda a, s: a * s + 1.0)
+    errors: list[BaseException] = []
+
+    def worker(t: int) -> None:
+        try:
+            a = fusec.device_put(np.full(64 + t, float(t), np.float32))
+            for k in range(150):
+                y = f(a, np.float32(k))
+                if k % 50 == 49:
+                    np.testing.assert_array_equal(np.asarray(y), float(t) * k + 1.0)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors, errors
+
+
+def test_a_large_call_is_submitted_at_once() -> None:
+    rt = _rt()
+    big = fusec.gpu_jit(lambda a: a * 2.0)
+    x = fusec.device_put(np.ones(1 << 20, np.float32))
+    big(x).block_until_ready()
+    small = fusec.gpu_jit(lambda a: a + 1.0)
+    s = fusec.device_put(np.ones(8, np.float32))
+    small(s)
+    assert rt.batch_calls == 1
+    flushes = rt.flushes
+    y = big(x)  # too large for the batch: the batch (with the small call) and it go now
+    assert rt.batch_calls == 0 and rt.flushes == flushes + 1
+    np.testing.assert_array_equal(np.asarray(y)[:3], 2.0)
