@@ -850,3 +850,26 @@ def test_matmul_group_whose_first_root_is_elementwise() -> None:
     j = np.exp(a.astype(np.float64))
     np.testing.assert_allclose(np.asarray(got[0]), (b @ c) * j, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(np.asarray(got[1]), e @ j + d @ (d * j), rtol=1e-5, atol=1e-5)
+
+
+def test_a_kernel_never_reads_a_reshape_alias_of_its_own_output() -> None:
+    # found by hypothesis: merging h's elementwise work into the sum's kernel made that kernel
+    # read f, a reshape (kept outside kernels) of its own output d: a cycle between kernels
+    def program(x0):  # type: ignore[no-untyped-def]
+        v1 = fnp.sum(x0 > x0, axis=None)
+        v2 = fnp.reshape(v1, (1,))
+        v3 = fnp.reshape(v2, ())
+        return -v3 + v1, v2, v3
+
+    x = np.array([0.5, -1.0, 2.0], np.float32)
+    h, e, f = fusec.gpu_jit(program)(x)
+    assert int(np.asarray(h)) == 0 and np.asarray(e).tolist() == [0] and int(np.asarray(f)) == 0
+
+    def program2(x):  # type: ignore[no-untyped-def]
+        d = fnp.sum(x)
+        f = fnp.reshape(fnp.reshape(d, (1,)), ())
+        return f * 2.0 + d, f
+
+    h2, f2 = fusec.gpu_jit(program2)(x)
+    np.testing.assert_allclose(np.asarray(h2), 3 * x.sum(), rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(f2), x.sum(), rtol=1e-6)

@@ -398,6 +398,8 @@ class _Planner:
         kind = self.mergeable(a, b, by_var)
         if kind is None:
             return None
+        if _reads_own_alias(a, b, aliases, by_var):
+            return None
         ra, rb = _reads(a, by_var), _reads(b, by_var)
         # a path a -> other kernel -> b (or back) would become a cycle
         if _reaches([g for g in rb if g is not a], a, by_var) or _reaches(
@@ -435,6 +437,29 @@ def _reads(g: _Group, by_var: dict[int, _Group]) -> list[_Group]:
                 if src is not g:
                     found[id(src)] = src
     return list(found.values())
+
+
+def _reads_own_alias(a: _Group, b: _Group, aliases: list[Eqn],
+                     by_var: dict[int, _Group]) -> bool:
+    """Would the merge of ``a`` and ``b`` read a reshape alias (kept outside kernels) of one of
+    its own outputs? The kernel would then depend on itself through the alias: a cycle. (Found
+    by hypothesis: ``d = sum(x); f = reshape(reshape(d, (1,)), ()); h = -f + d``, all outputs.)"""
+    src = {id(e.out): e.inputs[0] for e in aliases}
+    if not src:
+        return False
+    for g in (a, b):
+        own = {id(o) for o in g.outs()}
+        for e in g.eqns.values():
+            for v in e.inputs:
+                if not isinstance(v, Var) or id(v) in own or id(v) not in src:
+                    continue
+                root = v
+                while id(root) in src and isinstance(src[id(root)], Var):
+                    root = src[id(root)]  # type: ignore[assignment]
+                maker = by_var.get(id(root))
+                if maker is a or maker is b:
+                    return True
+    return False
 
 
 def _reaches(starts: list[_Group], target: _Group, by_var: dict[int, _Group]) -> bool:
