@@ -36,6 +36,7 @@ def test_a_loop_of_1000_calls_submits_once_per_batch(monkeypatch: object) -> Non
     orig = type(queue).submit
     type(queue).submit = lambda self, b: Spy().submit(b)  # type: ignore[method-assign]
     try:
+        rt._poll_fn = lambda: False  # a GPU that stays busy: batches fill up
         flushes0 = rt.flushes
         y = x
         for _ in range(1000):
@@ -44,6 +45,7 @@ def test_a_loop_of_1000_calls_submits_once_per_batch(monkeypatch: object) -> Non
         out = np.asarray(y)  # the read submits it
     finally:
         type(queue).submit = orig  # type: ignore[method-assign]
+        rt._poll_fn = None
     batches = -(-1000 // runtime.BATCH_CALLS)
     assert rt.flushes - flushes0 == batches
     # one submit per batch, plus the read's own copy to the staging buffer
@@ -126,13 +128,31 @@ def test_calls_from_several_threads() -> None:
 def test_a_large_call_is_submitted_at_once() -> None:
     rt = _rt()
     big = fusec.gpu_jit(lambda a: a * 2.0)
-    x = fusec.device_put(np.ones(1 << 20, np.float32))
+    x = fusec.device_put(np.ones(1 << 24, np.float32))
     big(x).block_until_ready()
     small = fusec.gpu_jit(lambda a: a + 1.0)
     s = fusec.device_put(np.ones(8, np.float32))
-    small(s)
+    rt._poll_fn = lambda: False  # busy: the small call waits in the batch
+    try:
+        small(s)
+    finally:
+        rt._poll_fn = None
     assert rt.batch_calls == 1
     flushes = rt.flushes
     y = big(x)  # too large for the batch: the batch (with the small call) and it go now
     assert rt.batch_calls == 0 and rt.flushes == flushes + 1
     np.testing.assert_array_equal(np.asarray(y)[:3], 2.0)
+
+
+def test_an_idle_gpu_gets_a_small_call_at_once() -> None:
+    rt = _rt()
+    f = fusec.gpu_jit(lambda a: a - 1.0)
+    s = fusec.device_put(np.ones(8, np.float32))
+    f(s).block_until_ready()
+    rt._poll_fn = lambda: True
+    try:
+        y = f(s)
+    finally:
+        rt._poll_fn = None
+    assert rt.batch_calls == 0
+    np.testing.assert_array_equal(np.asarray(y), 0.0)
