@@ -110,7 +110,7 @@ class Runtime:
         self.batch_calls = 0
         self.flushes = 0  # batches submitted (tests count them)
         self._doomed: list[Any] = []  # buffers to destroy once the batch naming them is submitted
-        self._poll_fn: Any = None
+        self._batch_t0 = 0.0  # when the pending batch's first call began recording
         self.submitted = 0  # submission counter; arrays remember theirs
         self.completed = 0  # every submission up to this one has finished
         cache.register(self)
@@ -202,20 +202,11 @@ class Runtime:
             raw.destroy()
         self.destroyed += len(doomed)  # cached bind groups may name them: executables drop theirs
 
-    def gpu_idle(self) -> bool:
-        """Has the GPU finished everything submitted? (A non-blocking poll: about 0.5 us.)"""
-        if self._poll_fn is None:
-            from wgpu.backends.wgpu_native._ffi import ffi, lib
-
-            dev, null = self.device._internal, ffi.NULL
-            # (the low byte: wgpu-native returns a C bool where the header has a 32-bit one)
-            self._poll_fn = lambda: bool(lib.wgpuDevicePoll(dev, False, null) & 0xFF)
-        return bool(self._poll_fn())
-
     def batch_pass(self, clears: Sequence[Any]) -> Any:
         """The batch's open compute pass, with ``clears`` (buffers to zero) recorded before it."""
         if self._batch_enc is None:
             self._batch_enc = self.device.create_command_encoder()
+            self._batch_t0 = time.perf_counter()
         if clears:
             if self._batch_pass is not None:
                 self._batch_pass.end()
@@ -755,11 +746,13 @@ def while_chunk_max() -> int:
 
 # Lazy submission (see Runtime.flush): a call joins the batch when it has at most
 # BATCH_MAX_LAUNCHES kernels and BATCH_MAX_WORKGROUPS workgroups in all; the batch is submitted
-# when the GPU is idle after a call joins it, after BATCH_CALLS calls (FUSEC_BATCH_CALLS; 0 submits
-# every call at once), or earlier by a read, a wait, an upload, or a call that does not join it.
+# after a call that ends BATCH_SECONDS or more after the batch began, after BATCH_CALLS calls
+# (FUSEC_BATCH_CALLS; 0 submits every call at once), or earlier by a read, a wait, an upload, or a
+# call that does not join it.
 BATCH_CALLS = int(config.get("batch_calls") or 0)
 BATCH_MAX_LAUNCHES = 32
 BATCH_MAX_WORKGROUPS = 4096
+BATCH_SECONDS = 100e-6
 
 
 @dataclass(eq=False)
@@ -1264,9 +1257,11 @@ class GpuExecutable(_Steps):
             cpass.dispatch_workgroups(*st.grid)
         if batched:
             rt.batch_calls += 1
-            # an idle GPU gets the batch at once; a busy one gets it when it is done (seen at a
-            # later call) or when the batch is full
-            if rt.batch_calls >= BATCH_CALLS or rt.gpu_idle():
+            # submitted once it holds BATCH_SECONDS of recording: calls slower than that (a
+            # training step) go one by one, so the GPU starts on each at once; tiny ones share
+            # one submit among many
+            if rt.batch_calls >= BATCH_CALLS or \
+                    time.perf_counter() - rt._batch_t0 >= BATCH_SECONDS:
                 rt.flush()
             fresh = self.out_fresh
             if fresh is not None and not self.out_shared:

@@ -36,7 +36,8 @@ def test_a_loop_of_1000_calls_submits_once_per_batch(monkeypatch: object) -> Non
     orig = type(queue).submit
     type(queue).submit = lambda self, b: Spy().submit(b)  # type: ignore[method-assign]
     try:
-        rt._poll_fn = lambda: False  # a GPU that stays busy: batches fill up
+        monkey = runtime.BATCH_SECONDS
+        runtime.BATCH_SECONDS = 1e9  # only the call count closes a batch here
         flushes0 = rt.flushes
         y = x
         for _ in range(1000):
@@ -45,7 +46,7 @@ def test_a_loop_of_1000_calls_submits_once_per_batch(monkeypatch: object) -> Non
         out = np.asarray(y)  # the read submits it
     finally:
         type(queue).submit = orig  # type: ignore[method-assign]
-        rt._poll_fn = None
+        runtime.BATCH_SECONDS = monkey
     batches = -(-1000 // runtime.BATCH_CALLS)
     assert rt.flushes - flushes0 == batches
     # one submit per batch, plus the read's own copy to the staging buffer
@@ -132,11 +133,12 @@ def test_a_large_call_is_submitted_at_once() -> None:
     big(x).block_until_ready()
     small = fusec.gpu_jit(lambda a: a + 1.0)
     s = fusec.device_put(np.ones(8, np.float32))
-    rt._poll_fn = lambda: False  # busy: the small call waits in the batch
+    keep = runtime.BATCH_SECONDS
+    runtime.BATCH_SECONDS = 1e9  # the small call waits in the batch
     try:
         small(s)
     finally:
-        rt._poll_fn = None
+        runtime.BATCH_SECONDS = keep
     assert rt.batch_calls == 1
     flushes = rt.flushes
     y = big(x)  # too large for the batch: the batch (with the small call) and it go now
@@ -144,15 +146,16 @@ def test_a_large_call_is_submitted_at_once() -> None:
     np.testing.assert_array_equal(np.asarray(y)[:3], 2.0)
 
 
-def test_an_idle_gpu_gets_a_small_call_at_once() -> None:
+def test_a_call_slower_than_the_batch_window_is_submitted_at_once() -> None:
     rt = _rt()
     f = fusec.gpu_jit(lambda a: a - 1.0)
     s = fusec.device_put(np.ones(8, np.float32))
     f(s).block_until_ready()
-    rt._poll_fn = lambda: True
+    keep = runtime.BATCH_SECONDS
+    runtime.BATCH_SECONDS = 0.0  # every call is "slow": none waits in the batch
     try:
         y = f(s)
     finally:
-        rt._poll_fn = None
+        runtime.BATCH_SECONDS = keep
     assert rt.batch_calls == 0
     np.testing.assert_array_equal(np.asarray(y), 0.0)
