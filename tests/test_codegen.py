@@ -215,13 +215,17 @@ def test_large_reduction_and_matmul_grids(monkeypatch: pytest.MonkeyPatch):
         assert gx <= MAX_DIM and gy <= MAX_DIM and gz == 1, (target, k.grid)
         assert gx * gy * per_group >= 70000
         assert (gy > 1) == (per_group == 1)  # 70000 workgroups: a second grid dimension
-    # the 16x16 baseline (the cpu target's) needs 300 * 16 * 16 tiles: a second grid dimension
-    (mm,) = _kernel_eqns(lambda a, b: a @ b, S((300, 256, 16)), S((300, 16, 256)))
+    # the 16x16 baseline (products with fewer than 32 columns) needs 5000 * 16 tiles here: a
+    # second grid dimension
+    (mm,) = _kernel_eqns(lambda a, b: a @ b, S((5000, 256, 16)), S((5000, 16, 16)))
     gx, gy, gz = codegen.generate(mm, "cpu").grid
     assert gx <= MAX_DIM and gy <= MAX_DIM and gz == 1 and gy > 1
-    assert gx * gy >= 300 * 16 * 16
-    gx, gy, gz = codegen.generate(mm, "gpu").grid  # register-blocked: 128x128 tiles
-    assert gx <= MAX_DIM and gy <= MAX_DIM and gz == 1 and gx * gy >= 300 * 2 * 2
+    assert gx * gy >= 5000 * 16
+    # register-blocked tiles (both targets): 128x128 on a GPU
+    (mm,) = _kernel_eqns(lambda a, b: a @ b, S((300, 256, 16)), S((300, 16, 256)))
+    for target in ("gpu", "cpu"):
+        gx, gy, gz = codegen.generate(mm, target).grid
+        assert gx <= MAX_DIM and gy <= MAX_DIM and gz == 1 and gx * gy >= 300 * 2 * 2
 
 
 def test_large_grid_kernels_compile():
@@ -364,8 +368,8 @@ def test_two_functions_with_the_same_kernel_share_its_pipeline():
 
 def test_matmul_tile_choice(monkeypatch: pytest.MonkeyPatch) -> None:
     """The 128x128 tile from 128 such tiles on (batch included, whatever K), 128x64 for fewer
-    (from 64), 64x64 for fewer still or a side under 128; the 16x16 baseline on a software adapter
-    or under 32."""
+    (from 64), 64x64 for fewer still or a side under 128; the 16x16 baseline under 32 (or for a K
+    too long for a software adapter's loop budget)."""
     monkeypatch.setattr(codegen, "MATMUL_BLOCK", None)
     large, medium, small = codegen.MATMUL_LARGE, codegen.MATMUL_MEDIUM, codegen.MATMUL_SMALL
     assert codegen.matmul_config(4096, 4096, "gpu", 4096) == large
@@ -381,7 +385,10 @@ def test_matmul_tile_choice(monkeypatch: pytest.MonkeyPatch) -> None:
     assert codegen.matmul_config(896, 1000, "gpu", 1024) == small  # 7 x 8 = 56 tiles
     assert codegen.matmul_config(512, 512, "gpu", 4096) == small  # 16 tiles
     assert codegen.matmul_config(4096, 100, "gpu", 4096) == small
-    assert codegen.matmul_config(4096, 4096, "cpu", 4096) is None
+    # software adapters take the same tiles (5-12x faster there than the 16x16 baseline), unless
+    # the loop over K would pass their loop budget
+    assert codegen.matmul_config(4096, 4096, "cpu", 4096) == large
+    assert codegen.matmul_config(4096, 4096, "cpu", 16 * codegen.LOOP_BUDGET + 16) is None
     assert codegen.matmul_config(31, 4096, "gpu", 4096) is None
     monkeypatch.setattr(codegen, "MATMUL_BLOCK", (64, 128, 16, 4, 8))
     assert codegen.matmul_config(4096, 4096, "gpu", 4096) == (64, 128, 16, 4, 8)
