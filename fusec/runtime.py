@@ -892,6 +892,24 @@ class _Steps:
             elif isinstance(st, _LoopRun):
                 st.body.drop_bind_groups()
 
+    def _take_buffers(self, st: Any, bufs: list[Any], raws: list[Any]) -> None:
+        """Bind the buffers a step writes to its slots (as planned in ``st.alloc``)."""
+        rt = self.rt
+        for w, kind, arg in st.alloc:
+            if kind == 4:
+                continue  # bound by the loop running these steps
+            b: Any
+            if kind == 0:
+                b = rt.buffer_of_class(arg)
+            elif kind == 1:
+                b = self.pool.get(arg)
+                if b is None:
+                    b = self.pool[arg] = rt.buffer(self.pool_sizes[arg])
+            else:
+                b = bufs[arg]  # a donated input's buffer (2), or another slot's (3)
+            bufs[w] = b
+            raws[w] = b.raw
+
     def walk(self, bufs: list[Any], raws: list[Any], sink: Any) -> None:
         """Bind buffers to the slots step by step and hand each dispatch to ``sink`` (the
         pass being recorded, or a list that a loop replays)."""
@@ -901,20 +919,7 @@ class _Steps:
                 bufs[st.dst] = bufs[st.src]
                 raws[st.dst] = raws[st.src]
                 continue
-            for w, kind, arg in st.alloc:
-                if kind == 4:
-                    continue  # bound by the loop running these steps
-                b: Any
-                if kind == 0:
-                    b = rt.buffer_of_class(arg)
-                elif kind == 1:
-                    b = self.pool.get(arg)
-                    if b is None:
-                        b = self.pool[arg] = rt.buffer(self.pool_sizes[arg])
-                else:
-                    b = bufs[arg]  # a donated input's buffer (2), or another slot's (3)
-                bufs[w] = b
-                raws[w] = b.raw
+            self._take_buffers(st, bufs, raws)
             if type(st) is _LoopRun:
                 st.run(bufs, raws, sink)
                 continue
@@ -1228,17 +1233,7 @@ class GpuExecutable(_Steps):
                 bufs[st.dst] = bufs[st.src]
                 raws[st.dst] = raws[st.src]
                 continue
-            for w, kind, arg in st.alloc:
-                if kind == 0:
-                    b = rt.buffer_of_class(arg)
-                elif kind == 1:
-                    b = self.pool.get(arg)
-                    if b is None:
-                        b = self.pool[arg] = rt.buffer(self.pool_sizes[arg])
-                else:
-                    b = bufs[arg]  # a donated input's buffer (2), or another slot's (3)
-                bufs[w] = b
-                raws[w] = b.raw
+            self._take_buffers(st, bufs, raws)
             if st.grid[0] == 0:
                 continue
             bound = st.gather(raws)
