@@ -362,20 +362,23 @@ def grad(fun: Callable[..., Any], argnums: Argnums = 0,
     return _Transformed(fun, f"grad({fname})", traced, _norm_argnums(argnums)[0])
 
 
+def _by_argument(leaves: list[Any], per_arg: list[list[Tracer]], tds: list[Any]) -> list[Any]:
+    """One value per input leaf (in the tape's order) rebuilt into each argument's structure."""
+    out = []
+    pos = 0
+    for fresh, td in zip(per_arg, tds):
+        out.append(unflatten(td, leaves[pos:pos + len(fresh)]))
+        pos += len(fresh)
+    return out
+
+
 def _structure(cts: list[Any], per_arg: list[list[Tracer]], tds: list[Any]) -> list[Any]:
     """Cotangents per input leaf (None: zero) rebuilt into each argument's structure."""
     b = current_builder()
     assert b is not None
-    out = []
-    pos = 0
-    for fresh, td in zip(per_arg, tds):
-        leaves = []
-        for t in fresh:
-            c = cts[pos]
-            pos += 1
-            leaves.append(c if c is not None else ad_zeros(b, t.shape))
-        out.append(unflatten(td, leaves))
-    return out
+    flat = [t for fresh in per_arg for t in fresh]
+    return _by_argument([c if c is not None else ad_zeros(b, t.shape) for c, t in zip(cts, flat)],
+                        per_arg, tds)
 
 
 def vjp(fun: Callable[..., Any], *primals: Any, has_aux: bool = False) -> Any:
@@ -491,13 +494,8 @@ def jacrev(fun: Callable[..., Any], argnums: Argnums = 0) -> Callable[..., Any]:
             rows = vmap(row)(fnp.eye(out.size, dtype="float32"))
         else:
             rows = [ad_zeros(b, (0,) + tuple(x.shape)) for x in tape.inputs]
-        leaves = [fnp.reshape(r, tuple(out.shape) + tuple(x.shape))
-                  for r, x in zip(rows, tape.inputs)]
-        jac = []
-        pos = 0
-        for a, fresh in enumerate(per_arg):
-            jac.append(unflatten(tds[a], leaves[pos:pos + len(fresh)]))
-            pos += len(fresh)
+        jac = _by_argument([fnp.reshape(r, tuple(out.shape) + tuple(x.shape))
+                            for r, x in zip(rows, tape.inputs)], per_arg, tds)
         return jac[0] if single else tuple(jac)
 
     return _Transformed(fun, f"jacrev({fname})", traced, nums)
@@ -534,11 +532,7 @@ def jacfwd(fun: Callable[..., Any], argnums: Argnums = 0) -> Callable[..., Any]:
             else:
                 col = ad_zeros(b, tuple(out.shape) + (0,))
             cols.append(fnp.reshape(col, tuple(out.shape) + tuple(x.shape)))
-        jac = []
-        pos = 0
-        for a, fresh in enumerate(per_arg):
-            jac.append(unflatten(tds[a], cols[pos:pos + len(fresh)]))
-            pos += len(fresh)
+        jac = _by_argument(cols, per_arg, tds)
         return jac[0] if single else tuple(jac)
 
     return _Transformed(fun, f"jacfwd({fname})", traced, nums)
