@@ -12,10 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
-from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 
@@ -24,19 +20,10 @@ try:  # torch first: its compiler stack must load before fusec opens a Vulkan ad
 except Exception:  # noqa: BLE001 - optional
     torch = None
 
+from timing import median_wall  # noqa: E402  (bench/timing.py)
+
 import fusec  # noqa: E402
 import fusec.numpy as fnp  # noqa: E402
-
-
-def _median_wall(fn: Callable[[], Any], reps: int) -> float:
-    for _ in range(3):
-        fn()
-    ts = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return statistics.median(ts)
 
 
 def _inputs(rng: np.random.Generator) -> dict[str, tuple[np.ndarray, ...]]:
@@ -68,7 +55,7 @@ def main() -> None:
         row: dict[str, float] = {}
         f = fusec.gpu_jit(FUSEC[name])
         dev = [fusec.device_put(a) for a in host]
-        row["fusec"] = _median_wall(lambda: f(*dev).block_until_ready(), args.reps)
+        row["fusec"] = median_wall(lambda: f(*dev).block_until_ready(), args.reps)
         if torch is not None and torch.cuda.is_available():
             tdev = [torch.from_numpy(a.astype(np.int64) if a.dtype == np.int32 else a).cuda()
                     for a in host]
@@ -81,7 +68,7 @@ def main() -> None:
                 tfn(*tdev)
                 torch.cuda.synchronize()
 
-            row["torch_eager"] = _median_wall(torch_call, args.reps)
+            row["torch_eager"] = median_wall(torch_call, args.reps)
             del tdev
         try:
             import jax
@@ -93,7 +80,7 @@ def main() -> None:
                                "argmax": lambda x: jnp.argmax(x, axis=-1),
                                "sort": lambda x: jnp.sort(x)}[name])
                 jdev = [jax.device_put(a) for a in host]
-                row["jax_jit"] = _median_wall(lambda: jfn(*jdev).block_until_ready(), args.reps)
+                row["jax_jit"] = median_wall(lambda: jfn(*jdev).block_until_ready(), args.reps)
                 del jdev
         except Exception as exc:  # noqa: BLE001 - optional
             print(f"{name}: JAX skipped ({type(exc).__name__}: {exc})")

@@ -8,26 +8,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from timing import median_wall  # (bench/timing.py)
 
 import fusec
 import fusec.numpy as fnp
-
-
-def _median_wall(fn: Callable[[], Any], reps: int) -> float:
-    for _ in range(2):
-        fn()
-    ts = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return statistics.median(ts)
 
 
 def programs(np_: Any, lax: Any, trips: int) -> dict[str, Callable[..., Any]]:
@@ -80,13 +69,14 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.perf_counter()
             fusec.tree_util.tree_map(lambda t: t.block_until_ready(), jf(xd))
             row["fusec_first_call_s"] = time.perf_counter() - t0
-            row["fusec_ms"] = 1e3 * _median_wall(
-                lambda: fusec.tree_util.tree_map(lambda t: t.block_until_ready(), jf(xd)), a.reps)
+            row["fusec_ms"] = 1e3 * median_wall(
+                lambda: fusec.tree_util.tree_map(lambda t: t.block_until_ready(), jf(xd)),
+                a.reps, warmup=2)
             got = fusec.tree_util.tree_leaves(jf(xd))
             if jax is not None:
                 jj = jax.jit(jp[name])
-                row["jax_ms"] = 1e3 * _median_wall(
-                    lambda: jax.block_until_ready(jj(xj)), a.reps)
+                row["jax_ms"] = 1e3 * median_wall(
+                    lambda: jax.block_until_ready(jj(xj)), a.reps, warmup=2)
                 want = jax.tree_util.tree_leaves(jj(xj))
                 row["max_abs_diff_vs_jax"] = max(
                     float(np.max(np.abs(np.asarray(g, np.float64) - np.asarray(w, np.float64))))

@@ -11,7 +11,6 @@ import argparse
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "examples"))
 
 import minilm_encoder as ex  # noqa: E402
+from timing import median_wall  # noqa: E402  (bench/timing.py)
 
 
 class TorchNN:
@@ -58,16 +58,6 @@ class TorchNP:
     sqrt = staticmethod(torch.sqrt) if torch is not None else None
 
 
-def _median(fn: Any, reps: int) -> float:
-    fn()
-    ts = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return float(np.median(ts))
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch", type=int, default=24)
@@ -90,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
                 return ex.encode(TorchNP, TorchNN, tw, ti, tm, eps)
 
         res["torch_cpu_threads"] = torch.get_num_threads()
-        res["torch_cpu_s"] = _median(run_torch, a.reps)
+        res["torch_cpu_s"] = median_wall(run_torch, a.reps, warmup=1)
         want = ex.reference(w, ids, mask, eps)
         res["torch_max_abs_err_vs_float64"] = float(np.abs(run_torch().numpy() - want).max())
     import fusec
@@ -100,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     f = fusec.gpu_jit(lambda w, i, m: ex.encode(fnp, nn, w, i, m, eps))
     wd = {k: fusec.device_put(v) for k, v in w.items()}
     res["fusec_device"] = str(fusec.default_device())
-    res["fusec_default_s"] = _median(lambda: np.asarray(f(wd, ids, mask)), a.reps)
+    res["fusec_default_s"] = median_wall(lambda: np.asarray(f(wd, ids, mask)), a.reps, warmup=1)
     out = subprocess.run([sys.executable, str(ROOT / "examples" / "minilm_encoder.py"),
                           "--batch", str(a.batch), "--seq", str(a.seq), "--reps", str(a.reps),
                           "--backend", "cpu"], capture_output=True, text=True, check=True)

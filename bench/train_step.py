@@ -24,7 +24,6 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -33,6 +32,8 @@ try:  # torch first: its compiler stack must load before fusec opens a Vulkan ad
     import torch
 except Exception:  # noqa: BLE001 - optional
     torch = None
+
+from timing import median_wall  # noqa: E402  (bench/timing.py)
 
 import fusec  # noqa: E402
 import fusec.numpy as fnp  # noqa: E402
@@ -53,17 +54,6 @@ def make_inputs(seq: int, d: int, ffn: int, seed: int = 0) -> tuple[np.ndarray, 
               "g2": g.copy(), "w_gate": w(d, d, ffn), "w_up": w(d, d, ffn),
               "w_down": w(ffn, ffn, d)}
     return x, params
-
-
-def _median_wall(fn: Callable[[], Any], reps: int) -> float:
-    for _ in range(3):
-        fn()
-    ts = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return statistics.median(ts)
 
 
 LR = 1e-3
@@ -171,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         v, g = step(p_dev, x_dev)
         g["w_down"].block_until_ready()
 
-    res["fusec_ms"] = 1e3 * _median_wall(run_fusec, a.reps)
+    res["fusec_ms"] = 1e3 * median_wall(run_fusec, a.reps)
     tstep = fusec_train_step(a.heads)
     state = {"p": {k: fusec.device_put(v) for k, v in p_np.items()}, "v": None}
 
@@ -190,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     def call_only() -> None:
         held[:] = [step(p_dev, x_dev)]
 
-    res["fusec_host_call_ms"] = 1e3 * _median_wall(call_only, a.reps)
+    res["fusec_host_call_ms"] = 1e3 * median_wall(call_only, a.reps)
     held[-1][1]["w_down"].block_until_ready()
     held.clear()
     if rt is not None and "timestamp-query" in rt.info.features:
@@ -202,12 +192,9 @@ def main(argv: list[str] | None = None) -> int:
         rt.profile = False
         res["fusec_gpu_pass_ms"] = statistics.median(gpu)
     if a.profile:
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        from kernel_profile import kernel_times, report
-
-        rows = kernel_times(step, p_dev, x_dev)
-        res["fusec_gpu_ms_by_kernel_sum"] = sum(r[2] for r in rows) / 1e3
-        print(report(rows))
+        with fusec.profile() as prof:  # each kernel's GPU time, printed as a table
+            run_fusec()
+        res["fusec_gpu_ms_by_kernel_sum"] = sum(r[2] for r in prof.rows) / 1e3
     v, g = step(p_dev, x_dev)
     grads["fusec"] = (float(np.asarray(v)), {k: np.asarray(t) for k, t in g.items()})
 
@@ -235,9 +222,9 @@ def main(argv: list[str] | None = None) -> int:
         # TF32 (as torch's TF32 switch would); the fusec figure is compared with "highest"
         with jax.default_matmul_precision("highest"):
             jstep = jax.jit(jax.value_and_grad(jloss))
-            res["jax_ms"] = 1e3 * _median_wall(run_jax, a.reps)
+            res["jax_ms"] = 1e3 * median_wall(run_jax, a.reps)
         jstep_tf32 = jax.jit(jax.value_and_grad(jloss))
-        res["jax_default_precision_ms"] = 1e3 * _median_wall(
+        res["jax_default_precision_ms"] = 1e3 * median_wall(
             lambda: jax.block_until_ready(jstep_tf32(pj, xj)), a.reps)
         with jax.default_matmul_precision("highest"):
             v, g = jstep(pj, xj)
@@ -277,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
             tstep()
             torch.cuda.synchronize()
 
-        res["torch_eager_ms"] = 1e3 * _median_wall(run_torch, a.reps)
+        res["torch_eager_ms"] = 1e3 * median_wall(run_torch, a.reps)
         tp = {k: torch.from_numpy(v).cuda().requires_grad_(True) for k, v in p_np.items()}
 
         def torch_once() -> None:
