@@ -1175,7 +1175,7 @@ class GpuExecutable(_Steps):
         # that the GPU starts on it while the caller goes on
         launches = [st for st in self.steps if isinstance(st, _Launch)]
         self.batchable = (
-            not self.has_loops and int(config.get("batch_calls") or 0) > 0
+            not self.has_loops and BATCH_CALLS > 0
             and len(launches) <= BATCH_MAX_LAUNCHES
             and sum(st.grid[0] * st.grid[1] * st.grid[2] for st in launches)
             <= BATCH_MAX_WORKGROUPS)
