@@ -38,9 +38,11 @@ _ENV = {
     "retrace_warn": ("FUSEC_RETRACE_WARN", 10),
     "shader_checks": ("FUSEC_SHADER_CHECKS", 0),
     "strict_dtypes": ("FUSEC_STRICT_DTYPES", 0),
-    # how a readback waits for the GPU: "poll" (the calling thread blocks in wgpu-native's
-    # poll) or "thread" (wgpu-py's map_sync, through its poller thread)
-    "wait": ("FUSEC_WAIT", "poll"),
+    # how a wait or readback waits for the GPU: "spin" (the calling thread polls wgpu-native
+    # without blocking, up to FUSEC_SPIN_US microseconds, then blocks), "poll" (it blocks in
+    # wgpu-native's poll at once) or "thread" (wgpu-py's map_sync, through its poller thread)
+    "wait": ("FUSEC_WAIT", "spin"),
+    "spin_us": ("FUSEC_SPIN_US", 2000),
     # lazy submission: small calls submitted together, this many at most (0: each call at once)
     "batch_calls": ("FUSEC_BATCH_CALLS", 64),
     # dispatches encoded before the first submit of a call with many kernels (0: one submit):

@@ -31,6 +31,18 @@ _TYPE_RANK = {"DiscreteGPU": 0, "IntegratedGPU": 1, "VirtualGPU": 2, "CPU": 3}
 _BACKEND_RANK = {"Vulkan": 0, "Metal": 0, "D3D12": 1, "OpenGL": 2}
 
 
+def _native_poll() -> Optional[tuple[Any, Any]]:
+    """wgpu-native's ``wgpuDevicePoll`` and NULL, called without wgpu-py's wrapper: the spin
+    wait calls it in a tight loop (None where this wgpu-py does not expose it; waits block)."""
+    try:
+        from wgpu.backends.wgpu_native._api import ffi, lib
+
+        return lib.wgpuDevicePoll, ffi.NULL
+    except Exception:  # noqa: BLE001 - another backend or a changed wgpu-py: block instead
+        return None
+
+
+
 @dataclass
 class DeviceInfo:
     """What ``fusec.default_device()`` reports."""
@@ -77,6 +89,7 @@ class Runtime:
         self.adapter = adapter
         feats = [f for f in ("timestamp-query",) if f in adapter.features]
         self.device = adapter.request_device_sync(required_features=feats)
+        self._poll = _native_poll()
         info = adapter.info
         self.info = DeviceInfo(
             backend=str(info["backend_type"]),
@@ -107,6 +120,7 @@ class Runtime:
         self.lock = threading.RLock()
         self._batch_enc: Any = None
         self._batch_pass: Any = None
+        self._spare: Any = None  # a command encoder made while waiting (new_encoder)
         self.batch_calls = 0
         self.flushes = 0  # batches submitted (tests count them)
         self._doomed: list[Any] = []  # buffers to destroy once the batch naming them is submitted
@@ -202,10 +216,18 @@ class Runtime:
             raw.destroy()
         self.destroyed += len(doomed)  # cached bind groups may name them: executables drop theirs
 
+    def new_encoder(self) -> Any:
+        """A command encoder: the spare one made while the host last waited, or a new one."""
+        enc = self._spare
+        if enc is None:
+            return self.device.create_command_encoder()
+        self._spare = None
+        return enc
+
     def batch_pass(self, clears: Sequence[Any]) -> Any:
         """The batch's open compute pass, with ``clears`` (buffers to zero) recorded before it."""
         if self._batch_enc is None:
-            self._batch_enc = self.device.create_command_encoder()
+            self._batch_enc = self.new_encoder()
             self._batch_t0 = time.perf_counter()
         if clears:
             if self._batch_pass is not None:
@@ -217,18 +239,33 @@ class Runtime:
             self._batch_pass = self._batch_enc.begin_compute_pass()
         return self._batch_pass
 
+    def take_batch(self) -> Any:
+        """The batch's encoder with its pass ended, for a copy to ride on the batch's submit (a
+        read or a copy after the calls recorded); a fresh encoder when no batch is open. The
+        caller submits it and then calls :meth:`submitted_batch`."""
+        with self.lock:
+            enc = self._batch_enc
+            if enc is None:
+                return self.new_encoder()
+            if self._batch_pass is not None:
+                self._batch_pass.end()
+            self._batch_enc = self._batch_pass = None
+            self.batch_calls = 0
+            self.flushes += 1
+            return enc
+
+    def submitted_batch(self) -> None:
+        """After the submit of an encoder from :meth:`take_batch`: buffers released while it
+        was recorded can go now."""
+        if self._doomed:
+            self._destroy_doomed()
+
     def flush(self) -> None:
         """Submit the calls recorded in the batch (lazy submission); nothing if none is."""
         with self.lock:
             if self._batch_enc is not None:
-                if self._batch_pass is not None:
-                    self._batch_pass.end()
-                self.device.queue.submit([self._batch_enc.finish()])
-                self._batch_enc = self._batch_pass = None
-                self.batch_calls = 0
-                self.flushes += 1
-            if self._doomed:
-                self._destroy_doomed()
+                self.device.queue.submit([self.take_batch().finish()])
+            self.submitted_batch()
 
     def upload(self, data: np.ndarray) -> DeviceBuffer:
         with self.lock:
@@ -263,11 +300,12 @@ class Runtime:
     def _read(self, buffer: Any, nbytes: int) -> bytes:
         if isinstance(buffer, DeviceBuffer):
             buffer = buffer.raw
-        self.flush()
         stage = self._staging_buffer(nbytes)
-        enc = self.device.create_command_encoder()
+        # the copy rides on the batch's submit (one submit, not two)
+        enc = self.take_batch()
         enc.copy_buffer_to_buffer(buffer, 0, stage, 0, max(4, nbytes))
         self.device.queue.submit([enc.finish()])
+        self.submitted_batch()
         self.submitted += 1
         self._map_read(stage, max(4, nbytes))
         try:
@@ -283,14 +321,39 @@ class Runtime:
 
         wgpu-py's ``map_sync`` first submits an empty command buffer, then waits on an event that
         its poller thread sets after its own blocking poll: two thread hand-offs under the GIL.
-        Here the calling thread blocks in wgpu-native's poll itself (FUSEC_WAIT=thread: the
-        wgpu-py way, for comparison)."""
+        Here the calling thread waits in wgpu-native's poll itself (:meth:`wait_idle`;
+        FUSEC_WAIT=thread: the wgpu-py way, for comparison)."""
         if config.get("wait") == "thread":
             stage.map_sync(self.wgpu.MapMode.READ, 0, nbytes)
             return
         promise = stage.map_async("READ_NOSYNC", 0, nbytes)
-        self.device._poll_wait()  # returns when the queue is idle; the map callback has run
+        self.wait_idle()  # the queue is idle: the map callback has run
         promise.sync_wait()
+
+    def wait_idle(self) -> None:
+        """Return once the queue has no work left.
+
+        FUSEC_WAIT=spin (the default): poll wgpu-native without blocking until the queue is
+        empty, for up to FUSEC_SPIN_US, then block. A blocking poll sleeps on the driver's fence
+        and wakes late: on the H100 an empty submit's wait took 36.6 us blocking against about 10
+        spinning, and a tiny call's round trip 114 us against 73 (bench/round_trip_floor.py).
+        The cap bounds the CPU a long wait burns; past it the late wake-up costs under 2%."""
+        if config.get("wait") == "spin" and self._poll is not None:
+            raw = self.device._internal
+            poll, null = self._poll
+            if poll(raw, False, null):
+                return
+            if self._spare is None and self._batch_enc is None:
+                # the GPU is busy: make the next call's encoder now, not after the wait (on
+                # the H100 a new encoder takes about 12 us of the host's time)
+                self._spare = self.device.create_command_encoder()
+            deadline = time.perf_counter() + 1e-6 * int(config.get("spin_us"))
+            while not poll(raw, False, null):
+                if time.perf_counter() > deadline:
+                    break
+            else:
+                return
+        self.device._poll_wait()
 
     def timestamp_writes(self) -> Optional[dict[str, Any]]:
         if not self.profile or "timestamp-query" not in self.info.features:
@@ -326,14 +389,14 @@ class Runtime:
         return int(t1) - int(t0)
 
     def sync(self) -> None:
-        """Wait for every submitted command: the calling thread blocks in wgpu-native's poll,
-        which returns once the queue is idle (FUSEC_WAIT=thread: a mapped read through wgpu-py's
-        poller thread; its on_submitted_work_done is unusable)."""
+        """Wait for every submitted command: the calling thread waits in wgpu-native's poll
+        until the queue is idle (:meth:`wait_idle`; FUSEC_WAIT=thread: a mapped read through
+        wgpu-py's poller thread; its on_submitted_work_done is unusable)."""
         if self.completed >= self.submitted:
             return
         self.flush()
         if config.get("wait") != "thread":
-            self.device._poll_wait()
+            self.wait_idle()
             self.completed = self.submitted
             return
         if self._sync_src is None:
@@ -512,10 +575,11 @@ class Array:
         src = self.device_buffer(rt)
         nbytes = max(4, self.nbytes)
         dst = rt.buffer(nbytes)
-        rt.flush()  # the copy must follow the calls that wrote the source
-        enc = rt.device.create_command_encoder()
+        # the copy follows the calls that wrote the source, on the batch's submit
+        enc = rt.take_batch()
         enc.copy_buffer_to_buffer(src.raw, 0, dst.raw, 0, nbytes)
         rt.device.queue.submit([enc.finish()])
+        rt.submitted_batch()
         rt.submitted += 1
         return Array(self._shape, self._dtype, buffer=dst, submission=rt.submitted)
 
@@ -958,7 +1022,7 @@ class _Recorder:
 
     def __init__(self, rt: Runtime, zeroed: Sequence[Any], timestamps: Any = None) -> None:
         self.rt = rt
-        self.enc = rt.device.create_command_encoder()
+        self.enc = rt.new_encoder()
         for b in zeroed:
             self.enc.clear_buffer(b)
         self.cpass = (self.enc.begin_compute_pass(timestamp_writes=timestamps) if timestamps
@@ -1000,7 +1064,7 @@ class _Recorder:
             stage.unmap()
         rt.completed = rt.submitted
         cache.STATS.readbacks += 1
-        self.enc = rt.device.create_command_encoder()
+        self.enc = rt.new_encoder()
         self.cpass = self.enc.begin_compute_pass()
         self.last = None
         return flag
@@ -1217,8 +1281,7 @@ class GpuExecutable(_Steps):
         if batched:
             cpass = rt.batch_pass(clears)
         else:
-            rt.flush()  # the calls recorded before this one go first
-            enc = rt.device.create_command_encoder()
+            enc = rt.take_batch()  # the calls recorded before this one go first
             for raw in clears:
                 enc.clear_buffer(raw)
             ts = rt.timestamp_writes() if rt.profile else None
@@ -1268,6 +1331,7 @@ class GpuExecutable(_Steps):
         if kq is not None and timed:
             enc.resolve_query_set(kq[0], 0, 2 * len(timed), kq[1], 0)
         rt.device.queue.submit([enc.finish()])
+        rt.submitted_batch()
         if kq is not None and timed and rt.kernel_profile is not None:
             t = np.frombuffer(rt.read(kq[1], 16 * len(timed)), dtype=np.uint64).astype(np.int64)
             cache.STATS.readbacks -= 1  # the profiler's, not the user's

@@ -1,0 +1,162 @@
+"""Where a tiny call's round trip goes (issue 18): fusec's call split into recording and the wait,
+against the floor of wgpu-native on this machine (an empty command buffer submitted and waited
+for; one dispatch of the same kernel, recorded by hand) and JAX's round trip, side by side.
+
+    python bench/round_trip_floor.py [--reps 3000] [--out r.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+import fusec
+from fusec import runtime
+
+
+def _median_us(fn: Callable[[], Any], reps: int) -> float:
+    for _ in range(50):
+        fn()
+    ts = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t)
+    return 1e6 * statistics.median(ts)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--reps", type=int, default=3000)
+    ap.add_argument("--out", default="")
+    a = ap.parse_args(argv)
+    x = np.random.default_rng(0).standard_normal(1024).astype(np.float32)
+    f = fusec.gpu_jit(lambda v: (v * 2.0 + 1.0) * v)
+    xd = fusec.device_put(x)
+    f(xd).block_until_ready()
+    rt = runtime.get_runtime()
+    assert rt is not None
+    dev = rt.device
+    res: dict[str, Any] = {"device": str(fusec.default_device())}
+    res["fusec_round_trip_us"] = _median_us(lambda: f(xd).block_until_ready(), a.reps)
+
+    held: list[Any] = [None]
+    rec, wait = [], []
+    for _ in range(a.reps):
+        t0 = time.perf_counter()
+        held[0] = f(xd)
+        t1 = time.perf_counter()
+        held[0].block_until_ready()
+        t2 = time.perf_counter()
+        rec.append(t1 - t0)
+        wait.append(t2 - t1)
+    res["fusec_record_us"] = 1e6 * statistics.median(rec)
+    res["fusec_flush_and_wait_us"] = 1e6 * statistics.median(wait)
+
+    def empty() -> None:
+        enc = dev.create_command_encoder()
+        enc.begin_compute_pass().end()
+        dev.queue.submit([enc.finish()])
+        dev._poll_wait()
+
+    res["empty_submit_wait_us"] = _median_us(empty, a.reps)
+
+    def submit_only() -> None:
+        enc = dev.create_command_encoder()
+        enc.begin_compute_pass().end()
+        dev.queue.submit([enc.finish()])
+
+    res["empty_submit_no_wait_us"] = _median_us(submit_only, a.reps)
+    dev._poll_wait()
+    res["poll_idle_us"] = _median_us(dev._poll_wait, a.reps)
+
+    # one dispatch of fusec's kernel, by hand, into a fresh output buffer kept across calls
+    pipe, layout = next(iter(rt.pipelines.values()))
+    out = dev.create_buffer(size=4096, usage=runtime.STORAGE_USAGE
+                            if hasattr(runtime, "STORAGE_USAGE") else 0x80 | 0x4 | 0x8)
+    bg = dev.create_bind_group(layout=layout, entries=[
+        {"binding": 0, "resource": {"buffer": xd._buffer.raw, "offset": 0, "size": 4096}},
+        {"binding": 1, "resource": {"buffer": out, "offset": 0, "size": 4096}}])
+
+    def one_dispatch() -> None:
+        enc = dev.create_command_encoder()
+        p = enc.begin_compute_pass()
+        p.set_pipeline(pipe)
+        p.set_bind_group(0, bg)
+        p.dispatch_workgroups(4)
+        p.end()
+        dev.queue.submit([enc.finish()])
+        dev._poll_wait()
+
+    try:
+        res["hand_dispatch_submit_wait_us"] = _median_us(one_dispatch, a.reps)
+    except Exception as exc:  # noqa: BLE001 - the layout may differ; report, do not fail
+        res["hand_dispatch_error"] = repr(exc)
+    # each step of an empty submit on its own (medians over reps)
+    steps: dict[str, list[float]] = {k: [] for k in ("encoder", "begin_pass", "end_pass", "finish",
+                                                     "submit", "poll_wait")}
+    for _ in range(a.reps):
+        t0 = time.perf_counter()
+        enc = dev.create_command_encoder()
+        t1 = time.perf_counter()
+        cp = enc.begin_compute_pass()
+        t2 = time.perf_counter()
+        cp.end()
+        t3 = time.perf_counter()
+        cb = enc.finish()
+        t4 = time.perf_counter()
+        dev.queue.submit([cb])
+        t5 = time.perf_counter()
+        dev._poll_wait()
+        t6 = time.perf_counter()
+        for k, dt in zip(steps, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4, t6 - t5)):
+            steps[k].append(dt)
+    res["empty_steps_us"] = {k: 1e6 * statistics.median(v) for k, v in steps.items()}
+
+    # the wait by spinning on the non-blocking poll (it returns whether the queue is empty)
+    from wgpu.backends.wgpu_native._api import ffi, lib
+
+    raw_dev = dev._internal
+
+    def spin_wait() -> None:
+        while not lib.wgpuDevicePoll(raw_dev, False, ffi.NULL):
+            pass
+
+    def empty_spin() -> None:
+        enc = dev.create_command_encoder()
+        enc.begin_compute_pass().end()
+        dev.queue.submit([enc.finish()])
+        spin_wait()
+
+    res["empty_submit_spin_us"] = _median_us(empty_spin, a.reps)
+
+    def fusec_spin() -> None:
+        f(xd)
+        rt.flush()
+        spin_wait()
+
+    res["fusec_call_flush_spin_us"] = _median_us(fusec_spin, a.reps)
+    try:
+        import jax
+
+        jf = jax.jit(lambda v: (v * 2.0 + 1.0) * v)
+        xj = jax.device_put(x)
+        res["jax_round_trip_us"] = _median_us(lambda: jf(xj).block_until_ready(), a.reps)
+        res["jax_dispatch_only_us"] = _median_us(lambda: jf(xj), a.reps)
+    except Exception as exc:  # noqa: BLE001 - optional reference
+        res["jax_error"] = repr(exc)
+    print(json.dumps(res, indent=1))
+    if a.out:
+        with open(a.out, "w") as fh:
+            json.dump(res, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
