@@ -44,6 +44,24 @@ def main(argv: list[str] | None = None) -> int:
     assert rt is not None
     dev = rt.device
     res: dict[str, Any] = {"device": str(fusec.default_device())}
+    # the wait's variants, interleaved in rounds: spin + the next batch opened while waiting
+    # (the default), spin alone, and the blocking poll
+    variants = {"default": ("spin", True), "spin_no_preopen": ("spin", False),
+                "blocking_poll": ("poll", False)}
+    trips: dict[str, list[float]] = {k: [] for k in variants}
+    for _ in range(10):
+        for k, (wait_mode, preopen) in variants.items():
+            fusec.config.set("wait", wait_mode)
+            runtime.PREOPEN_BATCH = preopen
+            for _ in range(20):
+                f(xd).block_until_ready()
+            for _ in range(max(1, a.reps // 10)):
+                t = time.perf_counter()
+                f(xd).block_until_ready()
+                trips[k].append(time.perf_counter() - t)
+    fusec.config.set("wait", "spin")
+    runtime.PREOPEN_BATCH = True
+    res["variants_round_trip_us"] = {k: 1e6 * statistics.median(v) for k, v in trips.items()}
     res["fusec_round_trip_us"] = _median_us(lambda: f(xd).block_until_ready(), a.reps)
 
     held: list[Any] = [None]

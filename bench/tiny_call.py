@@ -1,6 +1,7 @@
 """The tiny call of issue 18: three elementwise ops on 1024 floats already on the device. Wall
 clock of one call and its wait (round trip), and per call of back-to-back calls (``--burst``
-calls, then one wait), with fusec, JAX jit and torch eager side by side.
+calls, then one wait), with fusec, JAX jit and torch eager side by side: interleaved in rounds,
+medians.
 
     python bench/tiny_call.py [--reps 2000] [--burst 200] [--out r.json]
 """
@@ -24,27 +25,41 @@ except Exception:  # noqa: BLE001 - optional
 import fusec  # noqa: E402
 
 
-def _round_trip(call: Callable[[], Any], wait: Callable[[Any], Any], reps: int) -> float:
-    for _ in range(20):
-        wait(call())
+def _round_trips(call: Callable[[], Any], wait: Callable[[Any], Any], n: int) -> list[float]:
     ts = []
-    for _ in range(reps):
+    for _ in range(n):
         t = time.perf_counter()
         wait(call())
         ts.append(time.perf_counter() - t)
-    return statistics.median(ts)
+    return ts
 
 
-def _burst(call: Callable[[], Any], wait: Callable[[Any], Any], burst: int, reps: int) -> float:
+def _burst(call: Callable[[], Any], wait: Callable[[Any], Any], burst: int) -> float:
     wait(call())
-    ts = []
-    for _ in range(max(3, reps // burst)):
-        t = time.perf_counter()
-        for _ in range(burst):
-            r = call()
-        wait(r)
-        ts.append((time.perf_counter() - t) / burst)
-    return statistics.median(ts)
+    t = time.perf_counter()
+    for _ in range(burst):
+        r = call()
+    wait(r)
+    return (time.perf_counter() - t) / burst
+
+
+def _side_by_side(impls: dict[str, tuple[Callable[[], Any], Callable[[Any], Any]]], reps: int,
+                  burst: int, blocks: int = 10) -> dict[str, float]:
+    """Round trips and bursts of every implementation, interleaved in ``blocks`` rounds (the
+    machine's state drifts: each gets its share of every phase); medians in microseconds."""
+    trips: dict[str, list[float]] = {k: [] for k in impls}
+    bursts: dict[str, list[float]] = {k: [] for k in impls}
+    for call, wait in impls.values():
+        _round_trips(call, wait, 50)  # warm-up
+    for _ in range(blocks):
+        for k, (call, wait) in impls.items():
+            trips[k] += _round_trips(call, wait, max(1, reps // blocks))
+            bursts[k] += [_burst(call, wait, burst) for _ in range(3)]
+    res = {}
+    for k in impls:
+        res[f"{k}_round_trip_us"] = 1e6 * statistics.median(trips[k])
+        res[f"{k}_burst_us_per_call"] = 1e6 * statistics.median(bursts[k])
+    return res
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -58,27 +73,21 @@ def main(argv: list[str] | None = None) -> int:
 
     f = fusec.gpu_jit(lambda v: (v * 2.0 + 1.0) * v)
     xd = fusec.device_put(x)
-    wait_f = lambda r: r.block_until_ready()  # noqa: E731
-    res["fusec_round_trip_us"] = 1e6 * _round_trip(lambda: f(xd), wait_f, a.reps)
-    res["fusec_burst_us_per_call"] = 1e6 * _burst(lambda: f(xd), wait_f, a.burst, a.reps)
+    impls: dict[str, tuple[Callable[[], Any], Callable[[Any], Any]]] = {
+        "fusec": (lambda: f(xd), lambda r: r.block_until_ready())}
     try:
         import jax
 
         jf = jax.jit(lambda v: (v * 2.0 + 1.0) * v)
         xj = jax.device_put(x)
-        res["jax_round_trip_us"] = 1e6 * _round_trip(lambda: jf(xj), jax.block_until_ready,
-                                                     a.reps)
-        res["jax_burst_us_per_call"] = 1e6 * _burst(lambda: jf(xj), jax.block_until_ready,
-                                                    a.burst, a.reps)
+        impls["jax"] = (lambda: jf(xj), jax.block_until_ready)
+        res["jax_platform"] = xj.devices().pop().platform
     except Exception as exc:  # noqa: BLE001 - optional reference
         res["jax_error"] = repr(exc)
     if torch is not None and torch.cuda.is_available():
         xt = torch.from_numpy(x).cuda()
-        sync = lambda r: torch.cuda.synchronize()  # noqa: E731
-        res["torch_round_trip_us"] = 1e6 * _round_trip(lambda: (xt * 2.0 + 1.0) * xt, sync,
-                                                       a.reps)
-        res["torch_burst_us_per_call"] = 1e6 * _burst(lambda: (xt * 2.0 + 1.0) * xt, sync,
-                                                      a.burst, a.reps)
+        impls["torch"] = (lambda: (xt * 2.0 + 1.0) * xt, lambda r: torch.cuda.synchronize())
+    res.update(_side_by_side(impls, a.reps, a.burst))
     print(json.dumps(res, indent=1))
     if a.out:
         with open(a.out, "w") as fh:

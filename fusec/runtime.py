@@ -120,7 +120,7 @@ class Runtime:
         self.lock = threading.RLock()
         self._batch_enc: Any = None
         self._batch_pass: Any = None
-        self._spare: Any = None  # a command encoder made while waiting (new_encoder)
+        self._batch_dirty = False  # whether the open batch has anything recorded
         self.batch_calls = 0
         self.flushes = 0  # batches submitted (tests count them)
         self._doomed: list[Any] = []  # buffers to destroy once the batch naming them is submitted
@@ -216,18 +216,12 @@ class Runtime:
             raw.destroy()
         self.destroyed += len(doomed)  # cached bind groups may name them: executables drop theirs
 
-    def new_encoder(self) -> Any:
-        """A command encoder: the spare one made while the host last waited, or a new one."""
-        enc = self._spare
-        if enc is None:
-            return self.device.create_command_encoder()
-        self._spare = None
-        return enc
-
     def batch_pass(self, clears: Sequence[Any]) -> Any:
         """The batch's open compute pass, with ``clears`` (buffers to zero) recorded before it."""
         if self._batch_enc is None:
-            self._batch_enc = self.new_encoder()
+            self._batch_enc = self.device.create_command_encoder()
+        if not self._batch_dirty:
+            self._batch_dirty = True
             self._batch_t0 = time.perf_counter()
         if clears:
             if self._batch_pass is not None:
@@ -239,6 +233,13 @@ class Runtime:
             self._batch_pass = self._batch_enc.begin_compute_pass()
         return self._batch_pass
 
+    def _close_batch(self) -> None:
+        if self._batch_dirty:
+            self.flushes += 1
+        self._batch_enc = self._batch_pass = None
+        self._batch_dirty = False
+        self.batch_calls = 0
+
     def take_batch(self) -> Any:
         """The batch's encoder with its pass ended, for a copy to ride on the batch's submit (a
         read or a copy after the calls recorded); a fresh encoder when no batch is open. The
@@ -246,13 +247,23 @@ class Runtime:
         with self.lock:
             enc = self._batch_enc
             if enc is None:
-                return self.new_encoder()
+                return self.device.create_command_encoder()
             if self._batch_pass is not None:
                 self._batch_pass.end()
-            self._batch_enc = self._batch_pass = None
-            self.batch_calls = 0
-            self.flushes += 1
+            self._close_batch()
             return enc
+
+    def take_pass(self) -> tuple[Any, Any]:
+        """A command encoder and an open compute pass for a call of its own: the batch's when
+        nothing is recorded in it yet (one opened while the host waited), else after it."""
+        with self.lock:
+            if self._batch_enc is not None and not self._batch_dirty and \
+                    self._batch_pass is not None:
+                enc, cpass = self._batch_enc, self._batch_pass
+                self._close_batch()
+                return enc, cpass
+            enc = self.take_batch()
+            return enc, enc.begin_compute_pass()
 
     def submitted_batch(self) -> None:
         """After the submit of an encoder from :meth:`take_batch`: buffers released while it
@@ -263,7 +274,7 @@ class Runtime:
     def flush(self) -> None:
         """Submit the calls recorded in the batch (lazy submission); nothing if none is."""
         with self.lock:
-            if self._batch_enc is not None:
+            if self._batch_dirty:
                 self.device.queue.submit([self.take_batch().finish()])
             self.submitted_batch()
 
@@ -343,10 +354,12 @@ class Runtime:
             poll, null = self._poll
             if poll(raw, False, null):
                 return
-            if self._spare is None and self._batch_enc is None:
-                # the GPU is busy: make the next call's encoder now, not after the wait (on
-                # the H100 a new encoder takes about 12 us of the host's time)
-                self._spare = self.device.create_command_encoder()
+            if self._batch_enc is None and PREOPEN_BATCH:
+                # the GPU is busy: open the next batch (encoder and pass) now, not after the
+                # wait (on the H100 they take about 22 us of the host's time). An open batch with
+                # nothing in it is not submitted (flush).
+                self._batch_enc = self.device.create_command_encoder()
+                self._batch_pass = self._batch_enc.begin_compute_pass()
             deadline = time.perf_counter() + 1e-6 * int(config.get("spin_us"))
             while not poll(raw, False, null):
                 if time.perf_counter() > deadline:
@@ -817,6 +830,8 @@ BATCH_CALLS = int(config.get("batch_calls") or 0)
 BATCH_MAX_LAUNCHES = 32
 BATCH_MAX_WORKGROUPS = 4096
 BATCH_SECONDS = 100e-6
+# a wait that finds the GPU busy opens the next batch meanwhile (Runtime.wait_idle)
+PREOPEN_BATCH = True
 
 
 @dataclass(eq=False)
@@ -1022,11 +1037,14 @@ class _Recorder:
 
     def __init__(self, rt: Runtime, zeroed: Sequence[Any], timestamps: Any = None) -> None:
         self.rt = rt
-        self.enc = rt.new_encoder()
-        for b in zeroed:
-            self.enc.clear_buffer(b)
-        self.cpass = (self.enc.begin_compute_pass(timestamp_writes=timestamps) if timestamps
-                      else self.enc.begin_compute_pass())
+        if zeroed or timestamps:
+            self.enc = rt.take_batch()
+            for b in zeroed:
+                self.enc.clear_buffer(b)
+            self.cpass = (self.enc.begin_compute_pass(timestamp_writes=timestamps) if timestamps
+                          else self.enc.begin_compute_pass())
+        else:
+            self.enc, self.cpass = rt.take_pass()
         self.last: Any = None  # the pipeline set last: a loop of one kernel sets it once
 
     def dispatch(self, pipe: Any, bg: Any, grid: tuple[int, int, int]) -> None:
@@ -1064,8 +1082,7 @@ class _Recorder:
             stage.unmap()
         rt.completed = rt.submitted
         cache.STATS.readbacks += 1
-        self.enc = rt.new_encoder()
-        self.cpass = self.enc.begin_compute_pass()
+        self.enc, self.cpass = rt.take_pass()
         self.last = None
         return flag
 
@@ -1281,12 +1298,16 @@ class GpuExecutable(_Steps):
         if batched:
             cpass = rt.batch_pass(clears)
         else:
-            enc = rt.take_batch()  # the calls recorded before this one go first
-            for raw in clears:
-                enc.clear_buffer(raw)
+            # the calls recorded before this one go first
             ts = rt.timestamp_writes() if rt.profile else None
-            cpass = enc.begin_compute_pass(timestamp_writes=ts) if ts else \
-                enc.begin_compute_pass()
+            if clears or ts:
+                enc = rt.take_batch()
+                for raw in clears:
+                    enc.clear_buffer(raw)
+                cpass = enc.begin_compute_pass(timestamp_writes=ts) if ts else \
+                    enc.begin_compute_pass()
+            else:
+                enc, cpass = rt.take_pass()
             # fusec.profile(): each kernel in a pass of its own, between two timestamps
             if rt.kernel_profile is not None and "timestamp-query" in rt.info.features:
                 kq = rt.kernel_queries(len(self.steps))
