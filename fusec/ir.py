@@ -149,6 +149,12 @@ class Op(Enum):
     # chunk of x scanned, starting from the carry of the chunks before it. params reduce, axis,
     # reverse, chunk, layout and, for "tile", threads and rounds (see ops.scan_numpy)
     SCAN = "scan"
+    # attention: section owned by fusec.passes.attention / fusec.kernels.attention
+    # inputs q[..., S, D], kt[..., D, T], v[..., T, E] and optionally a bias that broadcasts to
+    # [..., S, T]; params scale (a float), bias (whether the 4th input is there): softmax(q @ kt
+    # * scale + bias) @ v along T, without the S x T scores in memory. Only the rewrite pass
+    # makes it, from that computation written out (matmul, scale, bias, softmax, matmul).
+    ATTENTION = "attention"
     # sort: section owned by fusec.passes.sort / fusec.kernels.sort
     # argsort: params descending; x[..., n] -> int32[..., n], the stable order of x's last axis
     # (NaN after everything, -0.0 equal to 0.0; descending: the order of the inverted keys, ties
@@ -218,6 +224,7 @@ INDEXING = frozenset({Op.GATHER})
 KERNEL_KIND: dict[Op, str] = {}
 KERNEL_KIND[Op.SCAN_REDUCE] = "scan"
 KERNEL_KIND[Op.SCAN] = "scan"
+KERNEL_KIND[Op.ATTENTION] = "attention"
 # scatter's stages (the primitive itself is lowered before fusion)
 KERNEL_KIND[Op.SCATTER_ADD] = "scatter"
 KERNEL_KIND[Op.SCATTER_INTO] = "scatter"

@@ -366,6 +366,9 @@ def _cost(prog: Program) -> tuple[int, int]:
             if be.op is Op.MATMUL:
                 a, b = be.inputs
                 flops += 2 * math.prod(be.out.shape) * a.shape[-1]
+            elif be.op is Op.ATTENTION:
+                q, kt, v = be.inputs[:3]
+                flops += 2 * math.prod(q.shape[:-1]) * kt.shape[-1] * (q.shape[-1] + v.shape[-1])
             elif be.op in REDUCE:
                 flops += be.inputs[0].size if isinstance(be.inputs[0], Var) else 1
             elif be.op not in MOVEMENT:

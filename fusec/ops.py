@@ -2190,9 +2190,9 @@ JVP_RULES.update({Op.MATMUL: _matmul_jvp, Op.GATHER: _linear_jvp, Op.SCATTER: _s
 # integer results: nothing to differentiate (rules that say so, so that coverage is checkable)
 NO_DERIVATIVE = frozenset({Op.IOTA, Op.ARGSORT, Op.SEARCHSORTED})
 # ops that only exist after the lowering passes; autodiff runs on traced programs, before them
-LOWERED_ONLY = frozenset({Op.PARTIAL, Op.SCATTER_ADD, Op.SCATTER_INTO, Op.SCAN_REDUCE, Op.SCAN,
-                          Op.RADIX_HIST, Op.RADIX_SCAN, Op.RADIX_SCATTER, Op.SORT_BLOCKS,
-                          Op.SORT_MERGE, Op.KERNEL})
+LOWERED_ONLY = frozenset({Op.PARTIAL, Op.ATTENTION, Op.SCATTER_ADD, Op.SCATTER_INTO,
+                          Op.SCAN_REDUCE, Op.SCAN, Op.RADIX_HIST, Op.RADIX_SCAN,
+                          Op.RADIX_SCATTER, Op.SORT_BLOCKS, Op.SORT_MERGE, Op.KERNEL})
 # the custom_vjp marker's reverse rule is fusec.autodiff's (it calls the user's function)
 TYPE_RULES[Op.CUSTOM_VJP] = lambda ins, p: ins[0]
 NUMPY_RULES[Op.CUSTOM_VJP] = lambda a, p, t: a[0]
@@ -2200,6 +2200,37 @@ NUMPY_RULES[Op.CUSTOM_VJP] = lambda a, p, t: a[0]
 
 def reduce_shape(shape: Shape, axes: tuple[int, ...]) -> Shape:
     return tuple(d for k, d in enumerate(shape) if k not in axes)
+
+
+# --- attention (fusec.passes.attention, fusec.kernels.attention) ---------------------------------
+
+
+def _attention_type(in_types: Sequence[tuple[Shape, str]], params: dict[str, Any]
+                    ) -> tuple[Shape, str]:
+    """q[..., S, D], kt[..., D, T], v[..., T, E] (and a bias broadcasting to [..., S, T]) ->
+    [..., S, E]"""
+    (q, dt), (kt, _), (v, _) = in_types[:3]
+    scores = matmul_shape(q, kt)
+    if len(in_types) > 3 and broadcast_shapes(in_types[3][0], scores) != scores:
+        raise ShapeError(f"attention bias of shape {in_types[3][0]} does not broadcast to the "
+                         f"scores' {scores}")
+    return matmul_shape(scores, v), dt
+
+
+def attention_numpy(args: Sequence[np.ndarray], params: dict[str, Any],
+                    out: tuple[Shape, str]) -> np.ndarray:
+    """The reference: the computation the rewrite pass replaced, op by op in float32."""
+    q, kt, v = args[:3]
+    s = np.matmul(q, kt) * np.float32(params["scale"])
+    if len(args) > 3:
+        s = s + args[3]
+    with np.errstate(invalid="ignore", over="ignore"):
+        e = np.exp(s - s.max(axis=-1, keepdims=True))
+        return np.matmul(e / e.sum(axis=-1, keepdims=True), v).astype(out[1])
+
+
+TYPE_RULES[Op.ATTENTION] = _attention_type
+NUMPY_RULES[Op.ATTENTION] = attention_numpy
 
 
 def matmul_shape(a: Shape, b: Shape) -> Shape:

@@ -352,18 +352,19 @@ def tanh_chain_np(x, *ws):
 
 
 def softmax_chain(x, w1, w2, w3, w4):
-    """Matmuls alternating with row softmaxes (a reduction stops the matmul epilogue): mm, sm,
-    mm, sm, mm, sm are the 6 intermediates, the fourth matmul the output."""
+    """Matmuls alternating with column softmaxes (a reduction stops the matmul epilogue): mm,
+    sm, mm, sm, mm, sm are the 6 intermediates, the fourth matmul the output. (Along columns:
+    a row softmax into a matmul is attention, one kernel: tests/test_attention.py.)"""
     h = x
     for w in (w1, w2, w3):
-        h = nn.softmax(h @ w, axis=-1)
+        h = nn.softmax(h @ w, axis=0)
     return h @ w4
 
 
 def softmax_chain_np(x, w1, w2, w3, w4):
     h = x
     for w in (w1, w2, w3):
-        h = ref_softmax(h @ w)
+        h = ref_softmax((h @ w).T).T
     return h @ w4
 
 
@@ -727,12 +728,13 @@ def test_cse_shares_work_inside_the_fused_kernel() -> None:
 
 
 def test_pipeline_order() -> None:
-    """[S1] fusec.passes.PIPELINE lists simplify, cse, dce, the lowerings of the primitives
-    computed by kernels of their own kind (scatter, scan, sort), split_reductions, split_k,
-    prepare_loops (loop bodies lowered on their own), fuse, plan_memory in that order."""
+    """[S1] fusec.passes.PIPELINE lists simplify, cse, dce, the attention rewrite, the lowerings
+    of the primitives computed by kernels of their own kind (scatter, scan, sort),
+    split_reductions, split_k, prepare_loops (loop bodies lowered on their own), fuse,
+    plan_memory in that order."""
     assert [name for name, _ in PIPELINE] == [
-        "simplify", "cse", "dce", "lower_scatter", "lower_scan", "lower_sort", "split_reductions",
-        "split_k", "prepare_loops", "fuse", "plan_memory"]
+        "simplify", "cse", "dce", "attention", "lower_scatter", "lower_scan", "lower_sort",
+        "split_reductions", "split_k", "prepare_loops", "fuse", "plan_memory"]
 
 
 # --- [S6] inspection ------------------------------------------------------------------------------

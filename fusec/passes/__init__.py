@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 
 from .. import codegen, config
 from ..ir import Program
+from .attention import rewrite_attention
 from .cse import cse
 from .dce import dce, used_inputs
 from .fuse import fuse
@@ -47,6 +48,8 @@ PIPELINE: list[tuple[str, Pass]] = [
     ("simplify", lambda p, o: simplify(p)),
     ("cse", lambda p, o: cse(p)),
     ("dce", lambda p, o: dce(p)),
+    # attention written out becomes one op of its own kernel (a fusion: not in unfused plans)
+    ("attention", lambda p, o: rewrite_attention(p, o.target) if o.fuse else p),
     # primitives computed by kernels of their own kind become the ops those kernels compute
     ("lower_scatter", lambda p, o: lower_scatter(p, o.target, in_loop=o.loop_carries >= 0)),
     ("lower_scan", lambda p, o: lower_scan(p, o.target)),
@@ -75,4 +78,5 @@ def run_pipeline(prog: Program, opts: Options, check: bool | None = None) -> Pro
 
 __all__ = ["PIPELINE", "Options", "run_pipeline", "simplify", "cse", "dce", "split_reductions",
            "split_k", "fuse", "plan_memory", "lower_scatter", "lower_scan", "lower_sort",
-           "analyse", "MemoryAnalysis", "verify", "VerifyError", "used_inputs", "prepare_loops"]
+           "analyse", "MemoryAnalysis", "rewrite_attention", "verify", "VerifyError",
+           "used_inputs", "prepare_loops"]

@@ -1,0 +1,123 @@
+"""Kernels of kind "attention": ``softmax(q @ kt * scale + bias) @ v`` in one kernel
+(:data:`fusec.ir.Op.ATTENTION`, made by :func:`fusec.passes.attention.rewrite_attention`).
+
+A thread per query row, :data:`ROWS` rows per workgroup. The workgroup walks the keys in tiles
+of ``tile`` keys: it loads the tile's keys and values into workgroup memory (each element once
+per workgroup), then each thread goes through the tile key by key with an online softmax: the
+score, then, where it exceeds the row's running maximum, the running sum and the output
+accumulators rescaled by ``exp(old - new)``, then the key's weight ``exp(s - max)`` added to the
+sum and, times the key's value row, to the accumulators. The row's output is the accumulators
+over the sum. The S x T scores never reach memory; q, k, v and the output are read or written
+once per workgroup.
+
+The head dims are unrolled (a thread holds its scaled query row and its accumulators in
+registers), so the kernel is made for head dims up to :data:`MAX_HEAD` (:func:`fits`). Values
+are read through :class:`fusec.emit.Emitter`, so a transposed or reshaped q, k or v (split
+heads) and a broadcast bias are read in place.
+
+NaN and infinities come out as the written-out softmax gives them: a NaN score, or a +inf one,
+makes its row NaN; a -inf score weighs 0 (a row of -inf scores only is NaN, 0 / 0).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+
+from ..emit import LOOP_BUDGET, Emitter, Idx, KernelCode, _bindings, _env, _helpers, grid_for
+from ..ir import Atom, Eqn, Op, Program, Shape, Var
+from ..ops import wgsl_literal
+
+ROWS = 64  # query rows (threads) per workgroup
+MAX_TILE = 64  # keys per tile, fewer where workgroup memory is short
+MAX_HEAD = 64  # head dims (q's and v's last) up to this take the kernel
+
+
+def _tile(d: int, e: int, storage: int) -> int:
+    """Keys per tile: the most, a power of two up to MAX_TILE, whose keys and values fit."""
+    t = MAX_TILE
+    while t > 1 and t * (d + e) * 4 > storage:
+        t //= 2
+    return t
+
+
+def fits(q: Shape, kt: Shape, v: Shape, target: str, storage: int = 16384) -> bool:
+    """Whether the kernel takes this attention: head dims up to MAX_HEAD, and on a software
+    adapter (which ends a shader's loops after 65535 iterations in all) loops within budget."""
+    d, t, e = q[-1], kt[-1], v[-1]
+    if d > MAX_HEAD or e > MAX_HEAD or min(q[-2], d, t, e) == 0:
+        return False
+    tile = _tile(d, e, storage)
+    if tile < 8:
+        return False
+    tiles = -(-t // tile)
+    loads = tiles * (-(-tile * d // ROWS) + -(-tile * e // ROWS))
+    return target == "gpu" or t + tiles + loads <= LOOP_BUDGET
+
+
+def _value(body: Program, names: dict[int, str], counter: list[int], a: Atom, idx: Idx,
+           indent: str) -> tuple[str, list[str]]:
+    """``a`` at ``idx`` and the lines that compute it (an emitter of its own: each load site
+    sits in its own scope of the kernel)."""
+    em = Emitter(body, names, indent=indent, counter=counter)
+    return em.value(a, idx), em.lines
+
+
+def generate(kernel: Eqn, target: str = "gpu", workgroup_storage: int = 16384) -> KernelCode:
+    """WGSL for a kernel of kind "attention"."""
+    body: Program = kernel.params["body"]
+    e = body.eqns[-1]
+    assert e.op is Op.ATTENTION, f"attention kernels compute attention, not {e.op}"
+    q, kt, v = e.inputs[:3]
+    bias = e.inputs[3] if e.params.get("bias") else None
+    assert isinstance(q, Var) and isinstance(kt, Var) and isinstance(v, Var)
+    out = body.outputs[0]
+    assert isinstance(out, Var)
+    batch = q.shape[:-2]
+    nb = math.prod(batch)
+    s_len, d, t_len, e_len = q.shape[-2], q.shape[-1], kt.shape[-1], v.shape[-1]
+    tile = _tile(d, e_len, workgroup_storage)
+    row_blocks = -(-s_len // ROWS)
+    binds, names = _bindings(body, tuple(kernel.params.get("inplace", ())))
+    counter = [0]
+
+    # the batch coordinates of the workgroup's (flattened) batch index bh
+    bcoords: list[str] = []
+    prelude: list[str] = []
+    stride = nb
+    for k, dim in enumerate(batch):
+        stride //= dim
+        name = f"b{k}"
+        expr = "bh" if stride == 1 else f"bh / {stride}u"
+        prelude.append(f"    let {name} = ({expr}) % {dim}u;")
+        bcoords.append(name)
+    bc = tuple(bcoords)
+
+    scale = wgsl_literal(float(e.params["scale"]), "float32")
+    q_loads: list[str] = []
+    for j in range(d):
+        val, lines = _value(body, names, counter, q, Idx(q.shape, coords=bc + ("r", f"{j}u")),
+                            "    ")
+        q_loads += lines
+        q_loads.append(f"    let q{j} = {val} * {scale};")
+    k_val, k_lines = _value(body, names, counter, kt,
+                            Idx(kt.shape, coords=bc + ("kd", "kt")), "            ")
+    v_val, v_lines = _value(body, names, counter, v,
+                            Idx(v.shape, coords=bc + ("vt", "ve")), "            ")
+    bias_val, bias_lines = "", []
+    if bias is not None:
+        scores = q.shape[:-1] + (t_len,)
+        em = Emitter(body, names, indent="            ", counter=counter)
+        idx = em.unbroadcast(Idx(scores, coords=bc + ("r", "t")), bias.shape)
+        bias_val = em.value(bias, idx)
+        bias_lines = em.lines
+    code = "\n".join(q_loads + k_lines + v_lines + bias_lines)
+    wgsl = _env().get_template("attention.wgsl.j2").render(
+        bindings=binds, helpers=_helpers(code), rows=ROWS, tile=tile, d=d, e=e_len, s=s_len,
+        t=t_len, nb=nb, row_blocks=row_blocks, prelude="\n".join(prelude),
+        q_loads="\n".join(q_loads), k_lines="\n".join(k_lines), k_val=k_val,
+        v_lines="\n".join(v_lines), v_val=v_val, bias_lines="\n".join(bias_lines),
+        bias_val=bias_val, out_size=out.size)
+    key = hashlib.sha256(wgsl.encode()).hexdigest()
+    return KernelCode(kernel.params["name"], "attention", wgsl, grid_for(nb * row_blocks),
+                      len(body.inputs), len(body.outputs), key=key)

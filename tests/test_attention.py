@@ -1,0 +1,168 @@
+"""Attention written out (softmax(q @ k^T * scale + bias) @ v) runs as one kernel of kind
+"attention" (fusec.passes.attention, fusec.kernels.attention): against float64 numpy, on odd
+sizes, with biases of every broadcast shape, NaN and infinities, split-head layouts read in
+place, and the cases the rewrite must leave alone."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import numpy as np
+import pytest
+
+import fusec
+import fusec.numpy as fnp
+from fusec import nn
+from fusec.kernels import attention as attention_kernel
+
+
+def _reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float,
+               bias: Optional[np.ndarray]) -> np.ndarray:
+    s = np.matmul(q.astype(np.float64), np.swapaxes(k.astype(np.float64), -1, -2)) * scale
+    if bias is not None:
+        s = s + bias
+    with np.errstate(invalid="ignore", over="ignore"):
+        e = np.exp(s - s.max(-1, keepdims=True))
+        return np.matmul(e / e.sum(-1, keepdims=True), v.astype(np.float64))
+
+
+def _attention(q: Any, k: Any, v: Any, bias: Any = None, scale: float = 1.0) -> Any:
+    s = (q @ fnp.swapaxes(k, -1, -2)) * scale
+    if bias is not None:
+        s = s + bias
+    return nn.softmax(s, axis=-1) @ v
+
+
+def _kinds(f: Any, *args: Any) -> list[str]:
+    return [k.kind for k in f.lower(*args).kernels]
+
+
+def _data(rng: np.random.Generator, *shape: int) -> np.ndarray:
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+@pytest.mark.parametrize("batch,s,t,d,e", [
+    ((), 1, 1, 1, 1),
+    ((2, 3), 70, 67, 8, 8),       # rows past a workgroup, keys past a tile, both ragged
+    ((5,), 13, 131, 31, 17),      # primes, values narrower than keys
+    ((1, 2), 64, 64, 64, 64),     # the widest head the kernel takes
+    ((3,), 129, 3, 2, 7),
+])
+def test_matches_float64_and_is_one_kernel(batch: tuple[int, ...], s: int, t: int, d: int,
+                                           e: int) -> None:
+    rng = np.random.default_rng(s * 1000 + t)
+    q, k, v = _data(rng, *batch, s, d), _data(rng, *batch, t, d), _data(rng, *batch, t, e)
+    scale = 1.0 / np.sqrt(d)
+    f = fusec.gpu_jit(lambda q, k, v: _attention(q, k, v, scale=scale))
+    assert _kinds(f, q, k, v) == ["attention"]
+    got = np.asarray(f(q, k, v))
+    np.testing.assert_allclose(got, _reference(q, k, v, scale, None), rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("bias_shape", [(37,), (1, 37), (2, 1, 1, 37), (2, 3, 11, 37),
+                                        (3, 11, 1)])
+def test_bias_of_every_broadcast_shape(bias_shape: tuple[int, ...]) -> None:
+    rng = np.random.default_rng(len(bias_shape))
+    q, k, v = _data(rng, 2, 3, 11, 16), _data(rng, 2, 3, 37, 16), _data(rng, 2, 3, 37, 16)
+    bias = _data(rng, *bias_shape)
+    f = fusec.gpu_jit(lambda q, k, v, b: _attention(q, k, v, b, scale=0.25))
+    assert _kinds(f, q, k, v, bias) == ["attention"]
+    np.testing.assert_allclose(np.asarray(f(q, k, v, bias)),
+                               _reference(q, k, v, 0.25, bias), rtol=2e-5, atol=2e-6)
+
+
+def test_split_heads_and_padding_mask_read_in_place() -> None:
+    # the encoder's layout: [B, S, H * D] projections split into heads by reshape + transpose,
+    # a mask of padded keys as a large negative bias; the heads are read where they are (no
+    # transpose kernel), and the output's merge is the next kernel's business
+    rng = np.random.default_rng(7)
+    b, s, h, d = 3, 19, 4, 8
+    x = _data(rng, b, s, h * d)
+    wq, wk, wv = (_data(rng, h * d, h * d) * 0.3 for _ in range(3))
+    mask = (np.arange(s)[None, :] < np.array([19, 5, 1])[:, None]).astype(np.float32)
+
+    def heads(t: Any) -> Any:
+        return fnp.transpose(fnp.reshape(t, (b, s, h, d)), (0, 2, 1, 3))
+
+    def f(x: Any, wq: Any, wk: Any, wv: Any, mask: Any) -> Any:
+        bias = fnp.reshape((1.0 - mask) * np.float32(-3.4028235e38), (b, 1, 1, s))
+        return _attention(heads(x @ wq), heads(x @ wk), heads(x @ wv), bias, 1 / np.sqrt(d))
+
+    jf = fusec.gpu_jit(f)
+    kinds = _kinds(jf, x, wq, wk, wv, mask)
+    assert kinds.count("attention") == 1 and "elementwise" not in kinds[kinds.index(
+        "attention"):], kinds
+    got = np.asarray(jf(x, wq, wk, wv, mask))
+    x64 = x.astype(np.float64)
+    split = [np.transpose((x64 @ w).reshape(b, s, h, d), (0, 2, 1, 3)) for w in (wq, wk, wv)]
+    want = _reference(*split, 1 / np.sqrt(d), ((1.0 - mask) * -3.4028235e38).reshape(b, 1, 1, s))
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+
+
+def test_nan_and_infinities_come_out_as_the_written_out_softmax() -> None:
+    rng = np.random.default_rng(3)
+    q, k, v = _data(rng, 6, 5), _data(rng, 9, 5), _data(rng, 9, 4)
+    bias = np.zeros((6, 9), np.float32)
+    bias[0, 3] = np.nan     # a NaN score: its row is NaN
+    bias[1, :4] = -np.inf   # masked keys weigh 0, the row is finite
+    bias[2, :] = -np.inf    # every key masked: 0 / 0
+    bias[3, 8] = np.inf     # a +inf score: inf - inf
+    bias[4, 0] = -np.inf    # a masked first key before finite ones
+    f = fusec.gpu_jit(lambda q, k, v, b: _attention(q, k, v, b, scale=0.5))
+    assert _kinds(f, q, k, v, bias) == ["attention"]
+    got = np.asarray(f(q, k, v, bias))
+    want = _reference(q, k, v, 0.5, bias)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    assert np.isnan(got[[0, 2, 3]]).all() and np.isfinite(got[[1, 4, 5]]).all()
+    np.testing.assert_allclose(got[[1, 4, 5]], want[[1, 4, 5]], rtol=2e-5, atol=2e-6)
+
+
+def test_left_alone_where_the_scores_are_needed_or_heads_are_wide() -> None:
+    rng = np.random.default_rng(4)
+    q, k, v = _data(rng, 2, 10, 8), _data(rng, 2, 12, 8), _data(rng, 2, 12, 8)
+
+    def with_probs(q: Any, k: Any, v: Any) -> Any:
+        p = nn.softmax(q @ fnp.swapaxes(k, -1, -2), axis=-1)
+        return p @ v, p  # the probabilities are returned: they must be in memory
+
+    f = fusec.gpu_jit(with_probs)
+    assert "attention" not in _kinds(f, q, k, v)
+    o, p = f(q, k, v)
+    np.testing.assert_allclose(np.asarray(o), _reference(q, k, v, 1.0, None), rtol=2e-5,
+                               atol=2e-6)
+    wide = attention_kernel.MAX_HEAD + 1
+    qw, kw = _data(rng, 3, wide), _data(rng, 5, wide)
+    g = fusec.gpu_jit(lambda q, k, v: _attention(q, k, v, scale=0.1))
+    assert "attention" not in _kinds(g, qw, kw, v[0, :5])
+    np.testing.assert_allclose(np.asarray(g(qw, kw, v[0, :5])),
+                               _reference(qw, kw, v[0, :5], 0.1, None), rtol=2e-5, atol=2e-6)
+    # the unfused plan keeps one kernel per op
+    u = fusec.gpu_jit(lambda q, k, v: _attention(q, k, v), fuse=False)
+    assert "attention" not in _kinds(u, q, k, v)
+
+
+def test_gradient_through_written_out_attention() -> None:
+    # autodiff runs before the rewrite: the backward needs the probabilities, so the forward
+    # keeps them; the gradient is the written-out one's
+    rng = np.random.default_rng(5)
+    q, k, v = _data(rng, 7, 4), _data(rng, 6, 4), _data(rng, 6, 3)
+    loss = fusec.gpu_jit(fusec.grad(lambda q: fnp.sum(_attention(q, k, v, scale=0.5) ** 2)))
+    got = np.asarray(loss(q))
+    eps = 1e-3
+    num = np.zeros_like(q, dtype=np.float64)
+    for i in np.ndindex(*q.shape):
+        for sgn in (1, -1):
+            qq = q.astype(np.float64).copy()
+            qq[i] += sgn * eps
+            num[i] += sgn * (_reference(qq, k, v, 0.5, None) ** 2).sum() / (2 * eps)
+    np.testing.assert_allclose(got, num, rtol=1e-3, atol=1e-3)
+
+
+def test_grid_of_more_than_65535_workgroups() -> None:
+    rng = np.random.default_rng(6)
+    n = 70001  # one row per batch entry: a workgroup each
+    q, k, v = _data(rng, n, 1, 2), _data(rng, n, 3, 2), _data(rng, n, 3, 2)
+    f = fusec.gpu_jit(lambda q, k, v: _attention(q, k, v, scale=0.7))
+    assert _kinds(f, q, k, v) == ["attention"]
+    np.testing.assert_allclose(np.asarray(f(q, k, v)), _reference(q, k, v, 0.7, None),
+                               rtol=2e-5, atol=2e-6)
