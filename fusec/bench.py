@@ -1,23 +1,30 @@
-"""The benchmark suite behind ``fusec bench``: fused vs ``fuse=False`` vs numpy vs PyTorch.
+"""The benchmark suite behind ``fusec bench``: fused vs ``fuse=False`` vs numpy vs PyTorch vs JAX.
 
     fusec bench [--quick] [--out DIR] [--only softmax,chain2] [--no-torch] [--no-torch-compile]
+                [--no-jax]
 
-Each workload is written once, against a small namespace of ops (``B``) that has a fusec, a numpy
-and a PyTorch form, so the three run the same computation. For each workload, in one process:
+Each workload is written once, against a small namespace of ops (``B``) that has a fusec, a numpy,
+a PyTorch and a JAX form, so they all run the same computation. For each workload, in one process:
 
 - **fusec fused** and **fusec unfused** (``fuse=False``: one kernel per op, same single submit):
   the GPU time of the call's compute pass from timestamp queries when the adapter offers
   ``timestamp-query``, wall clock of call + ``block_until_ready`` otherwise;
 - **numpy** on the CPU (wall clock; skipped in the full set above ``NUMPY_MAX_FLOPS``);
 - **PyTorch eager** and **torch.compile** when ``import torch`` works and CUDA is available
-  (CUDA events; TF32 off; 'n/a' with the reason when either fails).
+  (CUDA events; TF32 off; 'n/a' with the reason when either fails);
+- **JAX** ``jax.jit`` when ``import jax`` works, on whatever platform JAX picks (GPU or CPU: the
+  report says which; ``highest`` matmul precision). JAX has no GPU timestamps: it is timed by wall
+  clock only.
 
-Every time is the median of repeats after warm-up. The run also measures the device-to-device copy
+Beside the GPU times, the wall clock of every device implementation: call + wait for the result
+(fusec and JAX: ``block_until_ready``; torch: ``torch.cuda.synchronize``), inputs already on the
+device, no readback: what a caller waits per call, host overhead included. Every time is the
+median of repeats after warm-up. The run also measures the device-to-device copy
 bandwidth (``torch`` copy when available, always fusec's one-read-one-write kernel ``-x``) and, with
 torch, the cuBLAS float32 matmul rate, so each result is also a fraction of a roof: bytes of the
 fused plan (``cost_analysis``) / time against the copy bandwidth for memory-bound workloads, flops /
 time against cuBLAS for compute-bound ones. The report: ``DIR/report.md``, ``DIR/results.json`` and,
-when matplotlib is installed, ``DIR/times.png`` and ``DIR/fraction.png``.
+when matplotlib is installed, ``DIR/times.png``, ``DIR/wall.png`` and ``DIR/fraction.png``.
 """
 
 from __future__ import annotations
@@ -46,7 +53,7 @@ from . import nn
 from . import numpy as fnp
 from .runtime import get_runtime
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: wall clock of every device column, and JAX
 RATIO_SLACK = 0.001  # a speed-up this close below the bytes ratio counts as reaching it
 NUMPY_MAX_FLOPS = 1e10  # full set: numpy runs only below this (a 4096^3 matmul takes minutes)
 
@@ -54,6 +61,14 @@ NUMPY_MAX_FLOPS = 1e10  # full set: numpy runs only below this (a 4096^3 matmul 
 def _torch() -> Any:
     """PyTorch, imported on demand (an optional reference; ImportError when absent)."""
     return importlib.import_module("torch")
+
+
+def _jax() -> Any:
+    """JAX, imported on demand (an optional reference; ImportError when absent)."""
+    # XLA takes 75% of the GPU's memory at its first allocation unless told not to; fusec and
+    # torch share the GPU in this process. The user's own setting wins.
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    return importlib.import_module("jax")
 
 
 # --- the ops each workload is written against -----------------------------------------------------
@@ -241,6 +256,67 @@ class TorchOps:
 
     def sort(self, x: Any) -> Any:
         return self.torch.sort(x).values
+
+
+class JaxOps:
+    """``B`` for JAX (``jax.numpy`` and ``jax.nn``), traced inside ``jax.jit``. The formulas and
+    constants are fusec's: tanh-approximated gelu, layer_norm's eps 1e-5, rms_norm's 1e-6."""
+
+    name = "jax"
+
+    def __init__(self) -> None:
+        jax = _jax()
+        self.jnp = jax.numpy
+        self.jnn = jax.nn
+        self.lax = jax.lax
+
+    def tanh(self, x: Any) -> Any:
+        return self.jnp.tanh(x)
+
+    def maximum(self, x: Any, c: float) -> Any:
+        return self.jnp.maximum(x, c)  # a Python float is weakly typed: float32 stays float32
+
+    def relu(self, x: Any) -> Any:
+        return self.jnn.relu(x)
+
+    def gelu(self, x: Any) -> Any:
+        return self.jnn.gelu(x, approximate=True)
+
+    def silu(self, x: Any) -> Any:
+        return self.jnn.silu(x)
+
+    def softmax(self, x: Any) -> Any:
+        return self.jnn.softmax(x, axis=-1)
+
+    def layer_norm(self, x: Any, w: Any, b: Any) -> Any:
+        d = x - self.jnp.mean(x, axis=-1, keepdims=True)
+        var = self.jnp.mean(d * d, axis=-1, keepdims=True)
+        return d * self.lax.rsqrt(var + 1e-5) * w + b
+
+    def rms_norm(self, x: Any, w: Any) -> Any:
+        ms = self.jnp.mean(x * x, axis=-1, keepdims=True)
+        return x * self.lax.rsqrt(ms + 1e-6) * w
+
+    def split_heads(self, x: Any, heads: int, transposed: bool = False) -> Any:
+        s, d = x.shape
+        return self.jnp.transpose(self.jnp.reshape(x, (s, heads, d // heads)),
+                                  (1, 2, 0) if transposed else (1, 0, 2))
+
+    def merge_heads(self, o: Any) -> Any:
+        h, s, dh = o.shape
+        return self.jnp.reshape(self.jnp.transpose(o, (1, 0, 2)), (s, h * dh))
+
+    def take_rows(self, table: Any, ids: Any) -> Any:
+        return self.jnp.take(table, ids, axis=0)
+
+    def cumsum(self, x: Any) -> Any:
+        return self.jnp.cumsum(x)
+
+    def argmax_rows(self, x: Any) -> Any:
+        return self.jnp.argmax(x, axis=-1)
+
+    def sort(self, x: Any) -> Any:
+        return self.jnp.sort(x)
 
 
 # --- the workloads --------------------------------------------------------------------------------
@@ -571,6 +647,20 @@ def torch_status() -> tuple[bool, str]:
         return False, f"torch CUDA unusable: {exc}"
 
 
+def jax_status() -> tuple[Optional[str], str]:
+    """(platform, why): the platform JAX runs on ("gpu", "cpu", ...), None when it does not
+    import or start. JAX on the CPU counts: the report names the platform."""
+    try:
+        jax = _jax()
+        dev = jax.devices()[0]
+        platform_ = str(jax.default_backend())
+    except Exception as exc:  # not installed, a broken install, or no backend starts
+        return None, f"jax not usable ({_err_text(exc)})"
+    kind = str(dev.device_kind)
+    return platform_, (f"jax {jax.__version__}, platform {platform_}"
+                       + (f" ({kind})" if kind != platform_ else ""))
+
+
 # --- one run --------------------------------------------------------------------------------------
 
 
@@ -581,6 +671,7 @@ class Options:
     only: Optional[list[str]] = None
     torch: bool = True
     torch_compile: bool = True
+    jax: bool = True
     policy: Optional[Policy] = None
     seed: int = 0
     progress: Callable[[str], None] = field(
@@ -677,13 +768,56 @@ def _cell(res: dict[str, Any]) -> Optional[float]:
     return float(t) if isinstance(t, (int, float)) and t > 0 else None
 
 
-def _call_and_wait(f: Any, args: Sequence[Any]) -> None:
-    f(*args).block_until_ready()
+def wall_clock(call: Callable[[], Any], wait: Callable[[Any], Any],
+               policy: Policy) -> dict[str, Any]:
+    """Wall clock of ``wait(call())``: what a caller waits for one call's result, host overhead
+    included (inputs are already on the device; nothing is read back). After ``policy.heat_s`` of
+    back-to-back calls (see :func:`_heat`), like the GPU timings."""
+    last: list[Any] = [None]
+
+    def fire() -> None:
+        last[0] = call()
+
+    _heat(fire, lambda: wait(last[0]), policy.heat_s)
+    res = wall_time(lambda: wait(call()), policy)
+    res["method"] = "wall clock"
+    return res
+
+
+def _ready(out: Any) -> Any:
+    return out.block_until_ready()
+
+
+def _jax_result(w: Workload, host: Sequence[np.ndarray], platform_: str, policy: Policy,
+                fused_out: Any, ref: Optional[np.ndarray]) -> dict[str, Any]:
+    """``jax.jit`` of the workload, timed by wall clock (JAX offers no GPU timestamps)."""
+    jax = _jax()
+    # float32 as written: XLA's default precision on NVIDIA GPUs rounds float32 matmul operands
+    # to TF32 (torch runs with TF32 off, fusec has none). Traced and called inside the context.
+    with jax.default_matmul_precision("highest"):
+        jf = jax.jit(w.bind(JaxOps()))
+        # once, as placed by device_put: float32 stays float32, int32 stays int32
+        jargs = [jax.device_put(a) for a in host]
+        jax.block_until_ready(jargs)
+        t0 = time.perf_counter()
+        out = jf(*jargs).block_until_ready()
+        first = time.perf_counter() - t0
+        res = wall_clock(lambda: jf(*jargs), _ready, policy)
+    res["wall_s"] = res["time_s"]
+    res["first_call_s"] = first
+    res["platform"] = platform_
+    got = np.asarray(out)
+    if fused_out is not None:  # the two implementations agree?
+        res["rel_err_vs_fused"] = _rel_err(got, np.asarray(fused_out))
+    if ref is not None:
+        res["rel_err"] = _rel_err(got, ref)
+    return res
 
 
 def run_workload(w: Workload, opts: Options, policy: Policy, use_torch: bool,
-                 roofs: dict[str, Any]) -> dict[str, Any]:
-    """Measure one workload every way it can run; errors become entries, not exceptions."""
+                 roofs: dict[str, Any], jax_platform: Optional[str] = None) -> dict[str, Any]:
+    """Measure one workload every way it can run; errors become entries, not exceptions.
+    ``jax_platform``: where JAX runs (from :func:`jax_status`), None to skip JAX."""
     rng = np.random.default_rng(opts.seed)
     host = w.make_inputs(rng)
     dev = [fusec.device_put(a) for a in host]
@@ -702,10 +836,7 @@ def run_workload(w: Workload, opts: Options, policy: Policy, use_torch: bool,
             first = time.perf_counter() - t0
             res = fusec_time(f, dev, policy)
             res["first_call_s"] = first
-            # wall clock too (host overhead included); the calls above were the warm-up
-            res["wall_s"] = wall_time(functools.partial(_call_and_wait, f, dev),
-                                      Policy(0, 3, policy.max_reps, policy.budget_s / 2)
-                                      )["time_s"]
+            res["wall_s"] = wall_clock(functools.partial(f, *dev), _ready, policy)["time_s"]
             res["kernels"] = int(cost["kernels"])
             res["bytes"] = cost["bytes accessed"]
             res["flops"] = cost["flops"]
@@ -727,6 +858,7 @@ def run_workload(w: Workload, opts: Options, policy: Policy, use_torch: bool,
         rec["fused_vs_unfused_rel_err"] = _rel_err(outs["fused"], np.asarray(outs["unfused"]))
 
     flops = rec["flops"] if rec["flops"] is not None else 0.0
+    ref: Optional[np.ndarray] = None
     if opts.quick or flops < NUMPY_MAX_FLOPS:
         try:
             fn = w.bind(NumpyOps)
@@ -737,6 +869,7 @@ def run_workload(w: Workload, opts: Options, policy: Policy, use_torch: bool,
             for label, out in outs.items():
                 rec["results"][label]["rel_err"] = _rel_err(out, ref)
         except Exception as exc:
+            ref = None
             rec["results"]["numpy"] = {"error": _err_text(exc)}
     else:
         rec["results"]["numpy"] = {"skipped": f"flops {flops:.2g} > {NUMPY_MAX_FLOPS:.0e}"}
@@ -759,6 +892,9 @@ def run_workload(w: Workload, opts: Options, policy: Policy, use_torch: bool,
                     first = time.perf_counter() - t0
                     out = tf(*targs)
                     res = torch_cuda_time(functools.partial(tf, *targs), policy)
+                    res["wall_s"] = wall_clock(functools.partial(tf, *targs),
+                                               lambda _: torch.cuda.synchronize(),
+                                               policy)["time_s"]
                 res["first_call_s"] = first
                 if "fused" in outs:  # the two implementations agree?
                     res["rel_err_vs_fused"] = _rel_err(outs["fused"], out.cpu().numpy())
@@ -772,15 +908,27 @@ def run_workload(w: Workload, opts: Options, policy: Policy, use_torch: bool,
     if use_torch and not opts.torch_compile:
         rec["results"]["torch_compile"] = {"skipped": "--no-torch-compile"}
 
+    if jax_platform is not None:
+        try:
+            rec["results"]["jax"] = _jax_result(w, host, jax_platform, policy,
+                                                outs.get("fused"), ref)
+        except Exception as exc:
+            rec["results"]["jax"] = {"error": _err_text(exc)}
+    else:
+        rec["results"]["jax"] = {"skipped": "--no-jax" if not opts.jax else "no usable jax"}
+
     _derive(rec, roofs)
     return rec
 
 
 def _derive(rec: dict[str, Any], roofs: dict[str, Any]) -> None:
-    """Speed-up, bytes ratio, achieved rate and the fraction of the roof."""
+    """Speed-up, bytes ratio, the wall clock against JAX's, achieved rate and the fraction of the
+    roof."""
     r = rec["results"]
     tf, tu = _cell(r["fused"]), _cell(r["unfused"])
     rec["speedup"] = tu / tf if tf and tu else None
+    wf, wj = _wall(r["fused"]), _wall(r.get("jax", {}))
+    rec["fused_wall_over_jax"] = wf / wj if wf and wj else None
     b, bu = rec.get("bytes"), rec.get("bytes_unfused")
     rec["bytes_ratio"] = bu / b if b and bu else None
     # "yes" within RATIO_SLACK: medians of timings that spread by about +-0.5% (H100)
@@ -804,7 +952,9 @@ def _derive(rec: dict[str, Any], roofs: dict[str, Any]) -> None:
         if t is None or not num:
             continue
         rec["rate"][label] = num / t
-        if ref and label != "numpy":  # numpy runs on the CPU, not under the device's roof
+        # numpy runs on the CPU, not under the device's roof; JAX's time is wall clock (host
+        # overhead included, and maybe the CPU), not the device time the others are
+        if ref and label not in ("numpy", "jax"):
             rec["fraction_of_roof"][label] = num / t / ref
 
 
@@ -814,18 +964,25 @@ def run(opts: Options) -> dict[str, Any]:
     policy = opts.policy or (QUICK_POLICY if opts.quick else FULL_POLICY)
     ws = select(workloads(opts.quick), opts.only)
     t_start = time.perf_counter()
-    dev = fusec.default_device()
+    # torch and JAX before fusec opens its adapter: their compiler stacks (LLVM in triton and in
+    # jaxlib) must load before a software Vulkan adapter (lavapipe: LLVM too); triton loaded
+    # after lavapipe crashes the process. JAX on the CPU after lavapipe works (tried), but the
+    # order costs nothing.
     torch_ok, torch_why = torch_status() if opts.torch else (False, "--no-torch")
     if torch_ok:
         torch = _torch()
 
+        if opts.torch_compile:
+            importlib.import_module("torch._dynamo")  # torch.compile's stack (triton), now
         # float32 means float32: no TF32 in cuBLAS or in what torch.compile generates
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
         torch.set_float32_matmul_precision("highest")
+    jax_platform, jax_why = jax_status() if opts.jax else (None, "--no-jax")
+    dev = fusec.default_device()
     opts.progress(f"fusec bench ({'quick' if opts.quick else 'full'}): {len(ws)} workload(s) on "
                   f"{dev}; timing {'gpu timestamps' if has_timestamps() else 'wall clock'}; "
-                  f"{torch_why}")
+                  f"{torch_why}; {jax_why}")
     t = time.perf_counter()
     roofs = measure_roofs(opts, policy, torch_ok)
     line = f"copy bandwidth: fusec {roofs['copy_fusec']['GB/s']:.1f} GB/s"
@@ -837,7 +994,7 @@ def run(opts: Options) -> dict[str, Any]:
     records = []
     for i, w in enumerate(ws, 1):
         t = time.perf_counter()
-        rec = run_workload(w, opts, policy, torch_ok, roofs)
+        rec = run_workload(w, opts, policy, torch_ok, roofs, jax_platform)
         gc.collect()  # this workload's device buffers go back to the pool before the next
         rec["bench_seconds"] = time.perf_counter() - t
         records.append(rec)
@@ -855,11 +1012,18 @@ def run(opts: Options) -> dict[str, Any]:
         "host": {"python": platform.python_version(), "numpy": np.__version__,
                  "machine": platform.machine(), "cpus": os.cpu_count()},
         "torch": torch_why,
+        "jax": {"status": jax_why, "platform": jax_platform},
         "timing": {
+            "gpu_timestamps": ts,
             "fusec": ("GPU timestamp queries around the call's compute pass" if ts else
                       "wall clock of the call + block_until_ready (no timestamp queries)"),
             "torch": "CUDA events around the call" if torch_ok else "n/a",
             "numpy": "wall clock",
+            "jax": (f"wall clock only (JAX has no GPU timestamps), jax.jit on the "
+                    f"{jax_platform} platform, 'highest' matmul precision"
+                    if jax_platform else "n/a"),
+            "wall": ("call + wait for the result (fusec and JAX: block_until_ready; torch: "
+                     "torch.cuda.synchronize), inputs already on the device, no readback"),
             "statistic": (f"median of {policy.min_reps}..{policy.max_reps} repeats (stopping "
                           f"after {policy.budget_s:g} s) after {policy.warmup} warm-up call(s); "
                           f"GPU timings after {policy.heat_s:g} s of back-to-back calls"),
@@ -874,22 +1038,37 @@ def run(opts: Options) -> dict[str, Any]:
 
 # --- the report -----------------------------------------------------------------------------------
 
+# the device time of each implementation (numpy: its CPU wall clock)
 COLUMNS = (("fused", "fusec fused"), ("unfused", "fusec unfused"), ("numpy", "numpy"),
            ("torch_eager", "torch eager"), ("torch_compile", "torch.compile"))
-_COLORS = dict(zip([k for k, _ in COLUMNS], ["C0", "C1", "C2", "C3", "C4"]))
+# the wall clock of call + wait of each device implementation (JAX's only time)
+WALL_COLUMNS = (("fused", "fusec fused"), ("unfused", "fusec unfused"), ("jax", "jax.jit"),
+                ("torch_eager", "torch eager"), ("torch_compile", "torch.compile"))
+_COLORS = {"fused": "C0", "unfused": "C1", "numpy": "C2", "torch_eager": "C3",
+           "torch_compile": "C4", "jax": "C5"}
 
 
-def fmt_time(res: Optional[dict[str, Any]]) -> str:
-    if not res:
-        return "n/a"
-    t = _cell(res)
-    if t is None:
-        return "error" if "error" in res else "n/a"
+def _wall(res: dict[str, Any]) -> Optional[float]:
+    t = res.get("wall_s")
+    return float(t) if isinstance(t, (int, float)) and t > 0 else None
+
+
+def fmt_seconds(t: float) -> str:
     if t < 1e-3:
         return f"{t * 1e6:.1f} µs"
     if t < 1:
         return f"{t * 1e3:.2f} ms"
     return f"{t:.2f} s"
+
+
+def fmt_time(res: Optional[dict[str, Any]], wall: bool = False) -> str:
+    """The median time of a result (its wall clock with ``wall``), "error" or "n/a"."""
+    if not res:
+        return "n/a"
+    t = _wall(res) if wall else _cell(res)
+    if t is None:
+        return "error" if "error" in res else "n/a"
+    return fmt_seconds(t)
 
 
 def fmt_count(x: Optional[float], unit: str = "") -> str:
@@ -920,23 +1099,64 @@ def fmt_fraction(rec: dict[str, Any], label: str = "fused") -> str:
     return f"n/a ({roof})" if v is None else f"{100 * v:.1f}% {roof}"
 
 
-def table_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
-    head = ["workload", "size", "bytes", "flops", "kernels f/u", "fused", "unfused", "numpy",
-            "torch eager", "torch.compile", "speed-up", "bytes ratio", "speed-up >= ratio",
-            "fused rate", "% of roof"]
-    rows = []
-    for rec in results["workloads"]:
+def jax_label(results: dict[str, Any]) -> str:
+    """"jax (gpu, wall)": JAX's column names the platform it ran on."""
+    plat = (results.get("jax") or {}).get("platform")
+    return f"jax ({plat}, wall)" if plat else "jax (wall)"
+
+
+def _columns(results: dict[str, Any]) -> list[tuple[str, str, Callable[[dict[str, Any]], str]]]:
+    """(key, header, cell of a workload's record) of the report's table."""
+    # fusec's device time is GPU time where the adapter has timestamp queries, else wall clock
+    tag = "GPU" if results.get("timing", {}).get("gpu_timestamps", True) else "wall, no ts"
+
+    def t(label: str, wall: bool = False) -> Callable[[dict[str, Any]], str]:
+        return lambda rec: fmt_time(rec["results"].get(label), wall)
+
+    def kernels(rec: dict[str, Any]) -> str:
         r = rec["results"]
-        kf, ku = r["fused"].get("kernels", "?"), r["unfused"].get("kernels", "?")
+        return f"{r['fused'].get('kernels', '?')}/{r['unfused'].get('kernels', '?')}"
+
+    def verdict(rec: dict[str, Any]) -> str:
         ok = rec.get("speedup_ge_bytes_ratio")
-        rows.append([rec["name"], rec["size"], fmt_count(rec.get("bytes"), "B"),
-                     fmt_count(rec.get("flops")), f"{kf}/{ku}"]
-                    + [fmt_time(r.get(k)) for k, _ in COLUMNS]
-                    + [fmt_ratio(rec.get("speedup")), fmt_ratio(rec.get("bytes_ratio")),
-                       "same plan" if rec.get("same_plan") else
-                       "n/a" if ok is None else ("yes" if ok else "no"),
-                       fmt_rate(rec), fmt_fraction(rec)])
-    return head, rows
+        return ("same plan" if rec.get("same_plan") else
+                "n/a" if ok is None else ("yes" if ok else "no"))
+
+    return [
+        ("workload", "workload", lambda rec: rec["name"]),
+        ("size", "size", lambda rec: rec["size"]),
+        ("bytes", "bytes", lambda rec: fmt_count(rec.get("bytes"), "B")),
+        ("flops", "flops", lambda rec: fmt_count(rec.get("flops"))),
+        ("kernels", "kernels f/u", kernels),
+        ("fused", f"fused ({tag})", t("fused")),
+        ("unfused", f"unfused ({tag})", t("unfused")),
+        ("numpy", "numpy (CPU)", t("numpy")),
+        ("torch_eager", "torch eager (GPU)", t("torch_eager")),
+        ("torch_compile", "torch.compile (GPU)", t("torch_compile")),
+        ("fused_wall", "fused (wall)", t("fused", wall=True)),
+        ("unfused_wall", "unfused (wall)", t("unfused", wall=True)),
+        ("jax_wall", jax_label(results), t("jax", wall=True)),
+        ("torch_eager_wall", "torch eager (wall)", t("torch_eager", wall=True)),
+        ("torch_compile_wall", "torch.compile (wall)", t("torch_compile", wall=True)),
+        ("fused_wall_over_jax", "fused wall / jax wall",
+         lambda rec: fmt_ratio(rec.get("fused_wall_over_jax"))),
+        ("speedup", "speed-up", lambda rec: fmt_ratio(rec.get("speedup"))),
+        ("bytes_ratio", "bytes ratio", lambda rec: fmt_ratio(rec.get("bytes_ratio"))),
+        ("verdict", "speed-up >= ratio", verdict),
+        ("rate", "fused rate", fmt_rate),
+        ("roof", "% of roof", fmt_fraction),
+    ]
+
+
+def table_rows(results: dict[str, Any],
+               keys: Optional[Sequence[str]] = None) -> tuple[list[str], list[list[str]]]:
+    """The report's table (only the columns ``keys`` name, in that order, when given)."""
+    cols = _columns(results)
+    if keys is not None:
+        by_key = {c[0]: c for c in cols}
+        cols = [by_key[k] for k in keys]
+    return ([h for _, h, _ in cols],
+            [[cell(rec) for _, _, cell in cols] for rec in results["workloads"]])
 
 
 def markdown_table(head: list[str], rows: list[list[str]]) -> str:
@@ -949,21 +1169,21 @@ def markdown_table(head: list[str], rows: list[list[str]]) -> str:
 
 def text_table(head: list[str], rows: list[list[str]]) -> str:
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
-    fmt = [(str.ljust if i < 2 else str.rjust) for i in range(len(head))]
+    fmt = [(str.ljust if h in ("workload", "size") else str.rjust) for h in head]
     out = ["  ".join(f(c, w) for f, c, w in zip(fmt, head, widths)),
            "  ".join("-" * w for w in widths)]
     out += ["  ".join(f(c, w) for f, c, w in zip(fmt, row, widths)) for row in rows]
     return "\n".join(out)
 
 
-SUMMARY_COLUMNS = ("workload", "fused", "unfused", "numpy", "torch eager", "torch.compile",
-                   "speed-up", "bytes ratio", "fused rate", "% of roof")
+# the printed summary: device times, wall clocks side by side, fusion's figures
+SUMMARY_COLUMNS = ("workload", "fused", "unfused", "torch_eager", "torch_compile", "fused_wall",
+                   "jax_wall", "torch_eager_wall", "torch_compile_wall", "fused_wall_over_jax",
+                   "speedup", "bytes_ratio", "roof")
 
 
 def summary_table(results: dict[str, Any]) -> str:
-    head, rows = table_rows(results)
-    keep = [head.index(c) for c in SUMMARY_COLUMNS]
-    return text_table([head[i] for i in keep], [[r[i] for i in keep] for r in rows])
+    return text_table(*table_rows(results, SUMMARY_COLUMNS))
 
 
 def _progress_line(rec: dict[str, Any]) -> str:
@@ -976,6 +1196,11 @@ def _progress_line(rec: dict[str, Any]) -> str:
         parts.append(f"{label.replace('fusec ', '')} {fmt_time(res)}")
     parts.append(f"speed-up {fmt_ratio(rec.get('speedup'))} "
                  f"(bytes ratio {fmt_ratio(rec.get('bytes_ratio'))}), {fmt_fraction(rec)}")
+    walls = [f"{label.replace('fusec ', '')} {fmt_time(r.get(k, {}), wall=True)}"
+             for k, label in WALL_COLUMNS if "skipped" not in r.get(k, {})]
+    parts.append(f"wall: {', '.join(walls)}"
+                 + (f" (fused / jax {fmt_ratio(rec['fused_wall_over_jax'])})"
+                    if rec.get("fused_wall_over_jax") else ""))
     errs = [f"{k}: {v['error']}" for k, v in r.items() if "error" in v]
     line = ", ".join(parts[1:])
     return f"{parts[0]} {line}" + (f"; errors: {'; '.join(errs)}" if errs else "")
@@ -988,9 +1213,17 @@ def markdown_report(results: dict[str, Any], charts: list[str], chart_note: str)
              f"- date: {results['date']}",
              f"- device: {results['device']['text']}; fusec {results['fusec_version']}; "
              f"numpy {results['host']['numpy']} on {results['host']['cpus']} CPU(s)",
-             f"- PyTorch: {results['torch']}",
-             f"- timing: fusec: {tm['fusec']}; torch: {tm['torch']}; numpy: {tm['numpy']}; "
-             f"{tm['statistic']}"]
+             f"- PyTorch: {results['torch']}"]
+    jx = results.get("jax") or {}
+    if jx:
+        lines.append(f"- JAX: {jx['status']}"
+                     + (" (JAX runs on the CPU here: its wall clock is the CPU's work, not a "
+                        "GPU's)" if jx.get("platform") == "cpu" else ""))
+    lines.append(f"- timing: fusec: {tm['fusec']}; torch: {tm['torch']}; numpy: {tm['numpy']}"
+                 + (f"; JAX: {tm['jax']}" if "jax" in tm else "") + f"; {tm['statistic']}")
+    if "wall" in tm:
+        lines.append(f"- wall clock (the *(wall)* columns): {tm['wall']}; the same statistic, "
+                     "after the same back-to-back calls")
     cf = roofs["copy_fusec"]
     lines.append(f"- copy bandwidth: fusec {cf['GB/s']:.1f} GB/s ({cf['what']})")
     ct = roofs.get("copy_torch")
@@ -1024,6 +1257,12 @@ def markdown_report(results: dict[str, Any], charts: list[str], chart_note: str)
     lines += ["", markdown_table(head, rows), "",
               "Columns: *bytes* and *flops* from `cost_analysis()` of the fused plan; "
               "*kernels f/u*: kernels of the fused / unfused plan; times are medians; "
+              "*(GPU)*: the device's time for the call (fusec: timestamp queries around its "
+              "compute pass; torch: CUDA events), the host's work not included; *(wall)*: what "
+              "the caller waits for a call's result (call + wait, inputs already on the device, "
+              "no readback), the host's work (dispatch, encoding, submit, the wait) included; "
+              "JAX offers no GPU timestamps and has a wall clock only; "
+              "*fused wall / jax wall*: below 1x fusec's call returns sooner than JAX's; "
               "*speed-up* = unfused time / fused time; *bytes ratio* = bytes moved by the unfused "
               "plan / the fused plan; *fused rate* and *% of roof*: the fused plan's bytes "
               "(memory-bound workloads, against the copy bandwidth) or flops (compute-bound, "
@@ -1050,7 +1289,8 @@ def markdown_report(results: dict[str, Any], charts: list[str], chart_note: str)
 
 
 def write_charts(results: dict[str, Any], out: Path) -> tuple[list[str], str]:
-    """times.png and fraction.png; ([], why) when matplotlib is missing."""
+    """times.png (device times), wall.png (wall clock) and fraction.png; ([], why) when
+    matplotlib is missing."""
     try:
         import matplotlib
 
@@ -1064,29 +1304,34 @@ def write_charts(results: dict[str, Any], out: Path) -> tuple[list[str], str]:
     x = np.arange(len(names))
     charts = []
 
+    labels_of = {**dict(COLUMNS), "jax": jax_label(results).replace(", wall", "")}
+
     def bars(ax: Any, series: list[tuple[str, list[Optional[float]]]]) -> None:
         """Grouped bars, one series per implementation (same colour in every chart)."""
         series = [(k, vals) for k, vals in series if any(v is not None for v in vals)]
         width = 0.8 / max(len(series), 1)
         for j, (k, vals) in enumerate(series):
             ax.bar(x + (j - (len(series) - 1) / 2) * width,
-                   [np.nan if v is None else v for v in vals], width, label=dict(COLUMNS)[k],
+                   [np.nan if v is None else v for v in vals], width, label=labels_of[k],
                    color=_COLORS[k])
 
-    fig, ax = plt.subplots(figsize=(max(8.0, 0.75 * len(names) + 3), 5.5))
-    bars(ax, [(k, [None if (t := _cell(r["results"].get(k, {}))) is None else t * 1e3
-                   for r in recs]) for k, _ in COLUMNS])
-    ax.set_yscale("log")
-    ax.set_ylabel("time per call (ms, log scale; lower is better)")
-    ax.set_xticks(x, names, rotation=40, ha="right")
-    ax.set_title(f"fusec {results['mode']} benchmark: {results['device']['adapter']} "
-                 f"({results['date']})", fontsize=10)
-    ax.legend(fontsize=8)
-    ax.grid(axis="y", which="both", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(out / "times.png", dpi=110)
-    plt.close(fig)
-    charts.append("times.png")
+    for name, cols, get, what in (
+            ("times.png", COLUMNS, _cell, "device time per call (numpy: CPU wall clock)"),
+            ("wall.png", WALL_COLUMNS, _wall, "wall clock per call (call + wait)")):
+        fig, ax = plt.subplots(figsize=(max(8.0, 0.75 * len(names) + 3), 5.5))
+        bars(ax, [(k, [None if (t := get(r["results"].get(k, {}))) is None else t * 1e3
+                       for r in recs]) for k, _ in cols])
+        ax.set_yscale("log")
+        ax.set_ylabel(f"{what}\n(ms, log scale; lower is better)")
+        ax.set_xticks(x, names, rotation=40, ha="right")
+        ax.set_title(f"fusec {results['mode']} benchmark, {what.split(' (')[0]}: "
+                     f"{results['device']['adapter']} ({results['date']})", fontsize=10)
+        ax.legend(fontsize=8)
+        ax.grid(axis="y", which="both", alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(out / name, dpi=110)
+        plt.close(fig)
+        charts.append(name)
 
     fig, ax = plt.subplots(figsize=(max(8.0, 0.75 * len(names) + 3), 5.5))
     labels = [f"{r['name']}\n({'copy' if r['bound'] == 'memory' else 'cuBLAS'})" for r in recs]

@@ -2,7 +2,7 @@
 
     fusec info                                        adapters, the chosen device, its limits
     fusec show MODULE:FUNCTION --arg 64x512:float32 [--arg ...] [--ir | --wgsl]
-    fusec bench [--quick] [--out DIR] [--only NAME,...]   fused vs unfused vs numpy/PyTorch report
+    fusec bench [--quick] [--out DIR] [--only NAME,...]   fused/unfused vs numpy/torch/JAX report
 
 ``show`` imports MODULE (a dotted module name or a path to a .py file), takes FUNCTION from it (a
 ``@fusec.gpu_jit`` function, or a plain one, which is wrapped with ``fusec.gpu_jit``), lowers it for
@@ -228,7 +228,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         raise UsageError(f"--only: {exc}") from None
     return bench.main(bench.Options(quick=args.quick, out=Path(args.out), only=only,
                                     torch=not args.no_torch,
-                                    torch_compile=not args.no_torch_compile))
+                                    torch_compile=not args.no_torch_compile,
+                                    jax=not args.no_jax))
 
 
 # --- entry point ----------------------------------------------------------------------------------
@@ -276,9 +277,12 @@ def _parser() -> argparse.ArgumentParser:
     cache.set_defaults(run=_cmd_cache)
 
     bench = sub.add_parser(
-        "bench", help="benchmark fused vs unfused vs numpy (and PyTorch on CUDA); write a report",
-        description="Time every workload fused, with fuse=False, with numpy on the CPU and, when "
-        "PyTorch with CUDA is importable, with PyTorch eager and torch.compile; measure the copy "
+        "bench", help="benchmark fused vs unfused vs numpy (and PyTorch on CUDA, and JAX); "
+        "write a report",
+        description="Time every workload fused, with fuse=False, with numpy on the CPU, when "
+        "PyTorch with CUDA is importable with PyTorch eager and torch.compile, and when JAX is "
+        "importable with jax.jit (on its GPU or CPU platform); GPU time and wall clock (call + "
+        "wait) side by side; measure the copy "
         "bandwidth and the cuBLAS float32 rate in the same run. Writes DIR/report.md, "
         "DIR/results.json and PNG charts (with matplotlib); prints a summary table.")
     bench.add_argument("--quick", action="store_true",
@@ -291,6 +295,7 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--no-torch", action="store_true", help="skip the PyTorch references")
     bench.add_argument("--no-torch-compile", action="store_true",
                        help="skip torch.compile (its compilation takes a while per workload)")
+    bench.add_argument("--no-jax", action="store_true", help="skip the JAX reference")
     bench.set_defaults(run=_cmd_bench)
     return p
 

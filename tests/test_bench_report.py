@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from fusec import bench, cli
@@ -22,6 +23,15 @@ def _has_matplotlib() -> bool:
     except ImportError:
         return False
     return True
+
+
+def _jax_platform() -> str | None:
+    """The platform the bench's JAX column should name; None where JAX does not import."""
+    try:
+        import jax
+    except ImportError:
+        return None
+    return str(jax.default_backend())
 
 
 @pytest.fixture(scope="module")
@@ -40,6 +50,16 @@ def test_exit_status_progress_and_summary(report: dict[str, Any]) -> None:
         assert f"[{i}/{len(ONLY)}] {name} " in report["stderr"]  # one progress line each
         assert name in report["stdout"]  # the summary table
     assert "speed-up" in report["stdout"] and "% of roof" in report["stdout"]
+    summary_head = report["stdout"].splitlines()[0]
+    for col in ("fused (GPU)" if bench.has_timestamps() else "fused (wall, no ts)",
+                "fused (wall)", "torch eager (wall)", "torch.compile (wall)",
+                "fused wall / jax wall"):
+        assert col in summary_head, col
+    plat = _jax_platform()
+    assert (f"jax ({plat}, wall)" if plat else "jax (wall)") in summary_head
+    assert "wall: fused " in report["stderr"]  # the progress lines give the wall clocks too
+    if plat is not None:
+        assert f"platform {plat}" in report["stderr"] and "jax.jit " in report["stderr"]
 
 
 def test_results_json(report: dict[str, Any]) -> None:
@@ -68,6 +88,14 @@ def test_results_json(report: dict[str, Any]) -> None:
             assert w["fraction_of_roof"]["fused"] > 0
         for label in ("torch_eager", "torch_compile"):
             assert label in r  # measured, or skipped / failed with the reason
+            if "time_s" in r[label]:  # CUDA: the wall clock beside the CUDA-event time
+                assert r[label]["wall_s"] > 0
+        # the wall clock of call + wait beside the GPU time
+        for label in ("fused", "unfused"):
+            assert r[label]["wall_s"] > 0
+        assert "jax" not in w["fraction_of_roof"]  # a wall clock is not the device's time
+    assert res["timing"]["gpu_timestamps"] is bench.has_timestamps()
+    assert "block_until_ready" in res["timing"]["wall"]
     chain2 = res["workloads"][0]
     assert chain2["results"]["fused"]["kernels"] == 1
     assert chain2["results"]["unfused"]["kernels"] == 2
@@ -79,6 +107,29 @@ def test_results_json(report: dict[str, Any]) -> None:
     assert isinstance(res["workloads"][1]["speedup_ge_bytes_ratio"], bool)
 
 
+def test_results_json_jax(report: dict[str, Any]) -> None:
+    """JAX's column: jax.jit of the same workload, wall clock only, on the platform it names."""
+    res = json.loads((report["out"] / "results.json").read_text())
+    plat = _jax_platform()
+    assert res["jax"]["platform"] == plat
+    for w in res["workloads"]:
+        r = w["results"]
+        if plat is None:  # JAX not installed: skipped with the reason, no ratio
+            assert "skipped" in r["jax"] and w["fused_wall_over_jax"] is None
+            continue
+        j = r["jax"]
+        assert "error" not in j, (w["name"], j)
+        assert j["platform"] == plat and j["method"] == "wall clock"
+        assert j["wall_s"] > 0 and j["time_s"] == j["wall_s"] and j["first_call_s"] > 0
+        assert j["reps"] >= 1 and j["min_s"] <= j["wall_s"] <= j["max_s"]
+        # the same computation as fusec's, to float32 rounding
+        assert j["rel_err_vs_fused"] < 1e-5, (w["name"], j["rel_err_vs_fused"])
+        assert j["rel_err"] < 1e-5, (w["name"], j["rel_err"])
+        assert w["fused_wall_over_jax"] == pytest.approx(r["fused"]["wall_s"] / j["wall_s"])
+    if plat is not None:
+        assert f"platform {plat}" in res["jax"]["status"] and plat in res["timing"]["jax"]
+
+
 def test_markdown_report(report: dict[str, Any]) -> None:
     md = (report["out"] / "report.md").read_text()
     res = json.loads((report["out"] / "results.json").read_text())
@@ -86,16 +137,31 @@ def test_markdown_report(report: dict[str, Any]) -> None:
     assert "copy bandwidth" in md and "timing:" in md
     assert "- baseline: fusec 16x16 tiled matmul 256^3: " in md
     header = next(line for line in md.splitlines() if line.startswith("| workload"))
-    for col in ("bytes", "flops", "fused", "unfused", "numpy", "torch eager", "torch.compile",
-                "speed-up", "bytes ratio", "% of roof"):
+    tag = "GPU" if bench.has_timestamps() else "wall, no ts"
+    plat = _jax_platform()
+    jax_col = f"jax ({plat}, wall)" if plat else "jax (wall)"
+    cols = ["bytes", "flops", f"fused ({tag})", f"unfused ({tag})", "numpy (CPU)",
+            "torch eager (GPU)", "torch.compile (GPU)", "fused (wall)", "unfused (wall)", jax_col,
+            "torch eager (wall)", "torch.compile (wall)", "fused wall / jax wall", "speed-up",
+            "bytes ratio", "% of roof"]
+    for col in cols:
         assert f"| {col} |" in header, col
+    names = [c.strip() for c in header.split("|")]
     rows = [line for line in md.splitlines() if line.startswith("| ") and "---" not in line]
     assert [r.split("|")[1].strip() for r in rows[1:]] == ONLY
-    for r in rows[1:]:
+    for r, w in zip(rows[1:], res["workloads"]):
         assert len(r.split("|")) == len(header.split("|"))
+        cells = dict(zip(names, (c.strip() for c in r.split("|"))))
+        assert cells["fused (wall)"] == bench.fmt_seconds(w["results"]["fused"]["wall_s"])
+        assert cells["fused wall / jax wall"] == bench.fmt_ratio(w["fused_wall_over_jax"])
+        if plat is not None:
+            assert cells[jax_col] == bench.fmt_seconds(w["results"]["jax"]["wall_s"])
     chain2 = rows[1]
     assert "1.67x" in chain2 and "% copy" in chain2
     assert "| same plan |" in rows[3] and "same plan" not in chain2
+    assert "JAX offers no GPU timestamps" in md and "- wall clock (the *(wall)* columns)" in md
+    if plat is not None:
+        assert "- JAX: jax " in md and f"platform {plat}" in md
 
 
 def test_charts(report: dict[str, Any]) -> None:
@@ -104,7 +170,7 @@ def test_charts(report: dict[str, Any]) -> None:
     if not _has_matplotlib():
         assert res["charts"] == [] and "matplotlib is not installed" in md
         return
-    assert res["charts"] == ["times.png", "fraction.png"]
+    assert res["charts"] == ["times.png", "wall.png", "fraction.png"]
     for name in res["charts"]:
         data = (report["out"] / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 2000
@@ -122,6 +188,53 @@ def test_report_without_matplotlib(report: dict[str, Any], tmp_path: Path,
     assert not list(tmp_path.glob("*.png"))
     md = (tmp_path / "report.md").read_text()
     assert "matplotlib is not installed" in md and "| chain2 |" in md
+
+
+def test_no_jax(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--no-jax reaches the options; a workload run without JAX says why and has no ratio."""
+    seen: list[bench.Options] = []
+    monkeypatch.setattr(bench, "main", lambda opts: seen.append(opts) or 0)
+    assert cli.main(["bench", "--quick", "--only", "chain2", "--no-jax"]) == 0
+    assert cli.main(["bench", "--quick", "--only", "chain2"]) == 0
+    assert [o.jax for o in seen] == [False, True]
+
+    w = bench.Workload("tiny", "elementwise", "memory", lambda B, x, y: B.tanh(x * y),
+                       (bench.Input((37,)), bench.Input((37,))), "37")
+    opts = bench.Options(quick=True, torch=False, jax=False)
+    rec = bench.run_workload(w, opts, bench.Policy(0, 1, 1, 0.0, 0.0), False,
+                             {"copy_reference": {"GB/s": 1.0}}, None)
+    assert rec["results"]["jax"] == {"skipped": "--no-jax"}
+    assert rec["fused_wall_over_jax"] is None and rec["results"]["fused"]["wall_s"] > 0
+    results = {"workloads": [rec], "jax": {"status": "--no-jax", "platform": None},
+               "timing": {"gpu_timestamps": True}}
+    head, rows = bench.table_rows(results, ["workload", "fused_wall", "jax_wall",
+                                            "fused_wall_over_jax"])
+    assert head == ["workload", "fused (wall)", "jax (wall)", "fused wall / jax wall"]
+    assert rows[0][0] == "tiny" and rows[0][1].endswith("s") and rows[0][2:] == ["n/a", "n/a"]
+
+
+def test_jax_ops_match_numpy() -> None:
+    """Every op of the JAX namespace computes what the numpy one does (odd sizes, float32)."""
+    jax = pytest.importorskip("jax")  # the test extra installs it; the bench runs without
+    J, N = bench.JaxOps(), bench.NumpyOps
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((7, 13), dtype=np.float32) * np.float32(3)
+    w = rng.standard_normal(13, dtype=np.float32)
+    b = rng.standard_normal(13, dtype=np.float32)
+    ids = rng.integers(0, 7, 11, dtype=np.int32)
+    cases: list[tuple[str, tuple[Any, ...]]] = [
+        ("tanh", (x,)), ("maximum", (x, -1.0)), ("relu", (x,)), ("gelu", (x,)), ("silu", (x,)),
+        ("softmax", (x,)), ("layer_norm", (x, w, b)), ("rms_norm", (x, w)),
+        ("take_rows", (x, ids)), ("cumsum", (x[0],)), ("argmax_rows", (x,)), ("sort", (x[1],)),
+        ("split_heads", (x[:, :12], 3)), ("split_heads", (x[:, :12], 3, True)),
+        ("merge_heads", (x[:6].reshape(2, 3, 13),))]
+    for name, args in cases:
+        got = jax.jit(getattr(J, name), static_argnums=tuple(
+            i for i, a in enumerate(args) if not isinstance(a, np.ndarray)))(*args)
+        want = getattr(N, name)(*args)
+        assert got.shape == want.shape, name
+        assert got.dtype == (np.int32 if name == "argmax_rows" else np.float32), name
+        np.testing.assert_allclose(np.asarray(got), want, rtol=2e-6, atol=2e-6, err_msg=name)
 
 
 def test_cli_list_and_unknown_workload(capsys: pytest.CaptureFixture[str]) -> None:
