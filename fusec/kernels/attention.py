@@ -94,16 +94,38 @@ def generate(kernel: Eqn, target: str = "gpu", workgroup_storage: int = 16384) -
     bc = tuple(bcoords)
 
     scale = wgsl_literal(float(e.params["scale"]), "float32")
+    # head dims that are multiples of 4: the rows and tiles as vec4 (a quarter of the
+    # workgroup-memory reads, and dot products)
+    vec = d % 4 == 0 and e_len % 4 == 0
+    lanes = 4 if vec else 1
     q_loads: list[str] = []
-    for j in range(d):
-        val, lines = _value(body, names, counter, q, Idx(q.shape, coords=bc + ("r", f"{j}u")),
-                            "    ")
-        q_loads += lines
-        q_loads.append(f"    let q{j} = {val} * {scale};")
-    k_val, k_lines = _value(body, names, counter, kt,
-                            Idx(kt.shape, coords=bc + ("kd", "kt")), "            ")
-    v_val, v_lines = _value(body, names, counter, v,
-                            Idx(v.shape, coords=bc + ("vt", "ve")), "            ")
+    for j in range(0, d, lanes):
+        vals = []
+        for jj in range(j, j + lanes):
+            val, lines = _value(body, names, counter, q,
+                                Idx(q.shape, coords=bc + ("r", f"{jj}u")), "    ")
+            q_loads += lines
+            vals.append(val)
+        v0 = f"vec4<f32>({', '.join(vals)})" if vec else vals[0]
+        q_loads.append(f"    let q{j // lanes} = {v0} * {scale};")
+
+    def tile_load(a: Var, coords: tuple[str, str], lane_axis: int) -> tuple[str, list[str]]:
+        """The tile element at ``coords`` (its head-dim coordinate at ``lane_axis``), or with
+        vec4, the 4 elements from there along the head dim."""
+        if not vec:
+            return _value(body, names, counter, a, Idx(a.shape, coords=bc + coords),
+                          "            ")
+        vals, lines = [], []
+        for lane in range(4):
+            c = tuple(f"({x} + {lane}u)" if i == lane_axis else x for i, x in enumerate(coords))
+            val, ls = _value(body, names, counter, a, Idx(a.shape, coords=bc + c),
+                             "            ")
+            vals.append(val)
+            lines += ls
+        return f"vec4<f32>({', '.join(vals)})", lines
+
+    k_val, k_lines = tile_load(kt, ("kd", "kt"), 0)
+    v_val, v_lines = tile_load(v, ("vt", "ve"), 1)
     bias_val, bias_lines = "", []
     if bias is not None:
         scores = q.shape[:-1] + (t_len,)
@@ -117,7 +139,8 @@ def generate(kernel: Eqn, target: str = "gpu", workgroup_storage: int = 16384) -
         t=t_len, nb=nb, row_blocks=row_blocks, prelude="\n".join(prelude),
         q_loads="\n".join(q_loads), k_lines="\n".join(k_lines), k_val=k_val,
         v_lines="\n".join(v_lines), v_val=v_val, bias_lines="\n".join(bias_lines),
-        bias_val=bias_val, out_size=out.size)
+        bias_val=bias_val, out_size=out.size, lanes=lanes,
+        ty="vec4<f32>" if vec else "f32")
     key = hashlib.sha256(wgsl.encode()).hexdigest()
     return KernelCode(kernel.params["name"], "attention", wgsl, grid_for(nb * row_blocks),
                       len(body.inputs), len(body.outputs), key=key)
