@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     raw_dev = dev._internal
 
     def spin_wait() -> None:
-        while not lib.wgpuDevicePoll(raw_dev, False, ffi.NULL):
+        while not lib.wgpuDevicePoll(raw_dev, False, ffi.NULL) & 0xFF:  # a C bool: low byte
             pass
 
     def empty_spin() -> None:

@@ -352,7 +352,10 @@ class Runtime:
         if config.get("wait") == "spin" and self._poll is not None:
             raw = self.device._internal
             poll, null = self._poll
-            if poll(raw, False, null):
+            # the low byte only: wgpu-native returns a C bool, which cffi reads as its 32-bit
+            # WGPUBool, upper bytes undefined (they are set: treating them as true made the
+            # wait return before the GPU was done)
+            if poll(raw, False, null) & 0xFF:
                 return
             if self._batch_enc is None and PREOPEN_BATCH:
                 # the GPU is busy: open the next batch (encoder and pass) now, not after the
@@ -361,7 +364,7 @@ class Runtime:
                 self._batch_enc = self.device.create_command_encoder()
                 self._batch_pass = self._batch_enc.begin_compute_pass()
             deadline = time.perf_counter() + 1e-6 * int(config.get("spin_us"))
-            while not poll(raw, False, null):
+            while not poll(raw, False, null) & 0xFF:
                 if time.perf_counter() > deadline:
                     break
             else:

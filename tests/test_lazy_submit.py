@@ -7,10 +7,12 @@ from __future__ import annotations
 import threading
 
 import numpy as np
+import pytest
 
 import fusec
 import fusec.numpy as fnp
 from fusec import runtime
+from fusec.runtime import get_runtime
 
 
 def _rt() -> runtime.Runtime:
@@ -159,3 +161,29 @@ def test_a_call_slower_than_the_batch_window_is_submitted_at_once() -> None:
         runtime.BATCH_SECONDS = keep
     assert rt.batch_calls == 0
     np.testing.assert_array_equal(np.asarray(y), 0.0)
+
+
+@pytest.mark.parametrize("wait", ["spin", "poll"])
+def test_block_until_ready_returns_once_the_gpu_is_done(wait: str) -> None:
+    # a kernel long enough on any adapter that an early return would find it still running:
+    # right after the wait, wgpu-native must report its queue empty (a non-blocking poll; its
+    # C bool is the low byte)
+    from wgpu.backends.wgpu_native._api import ffi, lib
+
+    rt = get_runtime()
+    assert rt is not None
+    f = fusec.gpu_jit(lambda a, b: fnp.tanh(a @ b) @ b)
+    rng = np.random.default_rng(0)
+    a = fusec.device_put(rng.standard_normal((384, 384)).astype(np.float32))
+    b = fusec.device_put(rng.standard_normal((384, 384)).astype(np.float32) / 20)
+    f(a, b).block_until_ready()
+    fusec.config.set("wait", wait)
+    try:
+        for _ in range(3):
+            r = f(a, b)
+            r.block_until_ready()
+            assert lib.wgpuDevicePoll(rt.device._internal, False, ffi.NULL) & 0xFF == 1
+    finally:
+        fusec.config.set("wait", None)
+    want = np.tanh(np.asarray(a, np.float64) @ np.asarray(b, np.float64)) @ np.asarray(b)
+    np.testing.assert_allclose(np.asarray(r), want, rtol=1e-4, atol=1e-4)
