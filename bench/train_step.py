@@ -33,7 +33,7 @@ try:  # torch first: its compiler stack must load before fusec opens a Vulkan ad
 except Exception:  # noqa: BLE001 - optional
     torch = None
 
-from timing import median_wall  # noqa: E402  (bench/timing.py)
+from timing import back_to_back, median_wall  # noqa: E402  (bench/timing.py)
 
 import fusec  # noqa: E402
 import fusec.numpy as fnp  # noqa: E402
@@ -57,23 +57,6 @@ def make_inputs(seq: int, d: int, ffn: int, seed: int = 0) -> tuple[np.ndarray, 
 
 
 LR = 1e-3
-
-
-def _loop_wall(step_once: Callable[[], Any], sync: Callable[[], Any], steps: int,
-               reps: int) -> float:
-    """Seconds per step of ``steps`` chained training steps (each feeding the next its updated
-    parameters) with one wait at the end: a training loop's throughput, where the host's work
-    for one step overlaps the GPU's work on the one before. Median over ``reps`` loops."""
-    step_once()
-    sync()
-    ts = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        for _ in range(steps):
-            step_once()
-        sync()
-        ts.append((time.perf_counter() - t) / steps)
-    return statistics.median(ts)
 
 
 def fusec_train_step(heads: int) -> Callable[..., Any]:
@@ -168,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     def fusec_once() -> None:
         state["v"], state["p"] = tstep(state["p"], x_dev)
 
-    res["fusec_loop_ms_per_step"] = 1e3 * _loop_wall(
+    res["fusec_loop_ms_per_step"] = 1e3 * back_to_back(
         fusec_once, lambda: state["v"].block_until_ready(), a.loop, a.loop_reps)
     # where the wall time goes: the host's part (the call returns once the work is submitted)
     # and the GPU's (timestamps around the call's one compute pass)
@@ -239,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
             def jax_once() -> None:
                 jstate["v"], jstate["p"] = jtrain_step(jstate["p"], xj)
 
-            res["jax_loop_ms_per_step"] = 1e3 * _loop_wall(
+            res["jax_loop_ms_per_step"] = 1e3 * back_to_back(
                 jax_once, lambda: jax.block_until_ready(jstate["v"]), a.loop, a.loop_reps)
         grads["jax"] = (float(v), {k: np.asarray(t) for k, t in g.items()})
     except Exception as exc:  # noqa: BLE001 - optional reference
@@ -276,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
                 for p in tp.values():
                     p -= LR * p.grad
 
-        res["torch_eager_loop_ms_per_step"] = 1e3 * _loop_wall(
+        res["torch_eager_loop_ms_per_step"] = 1e3 * back_to_back(
             torch_once, torch.cuda.synchronize, a.loop, a.loop_reps)
         loss = tstep()
         grads["torch"] = (float(loss.detach()), {k: p.grad.cpu().numpy() for k, p in pt.items()})

@@ -41,9 +41,12 @@ def load_weights() -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     return w, config
 
 
-def encode(xp: Any, nn: Any, w: dict[str, Any], ids: Any, mask: Any, eps: float) -> Any:
+def encode(xp: Any, nn: Any, w: dict[str, Any], ids: Any, mask: Any, eps: float,
+           layers: int = LAYERS) -> Any:
     """Sentence embeddings of ``ids`` (B, S) with attention ``mask`` (B, S; 1 = token). ``xp``
-    and ``nn``: fusec.numpy and fusec.nn inside gpu_jit, or the numpy reference below."""
+    and ``nn``: fusec.numpy and fusec.nn inside gpu_jit, or the numpy reference below.
+    ``layers``: how many of the encoder's layers to run (bench/bert_encoder.py counts the kernels
+    of one layer as the difference between two depths)."""
     b, s = ids.shape
     d = w["embeddings.word_embeddings.weight"].shape[1]
     dh = d // HEADS
@@ -58,7 +61,7 @@ def encode(xp: Any, nn: Any, w: dict[str, Any], ids: Any, mask: Any, eps: float)
     def heads(t: Any) -> Any:
         return xp.transpose(xp.reshape(t, (b, s, HEADS, dh)), (0, 2, 1, 3))
 
-    for i in range(LAYERS):
+    for i in range(layers):
         p = f"encoder.layer.{i}."
 
         def dense(t: Any, name: str) -> Any:
@@ -102,10 +105,10 @@ class NumpyNN:
 
 
 def reference(w: dict[str, np.ndarray], ids: np.ndarray, mask: np.ndarray,
-              eps: float) -> np.ndarray:
+              eps: float, layers: int = LAYERS) -> np.ndarray:
     """The same network in float64 numpy."""
     w64 = {k: v.astype(np.float64) for k, v in w.items()}
-    return encode(np, NumpyNN, w64, ids, mask.astype(np.float64), eps)
+    return encode(np, NumpyNN, w64, ids, mask.astype(np.float64), eps, layers=layers)
 
 
 def make_batch(batch: int, seq: int, vocab: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
