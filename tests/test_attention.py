@@ -45,7 +45,8 @@ def _data(rng: np.random.Generator, *shape: int) -> np.ndarray:
     ((), 1, 1, 1, 1),
     ((2, 3), 70, 67, 8, 8),       # rows past a workgroup, keys past a tile, both ragged
     ((5,), 13, 131, 31, 17),      # primes, values narrower than keys
-    ((1, 2), 64, 64, 64, 64),     # the widest head the kernel takes
+    ((2,), 37, 41, 12, 20),       # vec4 rows and tiles (multiples of 4)
+    ((1, 2), 64, 64, 32, 32),     # the widest head the kernel takes
     ((3,), 129, 3, 2, 7),
 ])
 def test_matches_float64_and_is_one_kernel(batch: tuple[int, ...], s: int, t: int, d: int,

@@ -11,7 +11,8 @@ over the sum. The S x T scores never reach memory; q, k, v and the output are re
 once per workgroup.
 
 The head dims are unrolled (a thread holds its scaled query row and its accumulators in
-registers), so the kernel is made for head dims up to :data:`MAX_HEAD` (:func:`fits`). Values
+registers), so the kernel is made for small head dims, up to :data:`MAX_HEAD` (:func:`fits`;
+the measurements there: with wider heads the written-out plan is faster). Values
 are read through :class:`fusec.emit.Emitter`, so a transposed or reshaped q, k or v (split
 heads) and a broadcast bias are read in place.
 
@@ -30,7 +31,12 @@ from ..ops import wgsl_literal
 
 ROWS = 64  # query rows (threads) per workgroup
 MAX_TILE = 64  # keys per tile, fewer where workgroup memory is short
-MAX_HEAD = 64  # head dims (q's and v's last) up to this take the kernel
+# head dims (q's and v's last) up to this take the kernel. H100, GPU time by timestamps, kernel
+# against the written-out plan (matmul, softmax, matmul; bench/attention_ab.py), us: head dim
+# 32: 32x12 heads of 128x128 89.7 / 117.3, 1x12 of 16x16 14.0 / 11.5 (but 1 kernel, not 3:
+# wall 108 / 135); head dim 64: 1x4 of 128x128 45.5 / 21.4, 8x12 of 512x512 894 / 373, 4x8 of
+# 1024x1024 1099 / 468. A thread per row holding 2 x 64 values runs too few threads at once.
+MAX_HEAD = 32
 
 
 def _tile(d: int, e: int, storage: int) -> int:

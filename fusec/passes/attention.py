@@ -13,7 +13,7 @@ The pass looks for this chain, as ``fusec.nn.softmax`` traces it, from the last 
 
 Every value inside the chain must be used only by the chain (the scores or probabilities that a
 program returns, or that a backward pass reads, keep it as it is). It is rewritten only where the
-kernel pays (:func:`fusec.kernels.attention.fits`): float32 and head dims up to 64.
+kernel pays (:func:`fusec.kernels.attention.fits`): float32 and head dims up to 32.
 """
 
 from __future__ import annotations
