@@ -110,10 +110,46 @@ def main(argv: list[str] | None = None) -> int:
         p.dispatch_workgroups(4)
         p.end()
         dev.queue.submit([enc.finish()])
-        dev._poll_wait()
+        spin_wait()
+
+    from wgpu.backends.wgpu_native._api import ffi, lib
+
+    raw_dev = dev._internal
+
+    def spin_wait() -> None:
+        while not lib.wgpuDevicePoll(raw_dev, False, ffi.NULL) & 0xFF:  # a C bool: low byte
+            pass
+
+    # the same through wgpu-native's C functions directly (descriptors made once): what wgpu-py's
+    # wrappers cost
+    encd = ffi.new("WGPUCommandEncoderDescriptor *")
+    passd = ffi.new("WGPUComputePassDescriptor *")
+    cbd = ffi.new("WGPUCommandBufferDescriptor *")
+    cbs = ffi.new("WGPUCommandBuffer[1]")
+    queue = dev.queue._internal
+    raw_pipe, raw_bg = pipe._internal, bg._internal
+
+    def one_dispatch_raw() -> None:
+        enc = lib.wgpuDeviceCreateCommandEncoder(raw_dev, encd)
+        p = lib.wgpuCommandEncoderBeginComputePass(enc, passd)
+        lib.wgpuComputePassEncoderSetPipeline(p, raw_pipe)
+        lib.wgpuComputePassEncoderSetBindGroup(p, 0, raw_bg, 0, ffi.NULL)
+        lib.wgpuComputePassEncoderDispatchWorkgroups(p, 4, 1, 1)
+        lib.wgpuComputePassEncoderEnd(p)
+        cbs[0] = lib.wgpuCommandEncoderFinish(enc, cbd)
+        lib.wgpuQueueSubmit(queue, 1, cbs)
+        lib.wgpuCommandBufferRelease(cbs[0])
+        lib.wgpuComputePassEncoderRelease(p)
+        lib.wgpuCommandEncoderRelease(enc)
+        spin_wait()
 
     try:
-        res["hand_dispatch_submit_wait_us"] = _median_us(one_dispatch, a.reps)
+        for _ in range(5):  # interleaved rounds
+            for k, fn in (("hand_dispatch_wgpu_py_us", one_dispatch),
+                          ("hand_dispatch_raw_ffi_us", one_dispatch_raw)):
+                res.setdefault(k, []).append(_median_us(fn, max(1, a.reps // 5)))
+        for k in ("hand_dispatch_wgpu_py_us", "hand_dispatch_raw_ffi_us"):
+            res[k] = statistics.median(res[k])
     except Exception as exc:  # noqa: BLE001 - the layout may differ; report, do not fail
         res["hand_dispatch_error"] = repr(exc)
     # each step of an empty submit on its own (medians over reps)
@@ -137,15 +173,7 @@ def main(argv: list[str] | None = None) -> int:
             steps[k].append(dt)
     res["empty_steps_us"] = {k: 1e6 * statistics.median(v) for k, v in steps.items()}
 
-    # the wait by spinning on the non-blocking poll (it returns whether the queue is empty)
-    from wgpu.backends.wgpu_native._api import ffi, lib
-
-    raw_dev = dev._internal
-
-    def spin_wait() -> None:
-        while not lib.wgpuDevicePoll(raw_dev, False, ffi.NULL) & 0xFF:  # a C bool: low byte
-            pass
-
+    # the wait by spinning on the non-blocking poll (its low byte: whether the queue is empty)
     def empty_spin() -> None:
         enc = dev.create_command_encoder()
         enc.begin_compute_pass().end()

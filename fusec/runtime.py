@@ -23,6 +23,7 @@ from . import numpy as fnp
 from .errors import DeviceLimitError, FusecError
 from .interpret import evaluate
 from .ir import Eqn, Lit, Op, Program, Var
+from .native import Encoder, open_native
 from .trace import register_array_type
 
 BIND_GROUP_CACHE = 8  # bind groups kept per kernel launch of an executable
@@ -90,6 +91,8 @@ class Runtime:
         feats = [f for f in ("timestamp-query",) if f in adapter.features]
         self.device = adapter.request_device_sync(required_features=feats)
         self._poll = _native_poll()
+        # the calls' recording and submits through wgpu-native directly (fusec.native)
+        self.native = open_native(self.device) if config.get("native") else None
         info = adapter.info
         self.info = DeviceInfo(
             backend=str(info["backend_type"]),
@@ -216,10 +219,25 @@ class Runtime:
             raw.destroy()
         self.destroyed += len(doomed)  # cached bind groups may name them: executables drop theirs
 
+    def encoder(self) -> Any:
+        """A command encoder for the calls' own recording: through wgpu-native directly
+        (:mod:`fusec.native`) where it can be, else wgpu-py's. Submit it with :meth:`submit`.
+        (The profilers' encoders, which take timestamp writes, are wgpu-py's.)"""
+        if self.native is not None:
+            return self.native.encoder()
+        return self.device.create_command_encoder()
+
+    def submit(self, enc: Any) -> None:
+        """Finish and submit an encoder from :meth:`encoder` (or wgpu-py's)."""
+        if type(enc) is Encoder:
+            enc.submit()
+        else:
+            self.device.queue.submit([enc.finish()])
+
     def batch_pass(self, clears: Sequence[Any]) -> Any:
         """The batch's open compute pass, with ``clears`` (buffers to zero) recorded before it."""
         if self._batch_enc is None:
-            self._batch_enc = self.device.create_command_encoder()
+            self._batch_enc = self.encoder()
         if not self._batch_dirty:
             self._batch_dirty = True
             self._batch_t0 = time.perf_counter()
@@ -247,7 +265,7 @@ class Runtime:
         with self.lock:
             enc = self._batch_enc
             if enc is None:
-                return self.device.create_command_encoder()
+                return self.encoder()
             if self._batch_pass is not None:
                 self._batch_pass.end()
             self._close_batch()
@@ -275,7 +293,7 @@ class Runtime:
         """Submit the calls recorded in the batch (lazy submission); nothing if none is."""
         with self.lock:
             if self._batch_dirty:
-                self.device.queue.submit([self.take_batch().finish()])
+                self.submit(self.take_batch())
             self.submitted_batch()
 
     def upload(self, data: np.ndarray) -> DeviceBuffer:
@@ -315,7 +333,7 @@ class Runtime:
         # the copy rides on the batch's submit (one submit, not two)
         enc = self.take_batch()
         enc.copy_buffer_to_buffer(buffer, 0, stage, 0, max(4, nbytes))
-        self.device.queue.submit([enc.finish()])
+        self.submit(enc)
         self.submitted_batch()
         self.submitted += 1
         self._map_read(stage, max(4, nbytes))
@@ -361,7 +379,7 @@ class Runtime:
                 # the GPU is busy: open the next batch (encoder and pass) now, not after the
                 # wait (on the H100 they take about 22 us of the host's time). An open batch with
                 # nothing in it is not submitted (flush).
-                self._batch_enc = self.device.create_command_encoder()
+                self._batch_enc = self.encoder()
                 self._batch_pass = self._batch_enc.begin_compute_pass()
             deadline = time.perf_counter() + 1e-6 * int(config.get("spin_us"))
             while not poll(raw, False, null) & 0xFF:
@@ -594,7 +612,7 @@ class Array:
         # the copy follows the calls that wrote the source, on the batch's submit
         enc = rt.take_batch()
         enc.copy_buffer_to_buffer(src.raw, 0, dst.raw, 0, nbytes)
-        rt.device.queue.submit([enc.finish()])
+        rt.submit(enc)
         rt.submitted_batch()
         rt.submitted += 1
         return Array(self._shape, self._dtype, buffer=dst, submission=rt.submitted)
@@ -1040,12 +1058,18 @@ class _Recorder:
 
     def __init__(self, rt: Runtime, zeroed: Sequence[Any], timestamps: Any = None) -> None:
         self.rt = rt
-        if zeroed or timestamps:
+        self.timed = bool(timestamps)
+        if timestamps:
+            rt.flush()
+            self.enc = rt.device.create_command_encoder()  # wgpu-py's: timestamp writes
+            for b in zeroed:
+                self.enc.clear_buffer(b)
+            self.cpass = self.enc.begin_compute_pass(timestamp_writes=timestamps)
+        elif zeroed:
             self.enc = rt.take_batch()
             for b in zeroed:
                 self.enc.clear_buffer(b)
-            self.cpass = (self.enc.begin_compute_pass(timestamp_writes=timestamps) if timestamps
-                          else self.enc.begin_compute_pass())
+            self.cpass = self.enc.begin_compute_pass()
         else:
             self.enc, self.cpass = rt.take_pass()
         self.last: Any = None  # the pipeline set last: a loop of one kernel sets it once
@@ -1076,7 +1100,7 @@ class _Recorder:
         self.cpass.end()
         stage = rt._staging_buffer(4)
         self.enc.copy_buffer_to_buffer(raw, 0, stage, 0, 4)
-        rt.device.queue.submit([self.enc.finish()])
+        rt.submit(self.enc)
         rt.submitted += 1
         rt._map_read(stage, 4)
         try:
@@ -1091,9 +1115,9 @@ class _Recorder:
 
     def finish(self) -> None:
         self.cpass.end()
-        if self.rt.profile:
+        if self.timed:
             self.rt.resolve_timestamps(self.enc)
-        self.rt.device.queue.submit([self.enc.finish()])
+        self.rt.submit(self.enc)
 
 
 class _LoopRun:
@@ -1303,18 +1327,29 @@ class GpuExecutable(_Steps):
         else:
             # the calls recorded before this one go first
             ts = rt.timestamp_writes() if rt.profile else None
-            if clears or ts:
-                enc = rt.take_batch()
+            if ts or rt.kernel_profile is not None:
+                rt.flush()
+                enc = rt.device.create_command_encoder()  # wgpu-py's: timestamp writes
                 for raw in clears:
                     enc.clear_buffer(raw)
                 cpass = enc.begin_compute_pass(timestamp_writes=ts) if ts else \
                     enc.begin_compute_pass()
+            elif clears:
+                enc = rt.take_batch()
+                for raw in clears:
+                    enc.clear_buffer(raw)
+                cpass = enc.begin_compute_pass()
             else:
                 enc, cpass = rt.take_pass()
             # fusec.profile(): each kernel in a pass of its own, between two timestamps
             if rt.kernel_profile is not None and "timestamp-query" in rt.info.features:
                 kq = rt.kernel_queries(len(self.steps))
         timed: list[str] = []
+        # a call of many kernels submits its first dispatches early, then chunks twice as long,
+        # so that the GPU starts while the host records the rest (FUSEC_SUBMIT_FIRST; not under
+        # the profilers, whose timestamps bracket one pass)
+        split = 0 if batched or rt.profile or kq is not None else int(config.get("submit_first"))
+        dispatched = 0
         for st in self.steps:
             if type(st) is _Alias:
                 bufs[st.dst] = bufs[st.src]
@@ -1327,6 +1362,12 @@ class GpuExecutable(_Steps):
             bg = st.bind_groups.get(bound)
             if bg is None:
                 bg = _bind_group(rt, st, bound)
+            if split and dispatched == split:
+                cpass.end()
+                rt.submit(enc)
+                enc, cpass = rt.take_pass()
+                split *= 2
+            dispatched += 1
             if kq is not None:
                 cpass.end()
                 k = 2 * len(timed)
@@ -1354,7 +1395,7 @@ class GpuExecutable(_Steps):
             rt.resolve_timestamps(enc)
         if kq is not None and timed:
             enc.resolve_query_set(kq[0], 0, 2 * len(timed), kq[1], 0)
-        rt.device.queue.submit([enc.finish()])
+        rt.submit(enc)
         rt.submitted_batch()
         if kq is not None and timed and rt.kernel_profile is not None:
             t = np.frombuffer(rt.read(kq[1], 16 * len(timed)), dtype=np.uint64).astype(np.int64)

@@ -1,0 +1,142 @@
+"""Command recording and submission through wgpu-native's C functions, below wgpu-py's wrappers:
+what every jitted call does, so its cost is paid per call.
+
+wgpu-py builds a descriptor struct and a Python wrapper object for every command encoder, pass
+and command buffer, and wraps every call in its error capture. Here the descriptors are made once,
+the handles are plain cffi pointers released by hand, and the recording calls (pass, pipeline,
+bind group, dispatch, clear, copy) go straight to the library. ``finish`` and ``submit``, where
+wgpu-native reports an invalid encoder or a destroyed buffer, still go through wgpu-py's error
+capture, so such an error is raised as before, never only logged. Measured on the H100
+(``bench/round_trip_floor.py``): one dispatch submitted and waited for, 79 us through wgpu-py,
+49 us this way.
+
+The classes mirror the wgpu-py methods the runtime calls (``begin_compute_pass``,
+``set_pipeline``, ``set_bind_group``, ``dispatch_workgroups``, ``end``, ``clear_buffer``,
+``copy_buffer_to_buffer``) and take wgpu-py objects, whose handles they use. :func:`open_native`
+gives None where wgpu-py's wgpu-native backend is not the one in use; the runtime then records
+through wgpu-py (``FUSEC_NATIVE=0`` forces that).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+
+class Native:
+    """wgpu-native's functions and the reusable descriptors of one device."""
+
+    def __init__(self, device: Any) -> None:
+        from wgpu.backends.wgpu_native._api import ffi, lib, libf
+
+        self.ffi = ffi
+        self.lib = lib
+        self.device = device._internal
+        self.queue = device.queue._internal
+        self.null = ffi.NULL
+        self.whole = lib.WGPU_WHOLE_SIZE
+        # zeroed descriptors: no label, no chained struct, no timestamp writes
+        self.enc_desc = ffi.new("WGPUCommandEncoderDescriptor *")
+        self.pass_desc = ffi.new("WGPUComputePassDescriptor *")
+        self.cb_desc = ffi.new("WGPUCommandBufferDescriptor *")
+        self.cbs = ffi.new("WGPUCommandBuffer[1]")
+        self.create_encoder = lib.wgpuDeviceCreateCommandEncoder
+        self.begin = lib.wgpuCommandEncoderBeginComputePass
+        self.set_pipeline = lib.wgpuComputePassEncoderSetPipeline
+        self.set_bind_group = lib.wgpuComputePassEncoderSetBindGroup
+        self.dispatch = lib.wgpuComputePassEncoderDispatchWorkgroups
+        self.end = lib.wgpuComputePassEncoderEnd
+        self.release_pass = lib.wgpuComputePassEncoderRelease
+        self.release_encoder = lib.wgpuCommandEncoderRelease
+        self.release_cb = lib.wgpuCommandBufferRelease
+        self.clear = lib.wgpuCommandEncoderClearBuffer
+        self.copy = lib.wgpuCommandEncoderCopyBufferToBuffer
+        # error-captured (wgpu-py raises what wgpu-native reports during the call)
+        self.finish = libf.wgpuCommandEncoderFinish
+        self.submit = libf.wgpuQueueSubmit
+
+    def encoder(self) -> Encoder:
+        return Encoder(self)
+
+
+class Pass:
+    """An open compute pass of an :class:`Encoder`."""
+
+    __slots__ = ("n", "raw")
+
+    def __init__(self, n: Native, raw: Any) -> None:
+        self.n = n
+        self.raw = raw
+
+    def set_pipeline(self, pipeline: Any) -> None:
+        self.n.set_pipeline(self.raw, pipeline._internal)
+
+    def set_bind_group(self, index: int, bind_group: Any) -> None:
+        n = self.n
+        n.set_bind_group(self.raw, index, bind_group._internal, 0, n.null)
+
+    def dispatch_workgroups(self, x: int, y: int = 1, z: int = 1) -> None:
+        self.n.dispatch(self.raw, x, y, z)
+
+    def end(self) -> None:
+        raw, self.raw = self.raw, None
+        if raw is not None:
+            self.n.end(raw)
+            self.n.release_pass(raw)
+
+
+class Encoder:
+    """A command encoder; :meth:`submit` finishes and submits it (once)."""
+
+    __slots__ = ("n", "raw", "cpass")
+
+    def __init__(self, n: Native) -> None:
+        self.n = n
+        self.raw = n.create_encoder(n.device, n.enc_desc)
+        self.cpass: Optional[Pass] = None
+
+    def begin_compute_pass(self) -> Pass:
+        self.cpass = Pass(self.n, self.n.begin(self.raw, self.n.pass_desc))
+        return self.cpass
+
+    def clear_buffer(self, buffer: Any) -> None:
+        self.n.clear(self.raw, buffer._internal, 0, self.n.whole)
+
+    def copy_buffer_to_buffer(self, src: Any, src_offset: int, dst: Any, dst_offset: int,
+                              size: int) -> None:
+        self.n.copy(self.raw, src._internal, src_offset, dst._internal, dst_offset, size)
+
+    def submit(self) -> None:
+        """Finish (ending a pass left open) and submit; the handles are released."""
+        n = self.n
+        if self.cpass is not None:
+            self.cpass.end()
+            self.cpass = None
+        raw, self.raw = self.raw, None
+        try:
+            cb = n.finish(raw, n.cb_desc)
+        finally:
+            n.release_encoder(raw)
+        try:
+            n.cbs[0] = cb
+            n.submit(n.queue, 1, n.cbs)
+        finally:
+            n.release_cb(cb)
+
+    def __del__(self) -> None:
+        # an encoder dropped unsubmitted (an error while recording): release its handles
+        try:
+            if self.cpass is not None:
+                self.cpass.end()
+            if self.raw is not None:
+                self.n.release_encoder(self.raw)
+        except Exception:  # noqa: BLE001 - interpreter shutdown: nothing left to release
+            pass
+
+
+def open_native(device: Any) -> Optional[Native]:
+    """The native recorder for ``device``, or None where wgpu-py's wgpu-native backend does not
+    expose what it needs."""
+    try:
+        return Native(device)
+    except Exception:  # noqa: BLE001 - another backend or a changed wgpu-py: record via wgpu-py
+        return None
