@@ -67,7 +67,7 @@ ROW_CACHE = int(os.environ.get("FUSEC_ROW_CACHE", 64))
 # _fit_storage). Which tile a product gets: matmul_config.
 # FUSEC_MATMUL_BLOCK="BM,BN,BK,TM,TN" forces one.
 MATMUL_LARGE = (128, 128, 16, 8, 8)
-LARGE_TILES = 128  # products with at least this many 128x128 tiles take them (see matmul_config)
+LARGE_TILES = 96  # products with at least this many 128x128 tiles take them (see matmul_config)
 MATMUL_MEDIUM = (128, 64, 16, 8, 4)
 MATMUL_SMALL = (64, 64, 32, 4, 4)
 MATMUL_BLOCK: Optional[tuple[int, ...]] = (
@@ -571,7 +571,8 @@ def matmul_config(m: int, n: int, target: str, k: int = 0, batch: int = 1
     0.97 / 1.17; 4096x1024x4096 0.83 / 1.23 / 1.25; 2048^3 0.43 / 0.61 / 0.61; 2048x2816x1024
     0.36 / 0.36 / 0.48; 2048x1024x2816 (128 tiles) 0.33 / 0.37 / 0.43; 2048x1024x1024 (128) 0.11
     / 0.13 / 0.15; 8x2048x128x2048 (128) 0.23 / 0.29 / 0.33; 8x2048x2048x128 0.29 / 0.29 / 0.33;
-    but 1024^3 (64 tiles) 0.11 / 0.08 / 0.08."""
+    but 1024^3 (64 tiles) 0.11 / 0.08 / 0.08. At 96 tiles (the MiniLM encoder's products at batch
+    32x128), large / 128x64: 4096x384x1536 0.166 / 0.193, 4096x384x384 0.055 / 0.058."""
     # software adapters too: on lavapipe the register-blocked tiles run 5-12x faster than the
     # 16x16 baseline (888x384 @ 384x1536: 149 against 1810 ms; 256^3 9.5 against 58 ms; the
     # MiniLM encoder at 24x37: 6.5 against 43.5 s), as long as their one runtime loop (over K, in

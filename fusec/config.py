@@ -42,14 +42,14 @@ _ENV = {
     # without blocking, up to FUSEC_SPIN_US microseconds, then blocks), "poll" (it blocks in
     # wgpu-native's poll at once) or "thread" (wgpu-py's map_sync, through its poller thread)
     "wait": ("FUSEC_WAIT", "spin"),
-    "spin_us": ("FUSEC_SPIN_US", 2000),
+    "spin_us": ("FUSEC_SPIN_US", 20000),
     # 1: calls record and submit through wgpu-native's C functions (fusec.native); 0: wgpu-py's
     "native": ("FUSEC_NATIVE", 1),
     # lazy submission: small calls submitted together, this many at most (0: each call at once)
     "batch_calls": ("FUSEC_BATCH_CALLS", 64),
     # dispatches encoded before the first submit of a call with many kernels (0: one submit):
     # the GPU starts on them while the host encodes the rest; later chunks double in size
-    "submit_first": ("FUSEC_SUBMIT_FIRST", 0),  # read at each call that is not batched
+    "submit_first": ("FUSEC_SUBMIT_FIRST", 4),  # read at each call that is not batched
     # a while_loop's chunks of iterations between reads of its flag grow up to this (runtime)
     "while_chunk_max": ("FUSEC_WHILE_CHUNK_MAX", 0),
 }

@@ -367,7 +367,7 @@ def test_two_functions_with_the_same_kernel_share_its_pipeline():
 
 
 def test_matmul_tile_choice(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The 128x128 tile from 128 such tiles on (batch included, whatever K), 128x64 for fewer
+    """The 128x128 tile from 96 such tiles on (batch included, whatever K), 128x64 for fewer
     (from 64), 64x64 for fewer still or a side under 128; the 16x16 baseline under 32 (or for a K
     too long for a software adapter's loop budget)."""
     monkeypatch.setattr(codegen, "MATMUL_BLOCK", None)
@@ -378,7 +378,9 @@ def test_matmul_tile_choice(monkeypatch: pytest.MonkeyPatch) -> None:
     assert codegen.matmul_config(2048, 1024, "gpu", 2816) == large  # 128 tiles
     assert codegen.matmul_config(2048, 1024, "gpu", 128) == large  # 128 tiles, short K
     assert codegen.matmul_config(2048, 2048, "gpu", 128, batch=8) == large  # batch counts
-    assert codegen.matmul_config(1920, 1000, "gpu", 1024) == medium  # 15 x 8 = 120 tiles
+    assert codegen.matmul_config(1920, 1000, "gpu", 1024) == large  # 15 x 8 = 120 tiles
+    assert codegen.matmul_config(4096, 384, "gpu", 1536) == large  # 32 x 3 = 96 tiles
+    assert codegen.matmul_config(1920, 768, "gpu", 1024) == medium  # 15 x 6 = 90 tiles
     assert codegen.matmul_config(1024, 1024, "gpu", 1024) == medium  # 64 tiles
     assert codegen.matmul_config(1024, 1024, "gpu", 4096) == medium  # 64 tiles, long K
     assert codegen.matmul_config(1000, 1000, "gpu", 1024) == medium  # 8 x 8 = 64 tiles
