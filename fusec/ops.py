@@ -604,7 +604,8 @@ def _np_erf(x: np.ndarray) -> np.ndarray:
         from scipy.special import erf
     except ImportError:
         return np.vectorize(math.erf, otypes=[np.float64])(x).astype(x.dtype)
-    return np.asarray(erf(np.asarray(x, np.float64))).astype(x.dtype)
+    # (scipy has a float32 loop: the same values as through float64, without the two copies)
+    return np.asarray(erf(x)).astype(x.dtype, copy=False)
 
 
 def _np_bool_safe(fn: Callable[..., Any], bool_fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -613,7 +614,25 @@ def _np_bool_safe(fn: Callable[..., Any], bool_fn: Callable[..., Any]) -> Callab
             return bool_fn(*xs)
         return fn(*xs)
 
+    # what float operands go through (see float_ufunc)
+    f.ufunc = fn  # type: ignore[attr-defined]
     return f
+
+
+def float_ufunc(op: Op) -> Optional[Any]:
+    """The numpy ufunc that is ``op``'s reference on float32 operands (ELEMENTWISE[op].numpy
+    computes exactly it for them), or None: the interpreter calls it with ``out=`` a dead
+    operand's buffer instead of allocating a new array."""
+    fn = ELEMENTWISE[op].numpy
+    if op is Op.ERF:
+        try:
+            from scipy.special import erf
+        except ImportError:
+            return None
+        return erf
+    if isinstance(fn, np.ufunc):
+        return fn
+    return getattr(fn, "ufunc", None)
 
 
 # --- derivatives of the elementwise ops (fusec.autodiff) ------------------------------------------
