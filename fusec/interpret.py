@@ -15,12 +15,10 @@ equations): allocating a fresh multi-megabyte result costs more than computing i
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 import weakref
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Optional
 
 import numpy as np
@@ -81,40 +79,6 @@ def _dead_operand(args: Sequence[np.ndarray], shape: tuple[int, ...]) -> Optiona
     return None
 
 
-# Large float32 elementwise ops run in row blocks on this many threads (numpy's loops, and
-# scipy's erf, release the GIL); numpy itself uses one core for them, BLAS all of them for matmul.
-_THREADS = max(1, min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-                      else os.cpu_count() or 1))
-_PARALLEL_MIN = 1 << 17  # elements below which a thread's hand-off costs more than it saves
-_POOL: Optional[ThreadPoolExecutor] = None
-
-
-def _ufunc_part(fn: Any, args: Sequence[np.ndarray], out: np.ndarray) -> None:
-    with np.errstate(all="ignore"):  # (errstate is per thread)
-        fn(*args, out=out)
-
-
-def _ufunc_into(fn: Any, args: Sequence[np.ndarray], out: np.ndarray) -> np.ndarray:
-    """fn(*args, out=out), split over the threads by blocks of out's first axis where out is
-    large. Operands as long as out on that axis are cut the same way; the others broadcast over
-    it whole (a bias, a literal)."""
-    global _POOL
-    rows = out.shape[0] if out.ndim else 0
-    if _THREADS < 2 or out.size < _PARALLEL_MIN or rows < 2:
-        _ufunc_part(fn, args, out)
-        return out
-    if _POOL is None:
-        _POOL = ThreadPoolExecutor(_THREADS, thread_name_prefix="fusec-interpret")
-    parts = min(_THREADS, rows)
-    cuts = [rows * k // parts for k in range(parts + 1)]
-    cut = [a.ndim == out.ndim and a.shape[0] == rows for a in args]
-    jobs = [_POOL.submit(_ufunc_part, fn, [a[lo:hi] if c else a for a, c in zip(args, cut)],
-                         out[lo:hi]) for lo, hi in zip(cuts, cuts[1:])]
-    for j in jobs:
-        j.result()
-    return out
-
-
 def _matmul_float(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """a @ b for float32. A ``b`` whose batch axes are a broadcast (stride 0: one weight matrix
     for every batch entry, as a dense layer traces) multiplies all of a's rows at once: one large
@@ -156,9 +120,9 @@ def _eval_primitive(e: Eqn, args: Sequence[np.ndarray]) -> np.ndarray:
     op, p = e.op, e.params
     if e.out.dtype == "float32" and op in _UFUNCS and all(x.dtype == _F32 for x in args):
         buf = _dead_operand(args, e.out.shape)
-        if buf is None:
-            buf = np.empty(e.out.shape, _F32)
-        return _ufunc_into(_UFUNCS[op], args, buf)
+        if buf is not None:
+            with np.errstate(all="ignore"):
+                return _UFUNCS[op](*args, out=buf)  # type: ignore[no-any-return]
     if op in ELEMENTWISE or op in (Op.CAST, Op.IPOW):
         out = numpy_elementwise(op, args, p, e.out.dtype)
         # (a read-only view only where the operands were all smaller: results stay writable)
@@ -248,21 +212,26 @@ def evaluate(prog: Program, args: Sequence[Any],
         ins = [read(a) for a in e.inputs]
         for vid in dead:
             del env[vid]
+        # (no local of this frame may keep a result alive into the next equation: that would
+        # hide a dead operand from _dead_operand)
         if timings is None:
-            outs = eval_eqn(e, ins)
+            _store(env, e, eval_eqn(e, ins))
         else:
             t0 = time.perf_counter()
-            outs = eval_eqn(e, ins)
+            _store(env, e, eval_eqn(e, ins))
             timings.append((f"{e.op.value} {type_str(e.outs[0].shape, e.outs[0].dtype)}",
                             1e6 * (time.perf_counter() - t0)))
         del ins
-        for v, out in zip(e.outs, outs):
-            # views stay views (no op writes into its operands); only a wrong dtype is converted
-            arr = np.asarray(out)  # (keeps 0-d)
-            if arr.dtype != np.dtype(v.dtype):
-                arr = arr.astype(v.dtype)
-            env[id(v)] = arr
     return [_owned(read(o)) for o in prog.outputs]
+
+
+def _store(env: dict[int, np.ndarray], e: Eqn, outs: list[np.ndarray]) -> None:
+    for v, out in zip(e.outs, outs):
+        # views stay views (no op writes into its operands); only a wrong dtype is converted
+        arr = np.asarray(out)  # (keeps 0-d)
+        if arr.dtype != np.dtype(v.dtype):
+            arr = arr.astype(v.dtype)
+        env[id(v)] = arr
 
 
 def _owned(x: np.ndarray) -> np.ndarray:
