@@ -518,9 +518,10 @@ def _choose_adapter() -> tuple[Any, str]:
     if best.info["adapter_type"] != "CPU":
         return best, ""
     if want == "auto":
-        # A software adapter runs WGSL on the CPU several times slower than numpy runs the same
-        # program (MiniLM-L6, 24x37 tokens on 2 cores: lavapipe 6.5 s, the interpreter 0.3 s):
-        # numpy by default, the adapter on request (the tests ask, to exercise the WGSL).
+        # A software adapter runs WGSL on the CPU far slower than numpy runs the same program
+        # (MiniLM-L6 at 24x37 tokens on 2 cores: lavapipe 6.5 s, the interpreter 0.23 s; see
+        # docs/architecture.md): numpy by default, the adapter on request (the tests ask for it,
+        # to exercise the WGSL)
         return None, (f"only a software adapter ({_adapter_label(best)}) is present, slower "
                       "than numpy; FUSEC_BACKEND=gpu to use it")
     return best, f"a software adapter, as FUSEC_BACKEND={want} asks"
