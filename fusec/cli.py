@@ -54,6 +54,8 @@ def _cmd_info(args: argparse.Namespace) -> int:
         print(f"FUSEC_BACKEND={backend}")
     dev = fusec.default_device()
     print(f"chosen device: {dev}")
+    if dev.reason:
+        print(f"  {dev.reason}")
     if dev.is_cpu_fallback:
         print("  no GPU adapter is used: fusec runs the numpy interpreter of its IR")
         return 0

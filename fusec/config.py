@@ -2,7 +2,10 @@
 
 FUSEC_DEBUG    1: kernel counts and compile events; 2: + timings; 3: + traced IR; 4: + WGSL;
                5: + IR after every pass
-FUSEC_BACKEND  vulkan | metal | dx12 | gl | cpu (cpu: run the numpy interpreter)
+FUSEC_BACKEND  auto (default) | gpu | vulkan | metal | dx12 | gl | cpu. auto: the best hardware
+               adapter, or the numpy interpreter where the only adapters are software ones
+               (lavapipe: numpy is faster there); gpu: the best wgpu adapter, software too (the
+               tests set it); vulkan...gl: an adapter of that backend; cpu: the interpreter
 FUSEC_VERIFY   1: run the IR verifier after every pass (the test suite turns it on)
 FUSEC_LOG_COMPILES  1: log every trace and pipeline compile with its time
 FUSEC_EXPLAIN_CACHE_MISSES  1: say why a call missed the cache (which argument changed how)

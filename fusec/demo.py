@@ -122,8 +122,8 @@ def main() -> int:
     print(f"fusec {fusec.__version__}")
     dev = fusec.default_device()
     print(f"device: {dev}")
-    if dev.is_cpu_fallback:
-        print("        (no GPU adapter: running on the numpy interpreter of the IR)")
+    if dev.reason:
+        print(f"        ({dev.reason})")
     print()
 
     ok = True

@@ -3,20 +3,32 @@
 It runs traced programs and lowered ones (``kernel`` equations run their bodies), computing in the
 program's own dtypes (float32 stays float32), so it matches what the GPU should produce up to
 rounding.
+
+It is also the backend on a machine whose only adapter is a software one (runtime.CpuExecutable),
+so it avoids waste: values are numpy views where an op allows one (a broadcast, a reshape or a
+transpose copies nothing), a matmul by a weight broadcast over the batch is one BLAS call on the
+flattened rows, and only the program's outputs are copied (they must not alias an input). Each
+value is dropped after its last use, and a float32 elementwise op writes into the buffer of an
+operand that nothing else references any more (numpy's own temporary elision, done across
+equations): allocating a fresh multi-megabyte result costs more than computing it.
 """
 
 from __future__ import annotations
 
+import sys
+import time
+import weakref
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
-from .ir import MOVEMENT, Atom, Eqn, Lit, Op, Program
+from .ir import MOVEMENT, Atom, Eqn, Lit, Op, Program, type_str
 from .ops import (
     ELEMENTWISE,
     NUMPY_RULES,
     REDUCTIONS,
+    float_ufunc,
     gather_numpy,
     iota_numpy,
     numpy_elementwise,
@@ -27,6 +39,54 @@ from .ops import (
 
 def lit_value(lit: Lit) -> np.ndarray:
     return np.asarray(lit.value, dtype=np.dtype(lit.dtype))
+
+
+def _ref_counts(arrays: Sequence[Any], i: int) -> tuple[int, int]:
+    """References to arrays[i] and to its base (0 for none), this function's own included."""
+    x = arrays[i]
+    base = x.base
+    return sys.getrefcount(x), (0 if base is None else sys.getrefcount(base))
+
+
+# The counts above for an array referenced only by the list it is passed in, and for a view whose
+# base only it references, measured rather than assumed (they differ between Pythons): an operand
+# counted higher is referenced from elsewhere (a live value, another view, the caller) and is
+# never written into.
+_DEAD_REFS = _ref_counts([np.empty(2)], 0)[0]
+_DEAD_BASE_REFS = _ref_counts([np.empty(4).reshape(2, 2)], 0)[1]
+_F32 = np.dtype(np.float32)
+
+
+def _whole_float32(x: Any, shape: tuple[int, ...]) -> bool:
+    """x is a writable C-ordered float32 array of ``shape`` that is all of its buffer."""
+    if (type(x) is not np.ndarray or x.dtype != _F32 or x.shape != shape or x.size == 0
+            or not x.flags.writeable or not x.flags.c_contiguous):
+        return False
+    base = x.base
+    return base is None or (type(base) is np.ndarray and base.base is None
+                            and base.size == x.size)
+
+
+def _dead_operand(args: Sequence[np.ndarray], shape: tuple[int, ...]) -> Optional[np.ndarray]:
+    """A float32 operand of ``shape`` whose buffer nothing else uses: the result may overwrite it.
+    The evaluator drops every value at its last use, so counts at the minimum mean that no later
+    equation, output, view or caller can see the buffer."""
+    for i in range(len(args)):
+        if _whole_float32(args[i], shape):
+            refs, base_refs = _ref_counts(args, i)
+            if refs <= _DEAD_REFS and base_refs <= _DEAD_BASE_REFS:
+                return args[i]
+    return None
+
+
+def _matmul_float(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """a @ b for float32. A ``b`` whose batch axes are a broadcast (stride 0: one weight matrix
+    for every batch entry, as a dense layer traces) multiplies all of a's rows at once: one large
+    BLAS call instead of one small one per batch entry, and the broadcast is never copied."""
+    if b.ndim > 2 and a.ndim == b.ndim and a.size and not any(b.strides[:-2]):
+        w = b[(0,) * (b.ndim - 2)]
+        return (a.reshape(-1, a.shape[-1]) @ w).reshape(a.shape[:-1] + (w.shape[-1],))
+    return np.matmul(a, b)
 
 
 def eval_eqn(e: Eqn, args: Sequence[np.ndarray]) -> list[np.ndarray]:
@@ -58,18 +118,27 @@ def eval_loop(e: Eqn, args: Sequence[np.ndarray]) -> list[np.ndarray]:
 
 def _eval_primitive(e: Eqn, args: Sequence[np.ndarray]) -> np.ndarray:
     op, p = e.op, e.params
+    if e.out.dtype == "float32" and op in _UFUNCS and all(x.dtype == _F32 for x in args):
+        buf = _dead_operand(args, e.out.shape)
+        if buf is not None:
+            with np.errstate(all="ignore"):
+                return _UFUNCS[op](*args, out=buf)  # type: ignore[no-any-return]
     if op in ELEMENTWISE or op in (Op.CAST, Op.IPOW):
         out = numpy_elementwise(op, args, p, e.out.dtype)
-        return np.broadcast_to(out, e.out.shape)
+        # (a read-only view only where the operands were all smaller: results stay writable)
+        return out if out.shape == e.out.shape else np.broadcast_to(out, e.out.shape)
     if op in REDUCTIONS:
         x = args[0]
-        return np.asarray(REDUCTIONS[op].numpy(x, axis=tuple(p["axes"])), dtype=x.dtype)
+        axes = tuple(p["axes"])
+        if any(x.shape[a] == 0 for a in axes):  # numpy's max and min refuse; the GPU's identity
+            return np.full(e.out.shape, REDUCTIONS[op].identity(x.dtype.name), dtype=x.dtype)
+        return np.asarray(REDUCTIONS[op].numpy(x, axis=axes), dtype=x.dtype)
     if op is Op.PARTIAL:
         return partial_numpy(args[0], Op(p["reduce"]), tuple(p["axes"]), int(p["chunks"]))
     if op is Op.MATMUL:
         a, b = args
         if a.dtype == np.float32:
-            return np.matmul(a, b)
+            return _matmul_float(a, b)
         # integers wrap around modulo 2**32 on the GPU; int64 products reduced the same way agree
         return np.matmul(a.astype(np.int64), b.astype(np.int64)).astype(a.dtype)
     if op in MOVEMENT:
@@ -92,8 +161,40 @@ def _eval_primitive(e: Eqn, args: Sequence[np.ndarray]) -> np.ndarray:
     raise NotImplementedError(f"interpreter: no rule for {op}")
 
 
-def evaluate(prog: Program, args: Sequence[Any]) -> list[np.ndarray]:
-    """Run ``prog`` on numpy arrays (one per program input); returns one array per output."""
+# the ufuncs float32 elementwise ops can write into a dead operand's buffer with
+_UFUNCS = {op: f for op in ELEMENTWISE if (f := float_ufunc(op)) is not None}
+
+# per program: for each equation, the values last used by it (dropped before it runs); with the
+# equation list and its length it was computed for (a program rebuilt in place is planned again)
+_LAST_USES: weakref.WeakKeyDictionary[Program, tuple[int, int, list[list[int]]]] = (
+    weakref.WeakKeyDictionary())
+
+
+def _last_uses(prog: Program) -> list[list[int]]:
+    got = _LAST_USES.get(prog)
+    if got is not None and got[0] == id(prog.eqns) and got[1] == len(prog.eqns):
+        return got[2]
+    last: dict[int, int] = {}
+    for k, e in enumerate(prog.eqns):
+        for a in e.inputs:
+            if not isinstance(a, Lit):
+                last[id(a)] = k
+    for o in prog.outputs:
+        if not isinstance(o, Lit):
+            last[id(o)] = len(prog.eqns)  # outputs live to the end
+    plan: list[list[int]] = [[] for _ in prog.eqns]
+    for v, k in last.items():
+        if k < len(prog.eqns):
+            plan[k].append(v)
+    _LAST_USES[prog] = (id(prog.eqns), len(prog.eqns), plan)
+    return plan
+
+
+def evaluate(prog: Program, args: Sequence[Any],
+             timings: Optional[list[tuple[str, float]]] = None) -> list[np.ndarray]:
+    """Run ``prog`` on numpy arrays (one per program input); returns one array per output.
+    ``timings``: append (op and result type, microseconds) for each of the program's equations
+    (a loop or a kernel counts as one)."""
     if len(args) != len(prog.inputs):
         raise ValueError(f"program takes {len(prog.inputs)} inputs, got {len(args)}")
     env: dict[int, np.ndarray] = {}
@@ -106,8 +207,37 @@ def evaluate(prog: Program, args: Sequence[Any]) -> list[np.ndarray]:
     def read(a: Atom) -> np.ndarray:
         return lit_value(a) if isinstance(a, Lit) else env[id(a)]
 
-    for e in prog.eqns:
-        outs = eval_eqn(e, [read(a) for a in e.inputs])
-        for v, out in zip(e.outs, outs):
-            env[id(v)] = np.array(out, dtype=np.dtype(v.dtype), order="C")  # keeps 0-d
-    return [np.asarray(read(o)) for o in prog.outputs]
+    plan = _last_uses(prog)
+    for e, dead in zip(prog.eqns, plan):
+        ins = [read(a) for a in e.inputs]
+        for vid in dead:
+            del env[vid]
+        # (no local of this frame may keep a result alive into the next equation: that would
+        # hide a dead operand from _dead_operand)
+        if timings is None:
+            _store(env, e, eval_eqn(e, ins))
+        else:
+            t0 = time.perf_counter()
+            _store(env, e, eval_eqn(e, ins))
+            timings.append((f"{e.op.value} {type_str(e.outs[0].shape, e.outs[0].dtype)}",
+                            1e6 * (time.perf_counter() - t0)))
+        del ins
+    return [_owned(read(o)) for o in prog.outputs]
+
+
+def _store(env: dict[int, np.ndarray], e: Eqn, outs: list[np.ndarray]) -> None:
+    for v, out in zip(e.outs, outs):
+        # views stay views (no op writes into its operands); only a wrong dtype is converted
+        arr = np.asarray(out)  # (keeps 0-d)
+        if arr.dtype != np.dtype(v.dtype):
+            arr = arr.astype(v.dtype)
+        env[id(v)] = arr
+
+
+def _owned(x: np.ndarray) -> np.ndarray:
+    """An output as an array of its own: a view of an input, of a broadcast, of a literal or of
+    another output is copied (the caller may keep or change it), a fresh result is not."""
+    x = np.asarray(x)
+    if x.base is None and x.flags.writeable and x.flags.c_contiguous:
+        return x
+    return np.array(x, order="C")

@@ -225,13 +225,33 @@ class Traced:
         return lower(self)
 
 
-@dataclass
 class Lowered:
-    """The result of ``f.lower(...)``: the program after the pass pipeline, with kernels' WGSL."""
+    """The result of ``f.lower(...)``: the program after the pass pipeline, with kernels' WGSL.
 
-    traced: Traced
-    ir: Program
-    kernels: list[codegen.KernelCode]
+    With the numpy interpreter as the backend nothing runs the lowered program: a jitted call's
+    own Lowered runs the passes and code generation only when ``ir`` or ``kernels`` is read."""
+
+    def __init__(self, traced: Traced, ir: Optional[Program] = None,
+                 kernels: Optional[list[codegen.KernelCode]] = None) -> None:
+        self.traced = traced
+        self._ir = ir
+        self._kernels = kernels
+
+    def _lowered(self) -> tuple[Program, list[codegen.KernelCode]]:
+        if self._ir is None or self._kernels is None:
+            self._ir, self._kernels = _lower_program(self.traced)
+        return self._ir, self._kernels
+
+    @property
+    def ir(self) -> Program:
+        return self._lowered()[0]
+
+    @property
+    def kernels(self) -> list[codegen.KernelCode]:
+        return self._lowered()[1]
+
+    def __repr__(self) -> str:
+        return f"<Lowered {self.traced.name}>"
 
     def as_text(self, what: str = "ir") -> str:
         """``"ir"``: the lowered program, kernel by kernel; ``"wgsl"``: every kernel's WGSL."""
@@ -267,7 +287,8 @@ class Compiled:
         self.key = key
         self.traced = lowered.traced
         self.executable = executable
-        self.used = used_inputs(lowered.ir)
+        self.used = (executable.used if isinstance(executable, CpuExecutable)
+                     else used_inputs(lowered.ir))
         self._consts: Optional[list[Array]] = None
         self._lean = not self.traced.options.donated and not self.traced.const_values
         # every input used too: Array arguments go to the executable as they are
@@ -376,7 +397,12 @@ def _cost(prog: Program) -> tuple[int, int]:
     return flops, nbytes
 
 
-def lower(traced: Traced) -> Lowered:
+def lower(traced: Traced, lazy: bool = False) -> Lowered:
+    """The pass pipeline and codegen for ``traced``. ``lazy`` (a jitted call's own lowering):
+    where the numpy interpreter is the backend, which runs the traced program, both wait until
+    the result's ``ir`` or ``kernels`` is read."""
+    if lazy and get_runtime() is None:
+        return Lowered(traced)
     # Python's cycle collector would walk the lowering's many young objects (equations, kernel
     # bodies, the emitter's suspended generators) again and again: it made lowering a 10,000-op
     # program grow faster than the program. Nothing here makes cycles that must be freed early.
@@ -390,6 +416,20 @@ def lower(traced: Traced) -> Lowered:
 
 
 def _lower(traced: Traced) -> Lowered:
+    return Lowered(traced, *_lower_program_now(traced))
+
+
+def _lower_program(traced: Traced) -> tuple[Program, list[codegen.KernelCode]]:
+    enabled = gc.isenabled()
+    gc.disable()  # (see lower)
+    try:
+        return _lower_program_now(traced)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _lower_program_now(traced: Traced) -> tuple[Program, list[codegen.KernelCode]]:
     t0 = time.perf_counter()
     rt = get_runtime()
     key = _disk_key(traced)
@@ -415,7 +455,7 @@ def _lower(traced: Traced) -> Lowered:
     config.debug(2, f"{traced.name}: lowered in {1e3 * (time.perf_counter() - t0):.1f} ms")
     for k in kernels:
         config.debug(4, f"WGSL of {k.name}:\n{k.wgsl}")
-    return Lowered(traced, prog, kernels)
+    return prog, kernels
 
 
 @functools.lru_cache(maxsize=1)
@@ -469,7 +509,7 @@ def compile_lowered(lowered: Lowered, binder: Optional[_Binder] = None,
     rt = get_runtime()
     t0 = time.perf_counter()
     if rt is None:
-        exe: Any = CpuExecutable(lowered.ir)
+        exe: Any = CpuExecutable(lowered.traced.program)
     else:
         exe = GpuExecutable(rt, lowered.ir, lowered.kernels)
     config.debug(2, f"{lowered.traced.name}: compiled in {1e3 * (time.perf_counter() - t0):.1f} ms")
@@ -598,7 +638,7 @@ class JitFunction:
         key, leaves, td, static = self._signature(args, kwargs)
         compiled = self._cache.get(key)
         if compiled is None:
-            compiled = lower(self._trace(key, leaves, td, static)).compile()
+            compiled = lower(self._trace(key, leaves, td, static), lazy=True).compile()
             self._cache[key] = compiled
         return compiled
 
@@ -622,7 +662,7 @@ class JitFunction:
                                      "values to compute with (use it with trace/lower/warmup)")
             self._on_miss(key, [p for p, _ in leaves], args, kwargs)
             self._traces += 1  # retraces of calls (not of trace/lower/warmup) count for the warning
-            compiled = lower(self._trace(key, leaves, td, static)).compile()
+            compiled = lower(self._trace(key, leaves, td, static), lazy=True).compile()
             self._cache[key] = compiled
         else:
             cache.STATS.hits += 1

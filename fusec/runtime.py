@@ -2,7 +2,9 @@
 
 An executable records one command encoder with one compute pass holding every dispatch of a call,
 and submits it once. Calls return as soon as the work is submitted; reading an output waits.
-With no usable adapter (or FUSEC_BACKEND=cpu) the numpy interpreter runs the same lowered program.
+The numpy interpreter (fusec.interpret) runs the program instead where there is no adapter, where
+the only adapter is a software one (lavapipe, llvmpipe: the interpreter is faster there, see
+docs/architecture.md) unless FUSEC_BACKEND=gpu asks for it, or with FUSEC_BACKEND=cpu.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from .errors import DeviceLimitError, FusecError
 from .interpret import evaluate
 from .ir import Eqn, Lit, Op, Program, Var
 from .native import Encoder, open_native
+from .passes import run_interpreter_pipeline, used_inputs
 from .trace import register_array_type
 
 BIND_GROUP_CACHE = 8  # bind groups kept per kernel launch of an executable
@@ -53,9 +56,13 @@ class DeviceInfo:
     adapter_type: str
     limits: dict[str, int] = field(default_factory=dict)
     features: tuple[str, ...] = ()
+    # why this device was chosen, where it is not the obvious one (the interpreter with an
+    # adapter present, or a software adapter asked for): "" otherwise
+    reason: str = ""
 
     @property
     def is_cpu_fallback(self) -> bool:
+        """True when the numpy interpreter runs the programs (no wgpu device is used)."""
         return self.backend == "cpu"
 
     def __str__(self) -> str:
@@ -507,14 +514,25 @@ def _shader_module(device: Any, wgsl: str, label: str, checked: bool) -> Any:
 
 _RUNTIME: Optional[Runtime] = None
 _RESOLVED = False
+_REASON = ""  # DeviceInfo.reason of the chosen device
+_NO_ADAPTER = "no GPU adapter found"
 
 
-def _choose_adapter() -> Any:
-    want = str(config.get("backend") or "")
+def _adapter_label(a: Any) -> str:
+    return f"{a.info['device']} on {a.info['backend_type']}"
+
+
+def _choose_adapter() -> tuple[Any, str]:
+    """The adapter to run on (None: the numpy interpreter) and why, where the why is worth
+    saying. FUSEC_BACKEND: "" or "auto" picks the best hardware adapter, and the interpreter
+    where the only adapters are software ones; "gpu" takes the best adapter of any kind; vulkan,
+    metal, dx12, gl one of that backend; "cpu" the interpreter."""
+    want = str(config.get("backend") or "auto")
     if want == "cpu":
-        return None
-    if want and want not in _BACKENDS:
-        raise FusecError(f"FUSEC_BACKEND={want!r} is not one of vulkan, metal, dx12, gl, cpu")
+        return None, "FUSEC_BACKEND=cpu"
+    if want not in _BACKENDS and want not in ("auto", "gpu"):
+        raise FusecError(f"FUSEC_BACKEND={want!r} is not one of auto, gpu, cpu, "
+                         f"{', '.join(_BACKENDS)}")
     try:
         import wgpu
 
@@ -522,7 +540,7 @@ def _choose_adapter() -> Any:
     except Exception as exc:  # no wgpu-native library, no loader, ...
         config.debug(1, f"wgpu unavailable: {exc}")
         adapters = []
-    if want:
+    if want in _BACKENDS:
         found = [a for a in adapters if a.info["backend_type"] == _BACKENDS[want]]
         if not found:
             have = sorted({str(a.info["backend_type"]) for a in adapters}) or ["none"]
@@ -530,9 +548,19 @@ def _choose_adapter() -> Any:
                              f"(available backends: {', '.join(have)})")
         adapters = found
     if not adapters:
-        return None
-    return min(adapters, key=lambda a: (_TYPE_RANK.get(a.info["adapter_type"], 4),
+        return None, _NO_ADAPTER
+    best = min(adapters, key=lambda a: (_TYPE_RANK.get(a.info["adapter_type"], 4),
                                         _BACKEND_RANK.get(a.info["backend_type"], 3)))
+    if best.info["adapter_type"] != "CPU":
+        return best, ""
+    if want == "auto":
+        # A software adapter runs WGSL on the CPU far slower than numpy runs the same program
+        # (MiniLM-L6 at 24x37 tokens on 2 cores: lavapipe 6.5 s, the interpreter 0.23 s; see
+        # docs/architecture.md): numpy by default, the adapter on request (the tests ask for it,
+        # to exercise the WGSL)
+        return None, (f"only a software adapter ({_adapter_label(best)}) is present, slower "
+                      "than numpy; FUSEC_BACKEND=gpu to use it")
+    return best, f"a software adapter, as FUSEC_BACKEND={want} asks"
 
 
 def _user_stacklevel() -> int:
@@ -549,28 +577,34 @@ def _user_stacklevel() -> int:
 
 
 def get_runtime() -> Optional[Runtime]:
-    """The process's runtime, created on first use; None means the numpy fallback."""
-    global _RUNTIME, _RESOLVED
+    """The process's runtime, created on first use; None means the numpy interpreter runs the
+    programs (see :func:`_choose_adapter` for when)."""
+    global _RUNTIME, _RESOLVED, _REASON
     if not _RESOLVED:
         os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")  # quiets Mesa's warnings on headless Linux
-        adapter = _choose_adapter()
+        adapter, _REASON = _choose_adapter()
         _RESOLVED = True
         if adapter is None:
-            if config.get("backend") != "cpu":
-                warnings.warn("fusec: no GPU adapter found; running on the numpy interpreter "
-                              "(slow). Install a Vulkan driver (e.g. mesa-vulkan-drivers).",
+            if _REASON == _NO_ADAPTER:
+                warnings.warn("fusec: no GPU adapter found; running on the numpy interpreter. "
+                              "Install a Vulkan driver (e.g. mesa-vulkan-drivers).",
                               RuntimeWarning, stacklevel=_user_stacklevel())
+            config.debug(1, f"device: numpy interpreter ({_REASON})")
         else:
             _RUNTIME = Runtime(adapter)
-            config.debug(1, f"device: {_RUNTIME.info}")
+            _RUNTIME.info.reason = _REASON
+            config.debug(1, f"device: {_RUNTIME.info}" + (f" ({_REASON})" if _REASON else ""))
     return _RUNTIME
 
 
 def default_device() -> DeviceInfo:
-    """The device fusec runs on: backend, adapter name and type, limits, features."""
+    """The device fusec runs on: backend, adapter name and type, limits, features, and (in
+    ``reason``) why, where it is not simply the best GPU: the numpy interpreter reports backend
+    "cpu" with the reason it was chosen."""
     rt = get_runtime()
     if rt is None:
-        return DeviceInfo(backend="cpu", adapter="numpy interpreter", adapter_type="CPU")
+        return DeviceInfo(backend="cpu", adapter="numpy interpreter", adapter_type="CPU",
+                          reason=_REASON)
     return rt.info
 
 
@@ -821,7 +855,9 @@ def device_put(x: Any, dtype: Any = None) -> Array:
     dt = dtypes.canonicalize(dtype if dtype is not None else arr.dtype, "device_put argument")
     host = np.asarray(arr, dtype=dt, order="C")  # (ascontiguousarray would make 0-d 1-d)
     rt = get_runtime()
-    if rt is None:
+    if rt is None:  # the interpreter: a copy of its own, which later changes to x do not reach
+        host = np.array(host, copy=True)
+        host.flags.writeable = False
         return Array(host.shape, dt, host=host)
     if host.nbytes > rt.max_binding_size:
         raise DeviceLimitError(
@@ -1448,30 +1484,40 @@ class GpuExecutable(_Steps):
         return outs
 
 
-class CpuExecutable:
-    """The numpy interpreter running the lowered program: the fallback without an adapter."""
+# fusec.profile() with the interpreter as the backend: the list its calls' equations are timed
+# into (None: not profiling)
+_CPU_PROFILE: list[Optional[list[tuple[str, float]]]] = [None]
 
-    def __init__(self, prog: Program) -> None:
-        self.prog = prog
+
+class CpuExecutable:
+    """The numpy interpreter as the backend: it runs the traced program after the passes of
+    ``passes.INTERPRETER_PASSES`` (not the lowered one: see there)."""
+
+    def __init__(self, traced: Program) -> None:
+        self.prog = run_interpreter_pipeline(traced)
+        # inputs this program reads; the others are passed as None and never converted
+        self.used = used_inputs(self.prog)
 
     def run(self, inputs: Sequence[Optional[Array]]) -> list[Any]:
-
         args = [np.zeros(v.shape, v.dtype) if a is None else np.asarray(a)
                 for v, a in zip(self.prog.inputs, inputs)]
-        outs = evaluate(self.prog, args)
+        outs = evaluate(self.prog, args, _CPU_PROFILE[0])
+        for o in outs:
+            o.flags.writeable = False  # as an Array read back from a device: immutable
         return [Array(o.shape, str(o.dtype), host=o) for o in outs]
 
 
 class profile:
-    """GPU time of every kernel that jitted calls run inside ``with fusec.profile():``.
+    """Device time of every kernel that jitted calls run inside ``with fusec.profile():``.
 
     Each kernel runs in a compute pass of its own between two timestamp queries (which adds the
     barriers of separate passes, so the kernels' sum exceeds a normal call's GPU time a little),
-    and each call waits for its result. On leaving the block, a table of kernels by total GPU time
+    and each call waits for its result. On leaving the block, a table of kernels by total time
     is printed (``print_report=False`` keeps it quiet) and kept as ``.rows`` (kernel name, calls,
     total and mean microseconds), with the block's wall time in ``.wall_ms``. Needs an adapter with
     timestamp queries (``fusec.default_device().features``); calls with compiled loops are timed
-    as a whole, not per kernel.
+    as a whole, not per kernel. With the numpy interpreter as the backend the rows are its
+    operations (op and result type, such as ``matmul f32[64,48]``) timed on the host.
 
         with fusec.profile():
             step(params, x)
@@ -1482,24 +1528,32 @@ class profile:
         self.kernels: list[tuple[str, float]] = []
         self.rows: list[tuple[str, int, float, float]] = []
         self.wall_ms = 0.0
+        self.where = "GPU"
 
     def __enter__(self) -> profile:
         rt = get_runtime()
-        if rt is None or "timestamp-query" not in rt.info.features:
+        if rt is None:
+            self.where = "numpy"
+            _CPU_PROFILE[0] = []
+        elif "timestamp-query" not in rt.info.features:
             raise FusecError("fusec.profile needs a GPU adapter with timestamp queries; this one "
                              f"has none ({default_device()})")
-        rt.sync()
-        rt.kernel_profile = []
+        else:
+            rt.sync()
+            rt.kernel_profile = []
         self._t0 = time.perf_counter()
         return self
 
     def __exit__(self, *exc: Any) -> None:
         rt = get_runtime()
-        assert rt is not None
-        rt.sync()
+        if rt is None:
+            self.kernels = _CPU_PROFILE[0] or []
+            _CPU_PROFILE[0] = None
+        else:
+            rt.sync()
+            self.kernels = rt.kernel_profile or []
+            rt.kernel_profile = None
         self.wall_ms = 1e3 * (time.perf_counter() - self._t0)
-        self.kernels = rt.kernel_profile or []
-        rt.kernel_profile = None
         totals: dict[str, list[float]] = {}
         for name, us in self.kernels:
             totals.setdefault(name, []).append(us)
@@ -1511,9 +1565,10 @@ class profile:
     def report(self) -> str:
         """The table printed on leaving the block."""
         gpu = sum(r[2] for r in self.rows)
-        lines = [f"fusec.profile: {len(self.kernels)} kernel runs, {gpu / 1e3:.3f} ms of GPU time "
-                 f"in a block of {self.wall_ms:.3f} ms wall time",
-                 f"{'GPU us':>10} {'share':>6} {'calls':>6} {'mean us':>9}  kernel"]
+        w = self.where
+        lines = [f"fusec.profile: {len(self.kernels)} kernel runs, {gpu / 1e3:.3f} ms of {w} "
+                 f"time in a block of {self.wall_ms:.3f} ms wall time",
+                 f"{w + ' us':>10} {'share':>6} {'calls':>6} {'mean us':>9}  kernel"]
         for name, calls, total, mean in self.rows:
             lines.append(f"{total:10.1f} {100 * total / max(gpu, 1e-9):5.1f}% {calls:6d} "
                          f"{mean:9.1f}  {name}")

@@ -2,6 +2,10 @@
 
 - ``FUSEC_VERIFY=1``: the IR verifier runs after every pass in every test (set before fusec is
   imported, so nothing can read the setting earlier).
+- ``FUSEC_BACKEND=gpu`` unless the environment sets it: on a machine whose only adapter is a
+  software one (CI's lavapipe) fusec's default is the numpy interpreter, and the tests are there to
+  run the WGSL. Tests of the interpreter as the backend run it in a subprocess with
+  ``FUSEC_BACKEND=cpu``; ``FUSEC_BACKEND=cpu pytest`` runs the whole suite on it on purpose.
 - GPU tests must really run on wgpu: if fusec fell back to the numpy interpreter (backend "cpu")
   without ``FUSEC_BACKEND=cpu`` having been asked for explicitly, every test fails loudly instead of
   silently checking the interpreter against numpy.
@@ -13,6 +17,8 @@ from __future__ import annotations
 import os
 
 os.environ["FUSEC_VERIFY"] = "1"
+if not os.environ.get("FUSEC_BACKEND", "").strip():
+    os.environ["FUSEC_BACKEND"] = "gpu"  # a software adapter too (see above)
 os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")  # quiets Mesa/lavapipe on headless Linux
 # The persistent cache would make compile counts depend on earlier runs: off unless a test turns
 # it on (with its own directory).

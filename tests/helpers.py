@@ -12,6 +12,13 @@ import pytest
 import fusec
 from fusec.runtime import get_runtime
 
+# Tests of what only a wgpu device does (its kernels' bits, the lowering's disk cache): with
+# FUSEC_BACKEND=cpu the interpreter runs the traced program, lowers nothing and caches nothing.
+requires_wgpu = pytest.mark.skipif(
+    fusec.default_device().is_cpu_fallback,
+    reason="tests the lowered program on a wgpu device (FUSEC_BACKEND=cpu runs the interpreter "
+           "on the traced program)")
+
 
 class Delta:
     """cache_info() change over a block."""

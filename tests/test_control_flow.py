@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import Delta
+from helpers import Delta, requires_wgpu
 
 import fusec
 import fusec.numpy as fnp
@@ -509,6 +509,7 @@ def test_bound_pred_and_branch_errors() -> None:
 # --- the persistent cache and the structural hash -------------------------------------------------
 
 
+@requires_wgpu
 def test_loop_body_is_part_of_the_hash_and_survives_the_disk_cache(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     def make(k: float) -> fusec.JitFunction:
@@ -754,6 +755,7 @@ def test_custom_vjp_inside_branches_and_loops() -> None:
     _close(fusec.gpu_jit(fusec.vmap(fusec.grad(fs[2])))(np.stack([x, -x])), np.full((2, 2), 0.1))
 
 
+@requires_wgpu
 def test_while_chunk_max_setting() -> None:
     f = fusec.gpu_jit(lambda n: lax.while_loop(lambda s: s[0] < n, lambda s: (s[0] + 1, s[1] * 3),
                                                (0, 1)))

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import Delta, spy_sizes
+from helpers import Delta, requires_wgpu, spy_sizes
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -486,6 +486,7 @@ def test_at_divide_power_and_clip_mode(rng):
     check(g(x, v), want)
 
 
+@requires_wgpu
 def test_at_with_index_arrays_on_a_device_array(rng):
     x = distinct((7, 5), rng)
     y = fusec.device_put(x).at[np.array([1, 1, 4]), 2:].add(np.float32(10))
@@ -496,6 +497,7 @@ def test_at_with_index_arrays_on_a_device_array(rng):
     check(y, want)
 
 
+@requires_wgpu
 def test_at_with_a_concrete_or_device_mask_and_one_value_is_a_where(rng):
     x = distinct((7, 31), rng)
     mask = x[:, 0] > 0
@@ -609,6 +611,7 @@ def test_dynamic_slice_clamps_traced_starts(rng):
     check(lax.dynamic_slice(x, (np.uint32(5), 0, 0), (4, 1, 1)), x[3:7, :1, :1])
 
 
+@requires_wgpu
 def test_dynamic_update_slice_is_one_kernel(rng):
     x = distinct((7, 31), rng)
     u = distinct((3, 4), rng) * 100

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import requires_wgpu
 
 import fusec
 from fusec import nn
 
 
+@requires_wgpu
 def test_profile_times_every_kernel_of_every_call(capsys: pytest.CaptureFixture[str]) -> None:
     rng = np.random.default_rng(0)
     x = rng.standard_normal((64, 96)).astype(np.float32)

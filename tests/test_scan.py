@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import forced_target
+from helpers import forced_target, requires_wgpu
 
 import fusec
 import fusec.numpy as fnp
@@ -285,14 +285,17 @@ def _long_row_checks(rng: np.random.Generator) -> None:
     np.testing.assert_array_equal(out, evaluate(g.lower(r).ir, [r])[0])
 
 
+@requires_wgpu
 def test_long_row(rng: np.random.Generator) -> None:
     _long_row_checks(rng)
 
 
+@requires_wgpu
 def test_long_row_gpu_kernels(gpu_target: None, rng: np.random.Generator) -> None:
     _long_row_checks(rng)
 
 
+@requires_wgpu
 @pytest.mark.parametrize("shape,axis,reverse", [((1 << 18,), 0, False), ((1 << 18,), 0, True),
                                                 ((5, 40000), 1, True), ((40000, 3), 0, False),
                                                 ((3, 5000, 7), 1, True)])
@@ -315,6 +318,7 @@ def test_gpu_kernels_match_the_staged_reference(gpu_target: None, shape: tuple[i
     assert_float_scan(got, x, reduce, axis, reverse)
 
 
+@requires_wgpu
 def test_gpu_tile_kernels_on_strided_rows(gpu_target: None, monkeypatch: pytest.MonkeyPatch,
                                           rng: np.random.Generator) -> None:
     # the plan keeps strided rows "serial" on GPUs (faster there); the tile kernels index them
@@ -377,6 +381,7 @@ def test_gpu_kernels_stream_vec4() -> None:
     assert "1023u - (wid.y * nwg.x + wid.x)" in last  # chunks last to first (see the plan)
 
 
+@requires_wgpu
 def test_cpu_kernels_stay_within_the_loop_budget() -> None:
     with forced_target("cpu"):
         for shape in [(1 << 24,), (70000,), (16384,)]:

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import Delta
+from helpers import Delta, requires_wgpu
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -397,6 +397,7 @@ def test_gpu_target_kernels_run(gpu_target: None, rng: np.random.Generator, mode
     check(got, x, idx, u, mode)
 
 
+@requires_wgpu
 def test_persistent_cache_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                      rng: np.random.Generator) -> None:
     """Lowered scatter programs (their in-place, zero-fill and buffer_inputs parameters) come

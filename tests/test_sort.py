@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from helpers import requires_wgpu
 
 import fusec
 import fusec.kernels.sort as ksort
@@ -146,6 +147,7 @@ def test_nan_infinities_and_signed_zeros_sort_as_numpy() -> None:
     assert_bits(ad, np.array([0, 6, 5, 1, 7, 2, 3, 8, 9, 10, 4], dtype=np.int32))
 
 
+@requires_wgpu
 def test_long_rows_sort_in_blocks_and_merges(rng: np.random.Generator) -> None:
     """Rows longer than a workgroup holds (2^16 + 5): on a software adapter, sorted blocks and
     merge passes; the lowered program's interpretation gives the same bits."""
@@ -304,6 +306,7 @@ def test_sort_ops_are_kernels_of_their_own_kind() -> None:
         assert KERNEL_KIND[op] == "sort"
 
 
+@requires_wgpu
 @pytest.mark.usefixtures("gpu_target")
 def test_gpu_lowering_of_a_long_row_is_four_radix_passes(monkeypatch: pytest.MonkeyPatch
                                                           ) -> None:

@@ -64,6 +64,24 @@ PIPELINE: list[tuple[str, Pass]] = [
 ]
 
 
+# What the numpy interpreter runs as the backend (runtime.CpuExecutable): the traced program
+# cleaned up, not lowered. numpy sorts, scans, scatters and reduces in one call each, so the
+# GPU's forms of those (radix passes, tiled scans, split reductions and split-k matmuls), fusion
+# and memory planning only add work there.
+INTERPRETER_PASSES = ("simplify", "cse", "dce")
+
+
+def run_interpreter_pipeline(prog: Program, check: bool | None = None) -> Program:
+    """The passes of INTERPRETER_PASSES, in PIPELINE's order (none of them reads the options)."""
+    check = config.verify_passes() if check is None else check
+    for name, fn in PIPELINE:
+        if name in INTERPRETER_PASSES:
+            prog = fn(prog, Options())
+            if check:
+                verify(prog, name)
+    return prog
+
+
 def run_pipeline(prog: Program, opts: Options, check: bool | None = None) -> Program:
     """Run every pass; verify after each when ``check`` (default: FUSEC_VERIFY / under pytest)."""
     check = config.verify_passes() if check is None else check
@@ -76,7 +94,8 @@ def run_pipeline(prog: Program, opts: Options, check: bool | None = None) -> Pro
     return prog
 
 
-__all__ = ["PIPELINE", "Options", "run_pipeline", "simplify", "cse", "dce", "split_reductions",
+__all__ = ["PIPELINE", "Options", "run_pipeline", "INTERPRETER_PASSES", "run_interpreter_pipeline",
+           "simplify", "cse", "dce", "split_reductions",
            "split_k", "fuse", "plan_memory", "lower_scatter", "lower_scan", "lower_sort",
            "analyse", "MemoryAnalysis", "rewrite_attention", "verify", "VerifyError",
            "used_inputs", "prepare_loops"]

@@ -1,0 +1,284 @@
+"""The numpy interpreter as a backend (issue 18, item 5): which backend the default picks, and the
+interpreter's fast paths (views instead of copies, writes into dead operands, one BLAS call for a
+weight broadcast over a batch) keeping every result right.
+
+The suite runs on wgpu (conftest sets FUSEC_BACKEND=gpu); what the default picks, and the
+interpreter as the backend of whole programs, run in subprocesses with their own setting.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import fusec
+import fusec.numpy as fnp
+from fusec import config, interpret, nn
+from fusec.errors import FusecError
+from fusec.interpret import _dead_operand, evaluate
+from fusec.ir import Op
+from fusec.runtime import CpuExecutable, _choose_adapter
+
+REPO = Path(__file__).resolve().parent.parent
+F32 = np.float32
+
+
+def _adapter_types() -> list[str]:
+    import wgpu
+
+    return [str(a.info["adapter_type"]) for a in wgpu.gpu.enumerate_adapters_sync()]
+
+
+def _run(code: str, backend: str | None) -> dict[str, Any]:
+    """``code`` in a fresh process with FUSEC_BACKEND=backend (None: unset); it prints one JSON
+    line last, returned here, with whatever it warned."""
+    env = {k: v for k, v in os.environ.items() if k != "FUSEC_BACKEND"}
+    if backend is not None:
+        env["FUSEC_BACKEND"] = backend
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + ([env["PYTHONPATH"]]
+                                                       if env.get("PYTHONPATH") else []))
+    env.setdefault("XDG_RUNTIME_DIR", "/tmp")
+    env["FUSEC_CACHE_DIR"] = "off"
+    p = subprocess.run([sys.executable, "-W", "always", "-c", textwrap.dedent(code)], env=env,
+                       cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    out["stderr"] = p.stderr
+    return dict(out)
+
+
+# --- which backend --------------------------------------------------------------------------------
+
+
+def test_the_default_takes_the_interpreter_only_where_every_adapter_is_software() -> None:
+    got = _run("""
+        import json, numpy as np, fusec, fusec.numpy as fnp
+        dev = fusec.default_device()
+        f = fusec.gpu_jit(lambda x: fnp.sort(x) * 2.0 + fnp.cumsum(x))
+        x = np.random.default_rng(1).standard_normal(101).astype(np.float32)
+        y = np.asarray(f(x))
+        err = float(np.abs(y - (np.sort(x) * 2 + np.cumsum(x.astype(np.float64)))).max())
+        before = fusec.cache_info().lowerings
+        n_kernels = len(f.lower(x).kernels)
+        print(json.dumps({"backend": dev.backend, "reason": dev.reason, "err": err,
+                          "lowerings_of_the_call": before, "kernels": n_kernels,
+                          "lowerings_after": fusec.cache_info().lowerings}))
+    """, backend=None)
+    types = _adapter_types()
+    assert got["err"] < 1e-4
+    assert "Warning" not in got["stderr"], got["stderr"]  # choosing numpy is not a fault
+    if types and all(t == "CPU" for t in types):
+        assert got["backend"] == "cpu"
+        assert "software adapter" in got["reason"] and "FUSEC_BACKEND=gpu" in got["reason"]
+        # the interpreter ran the traced program: the call lowered nothing; an explicit
+        # .lower() still gives the GPU's kernels
+        assert got["lowerings_of_the_call"] == 0
+        assert got["kernels"] >= 2 and got["lowerings_after"] == 1
+    else:
+        assert got["backend"] != "cpu" and got["lowerings_of_the_call"] == 1
+
+
+def test_the_suite_runs_on_wgpu_and_says_why_on_a_software_adapter() -> None:
+    """conftest sets FUSEC_BACKEND=gpu (unless the environment chose): the tests run the WGSL,
+    on lavapipe too."""
+    if os.environ.get("FUSEC_BACKEND") != "gpu":
+        pytest.skip(f"FUSEC_BACKEND={os.environ.get('FUSEC_BACKEND')} was set outside conftest")
+    dev = fusec.default_device()
+    assert dev.backend != "cpu" and not dev.is_cpu_fallback
+    if dev.adapter_type == "CPU":
+        assert "software adapter" in dev.reason and "FUSEC_BACKEND=gpu" in dev.reason
+    else:
+        assert dev.reason == ""
+
+
+def test_backend_settings() -> None:
+    try:
+        config.set("backend", "cpu")
+        assert _choose_adapter() == (None, "FUSEC_BACKEND=cpu")
+        config.set("backend", "tpu")
+        with pytest.raises(FusecError, match="FUSEC_BACKEND='tpu'.*auto, gpu, cpu"):
+            _choose_adapter()
+        config.set("backend", "gpu")
+        adapter, _ = _choose_adapter()
+        assert adapter is not None  # any adapter will do, software included
+        config.set("backend", "auto")
+        adapter, reason = _choose_adapter()
+        software = adapter is None or adapter.info["adapter_type"] == "CPU"
+        assert software == all(t == "CPU" for t in _adapter_types())
+        assert (adapter is None) == software and ("software adapter" in reason) == software
+    finally:
+        config.set("backend", None)
+
+
+# --- the interpreter's fast paths -----------------------------------------------------------------
+
+
+def test_a_dead_operand_is_reused_and_a_live_one_is_not() -> None:
+    fresh = [np.ones((3, 5), F32)]
+    assert _dead_operand(fresh, (3, 5)) is fresh[0]
+    view_of_fresh = [np.ones(15, F32).reshape(3, 5)]
+    assert _dead_operand(view_of_fresh, (3, 5)) is view_of_fresh[0]
+    held = np.ones((3, 5), F32)
+    assert _dead_operand([held], (3, 5)) is None  # the caller still holds it
+    base = np.ones(15, F32)
+    assert _dead_operand([base.reshape(3, 5)], (3, 5)) is None  # another view of the buffer
+    assert _dead_operand([np.ones(20, F32)[:15].reshape(3, 5)], (3, 5)) is None  # part of one
+    assert _dead_operand([np.ones((3, 5), np.int32)], (3, 5)) is None  # not float32
+    assert _dead_operand([np.ones((1, 5), F32)], (3, 5)) is None  # broadcast: another shape
+    ro = np.ones((3, 5), F32)
+    ro.flags.writeable = False
+    assert _dead_operand([ro], (3, 5)) is None
+    del ro
+    x = np.ones((3, 5), F32)
+    twice = [x, x]
+    del x
+    assert _dead_operand(twice, (3, 5)) is None  # both operands: not dead after either
+
+
+def test_writes_into_dead_values_leave_live_views_inputs_and_outputs_alone(
+        rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch) -> None:
+    def f(x, w):
+        y = x * 2.0
+        flat = y.reshape(-1)  # a view of y that outlives y's last use below
+        z = fnp.exp(y - 1.0)  # y dies here: its buffer may be written...
+        s = nn.gelu(z * 0.5, approximate="none") + z  # ...z's, once it is dead
+        return s, flat * 3.0, x, x.T, y.sum()
+
+    x = rng.standard_normal((7, 13)).astype(F32)
+    w = rng.standard_normal(13).astype(F32)
+    x0 = x.copy()
+    prog = fusec.gpu_jit(f).trace(x, w).ir
+    args = [x.copy(), w]
+    reused = []
+
+    def spy(ins: Any, shape: Any) -> Any:
+        buf = real(ins, shape)
+        reused.append(buf is not None)
+        return buf
+
+    real = interpret._dead_operand
+    monkeypatch.setattr(interpret, "_dead_operand", spy)
+    s, flat3, xo, xt, total = evaluate(prog, args)
+    assert any(reused)  # (the writes this test is about did happen)
+    xd = x.astype(np.float64)
+    zd = np.exp(2 * xd - 1)
+    from scipy.special import erf
+
+    want = 0.5 * (zd * 0.5) * (1 + erf(zd * 0.5 / np.sqrt(2))) + zd
+    np.testing.assert_allclose(s, want, rtol=2e-6, atol=1e-6)
+    np.testing.assert_allclose(flat3, (2 * xd * 3).reshape(-1), rtol=1e-6)
+    np.testing.assert_allclose(total, (2 * xd).sum(), rtol=1e-5)
+    np.testing.assert_array_equal(args[0], x0)  # the input was never written
+    for out in (xo, xt):  # outputs viewing the input are copies of their own
+        assert not np.shares_memory(out, args[0])
+    np.testing.assert_array_equal(xo, x0)
+    np.testing.assert_array_equal(xt, x0.T)
+
+
+def test_nan_and_inf_propagate_through_in_place_writes() -> None:
+    f = fusec.gpu_jit(lambda x: fnp.exp(x * 1.0 - 0.0) * 2.0 + 1.0)
+    x = np.array([0.0, np.nan, np.inf, -np.inf, 89.0, 1.0], F32)
+    with np.errstate(all="ignore"):
+        want = (np.exp(x.astype(np.float64)) * 2 + 1).astype(F32)  # exp(89) overflows float32
+    (got,) = evaluate(f.trace(x).ir, [x])
+    assert got.dtype == F32
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+@pytest.mark.parametrize("batch,m,k,n", [(3, 5, 7, 11), (1, 1, 1, 1), (4, 37, 31, 2),
+                                         (0, 3, 4, 5)])
+def test_a_dense_layer_over_a_batch_is_one_matmul(batch: int, m: int, k: int, n: int,
+                                                  rng: np.random.Generator) -> None:
+    x = rng.standard_normal((batch, m, k)).astype(F32)
+    w = rng.standard_normal((k, n)).astype(F32)
+    b = rng.standard_normal(n).astype(F32)
+    prog = fusec.gpu_jit(lambda x, w, b: x @ w + b).trace(x, w, b).ir
+    assert any(e.op is Op.BROADCAST for e in prog.eqns)  # the weight, broadcast over the batch
+    (got,) = evaluate(prog, [x, w, b])
+    want = x.astype(np.float64) @ w + b
+    assert got.shape == want.shape and got.dtype == F32
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.sqrt(k))
+
+
+def test_empty_reductions_give_the_identity() -> None:
+    """logsumexp of an empty axis is -inf, as on the GPU (its max reduces an empty axis, which
+    numpy's max refuses)."""
+    e = np.zeros((3, 0), F32)
+    prog = fusec.gpu_jit(lambda x: (fnp.logsumexp(x, axis=1), x.sum(axis=1))).trace(e).ir
+    lse, s = evaluate(prog, [e])
+    np.testing.assert_array_equal(lse, np.full(3, -np.inf, F32))
+    np.testing.assert_array_equal(s, np.zeros(3, F32))
+
+
+def test_the_executable_runs_the_traced_program_not_the_lowered_one(
+        rng: np.random.Generator) -> None:
+    """numpy sorts, scans and scatters in one call each: the GPU's forms of them (radix passes,
+    tiled scans) would only add work."""
+    x = rng.standard_normal(5000).astype(F32)
+    ids = rng.integers(0, 5000, 300).astype(np.int32)
+    f = fusec.gpu_jit(lambda x, i: (fnp.sort(x), fnp.cumsum(x), x.at[i].add(1.0)))
+    exe = CpuExecutable(f.trace(x, ids).ir)
+    ops = {e.op for e in exe.prog.eqns}
+    assert Op.SORT in ops and Op.KERNEL not in ops
+    assert not ops & {Op.RADIX_HIST, Op.RADIX_SCATTER, Op.SORT_BLOCKS, Op.SCAN_REDUCE}
+    srt, cs, sc = exe.run([x, ids])
+    np.testing.assert_array_equal(np.asarray(srt), np.sort(x))
+    np.testing.assert_allclose(np.asarray(cs), np.cumsum(x.astype(np.float64)), atol=1e-3)
+    want = x.copy()
+    np.add.at(want, ids, F32(1))
+    np.testing.assert_array_equal(np.asarray(sc), want)
+    with pytest.raises(ValueError):  # results are immutable, as read back from a device
+        np.asarray(srt)[0] = 0
+
+
+# --- the interpreter as the backend of whole programs ---------------------------------------------
+
+
+def test_runtime_features_on_the_interpreter() -> None:
+    """device_put, profile, warmup, loops, grad, random and while_loop with FUSEC_BACKEND=cpu."""
+    got = _run("""
+        import json, numpy as np, fusec, fusec.numpy as fnp
+        from fusec import lax, nn
+        out = {"backend": fusec.default_device().backend, "reason": fusec.default_device().reason}
+        host = np.arange(6, dtype=np.float32)
+        d = fusec.device_put(host)
+        host[0] = 100.0  # the device copy must not change
+        out["device_put"] = float(np.asarray(d)[0])
+        f = fusec.gpu_jit(lambda x, w: nn.softmax(x @ w) @ w.T)
+        x = np.ones((4, 6), np.float32); w = np.full((6, 3), 0.5, np.float32)
+        c = f.warmup(fusec.ShapeDtype((4, 6)), fusec.ShapeDtype((6, 3)))
+        out["warmup_lowerings"] = fusec.cache_info().lowerings
+        with fusec.profile(print_report=False) as p:
+            f(x, w); f(x, w)
+        out["profile_rows"] = [[r[0], r[1]] for r in p.rows]
+        out["profile_report"] = p.report().splitlines()[0]
+        out["fori"] = float(np.asarray(fusec.gpu_jit(
+            lambda x: lax.fori_loop(0, 30, lambda i, c: c * 0.5 + i, x))(np.float32(1))))
+        out["while"] = int(np.asarray(fusec.gpu_jit(lambda n: lax.while_loop(
+            lambda s: s[1] < n, lambda s: (s[0] * 2, s[1] + 1), (1, 0)))(np.int32(12))[0]))
+        out["grad"] = np.asarray(fusec.grad(lambda v: (v * v).sum())(host)).tolist()
+        k = fusec.random.key(3)
+        out["normal_std"] = float(np.asarray(fusec.random.normal(k, (20000,))).std())
+        print(json.dumps(out))
+    """, backend="cpu")
+    assert got["backend"] == "cpu" and got["reason"] == "FUSEC_BACKEND=cpu"
+    assert got["device_put"] == 0.0
+    assert got["warmup_lowerings"] == 0  # nothing to compile for numpy
+    rows = dict((name, calls) for name, calls in got["profile_rows"])
+    assert rows.get("matmul f32[4,3]") == 2 and rows.get("matmul f32[4,6]") == 2, rows
+    assert "of numpy time" in got["profile_report"]
+    want = 1.0
+    for i in range(30):
+        want = want * 0.5 + i
+    assert got["fori"] == pytest.approx(want, rel=1e-5)
+    assert got["while"] == 4096
+    assert got["grad"] == [200.0, 2.0, 4.0, 6.0, 8.0, 10.0]
+    assert 0.97 < got["normal_std"] < 1.03
