@@ -50,8 +50,8 @@ def test_random_weights_have_the_checkpoints_names_and_shapes() -> None:
 
 def test_torch_free_run_counts_kernels_and_matches_float64(tmp_path: Path) -> None:
     out = tmp_path / "bert.json"
-    env = {k: v for k, v in os.environ.items() if k != "FUSEC_BACKEND"}
-    env["PYTHONPATH"] = str(REPO)
+    # wgpu even on a software adapter (the default there is the interpreter): kernels are counted
+    env = {**os.environ, "FUSEC_BACKEND": "gpu", "PYTHONPATH": str(REPO)}
     proc = subprocess.run(
         [sys.executable, str(SCRIPT), "--shapes", "1x4,2x3", "--layers", "2", "--reps", "1",
          "--calls", "2", "--budget", "0", "--torch-device", "none", "--out", str(out)],
