@@ -1407,7 +1407,13 @@ class GpuExecutable(_Steps):
                 split *= 2
             dispatched += 1
             if kq is not None:
+                # each kernel timed alone: submitted on its own once the GPU is idle (timed
+                # passes in one command buffer overlapped on the H100, and their intervals did
+                # not add up to the call's GPU time)
                 cpass.end()
+                rt.submit(enc)
+                rt.wait_idle()
+                enc = rt.device.create_command_encoder()
                 k = 2 * len(timed)
                 cpass = enc.begin_compute_pass(timestamp_writes={
                     "query_set": kq[0], "beginning_of_pass_write_index": k,
@@ -1510,9 +1516,10 @@ class CpuExecutable:
 class profile:
     """Device time of every kernel that jitted calls run inside ``with fusec.profile():``.
 
-    Each kernel runs in a compute pass of its own between two timestamp queries (which adds the
-    barriers of separate passes, so the kernels' sum exceeds a normal call's GPU time a little),
-    and each call waits for its result. On leaving the block, a table of kernels by total time
+    Each kernel runs alone: in a compute pass and a submit of its own, between two timestamp
+    queries, once the GPU has finished the kernels before it (so the kernels' sum exceeds a
+    normal call's GPU time by what overlaps there, and by a few microseconds per kernel), and
+    each call waits for its result. On leaving the block, a table of kernels by total time
     is printed (``print_report=False`` keeps it quiet) and kept as ``.rows`` (kernel name, calls,
     total and mean microseconds), with the block's wall time in ``.wall_ms``. Needs an adapter with
     timestamp queries (``fusec.default_device().features``); calls with compiled loops are timed
