@@ -105,8 +105,20 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", default=",".join(NAMES))
     ap.add_argument("--out", default="")
+    ap.add_argument("--with", dest="with_", default="",
+                    help="jax and/or torch (comma-separated): load and run them first, as "
+                         "fusec bench does in its process")
     a = ap.parse_args(argv)
-    res = {"device": str(fusec.default_device()), "gaps": dispatch_gaps(),
+    if "jax" in a.with_:
+        import jax
+
+        jax.jit(lambda v: v * 2.0)(np.ones(1024, np.float32)).block_until_ready()
+    if "torch" in a.with_:
+        import torch
+
+        (torch.ones(1024, device="cuda") * 2.0).sum().item()
+    res = {"device": str(fusec.default_device()), "with": a.with_,
+           "gaps": dispatch_gaps() if not a.with_ else [],
            "workloads": workloads(a.only.split(","))}
     if a.out:
         with open(a.out, "w") as fh:
