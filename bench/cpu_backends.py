@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -21,18 +20,11 @@ from typing import Any
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from timing import median_wall  # noqa: E402  (bench/timing.py)
+
 DEFAULT = ("chain8,softmax,layer_norm,matmul_square,matmul_square_bias_gelu,mlp,transformer,"
            "gather,cumsum,argmax,sort")
-
-
-def _median_wall(fn: Any, reps: int) -> float:
-    fn()
-    ts = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return statistics.median(ts)
 
 
 def measure(only: list[str], reps: int) -> dict[str, Any]:
@@ -49,14 +41,15 @@ def measure(only: list[str], reps: int) -> dict[str, Any]:
         t0 = time.perf_counter()
         f(*dev).block_until_ready()
         rec = {"first_call_s": time.perf_counter() - t0,
-               "s": _median_wall(lambda: f(*dev).block_until_ready(), reps)}
+               "s": median_wall(lambda: f(*dev).block_until_ready(), reps, warmup=1)}
         if numpy_too:
             fn = w.bind(NumpyOps)
-            rec["numpy_s"] = _median_wall(lambda: fn(*host), reps)
+            rec["numpy_s"] = median_wall(lambda: fn(*host), reps, warmup=1)
         out["workloads"][w.name] = rec
     x = fusec.device_put(np.random.default_rng(0).standard_normal(1024).astype(np.float32))
     tiny = fusec.gpu_jit(lambda v: (v * 2.0 + 1.0) * v)
-    out["tiny_call_us"] = 1e6 * _median_wall(lambda: tiny(x).block_until_ready(), 20 * reps)
+    out["tiny_call_us"] = 1e6 * median_wall(lambda: tiny(x).block_until_ready(), 20 * reps,
+                                            warmup=1)
     return out
 
 

@@ -12,7 +12,9 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -20,6 +22,9 @@ import numpy as np
 import fusec
 import fusec.numpy as fnp
 from fusec import bench, runtime
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from timing import report  # noqa: E402  (bench/timing.py)
 
 NAMES = ["gather", "matmul_skinny_m", "matmul_skinny_n", "matmul_square", "chain8", "softmax"]
 # variant: (batch calls, spin microseconds)
@@ -121,8 +126,7 @@ def main(argv: list[str] | None = None) -> int:
            "gaps": dispatch_gaps() if not a.with_ else [],
            "workloads": workloads(a.only.split(","))}
     if a.out:
-        with open(a.out, "w") as fh:
-            json.dump(res, fh, indent=1)
+        report(res, a.out)
     return 0
 
 

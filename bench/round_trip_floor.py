@@ -8,10 +8,11 @@ for; one dispatch of the same kernel, recorded by hand) and JAX's round trip, si
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -19,16 +20,12 @@ import numpy as np
 import fusec
 from fusec import runtime
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from timing import median_wall, report  # noqa: E402  (bench/timing.py)
+
 
 def _median_us(fn: Callable[[], Any], reps: int) -> float:
-    for _ in range(50):
-        fn()
-    ts = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return 1e6 * statistics.median(ts)
+    return 1e6 * median_wall(fn, reps, warmup=50)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -197,10 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         res["jax_dispatch_only_us"] = _median_us(lambda: jf(xj), a.reps)
     except Exception as exc:  # noqa: BLE001 - optional reference
         res["jax_error"] = repr(exc)
-    print(json.dumps(res, indent=1))
-    if a.out:
-        with open(a.out, "w") as fh:
-            json.dump(res, fh, indent=1)
+    report(res, a.out)
     return 0
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
 from collections.abc import Callable
@@ -38,3 +39,11 @@ def back_to_back(fn: Callable[[], Any], sync: Callable[[], Any], calls: int, rep
         sync()
         ts.append((time.perf_counter() - t) / calls)
     return statistics.median(ts)
+
+
+def report(res: Any, out: str = "") -> None:
+    """Print ``res`` as JSON and, with ``out``, write it there too."""
+    print(json.dumps(res, indent=1))
+    if out:
+        with open(out, "w") as fh:
+            json.dump(res, fh, indent=1)

@@ -9,10 +9,11 @@ medians.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -23,6 +24,9 @@ except Exception:  # noqa: BLE001 - optional
     torch = None
 
 import fusec  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from timing import report  # noqa: E402  (bench/timing.py)
 
 
 def _round_trips(call: Callable[[], Any], wait: Callable[[Any], Any], n: int) -> list[float]:
@@ -88,10 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         xt = torch.from_numpy(x).cuda()
         impls["torch"] = (lambda: (xt * 2.0 + 1.0) * xt, lambda r: torch.cuda.synchronize())
     res.update(_side_by_side(impls, a.reps, a.burst))
-    print(json.dumps(res, indent=1))
-    if a.out:
-        with open(a.out, "w") as fh:
-            json.dump(res, fh, indent=1)
+    report(res, a.out)
     return 0
 
 
