@@ -133,6 +133,18 @@ class Encoder:
             pass
 
 
+def poll_function() -> Optional[tuple[Any, Any]]:
+    """wgpu-native's ``wgpuDevicePoll`` and NULL, for a wait that polls in a tight loop (None
+    where wgpu-py's wgpu-native backend does not expose it: waits then block). Its result is a C
+    ``bool`` that cffi reads as the 32-bit ``WGPUBool``: only the low byte is the answer."""
+    try:
+        from wgpu.backends.wgpu_native._api import ffi, lib
+
+        return lib.wgpuDevicePoll, ffi.NULL
+    except Exception:  # noqa: BLE001 - another backend or a changed wgpu-py: block instead
+        return None
+
+
 def open_native(device: Any) -> Optional[Native]:
     """The native recorder for ``device``, or None where wgpu-py's wgpu-native backend does not
     expose what it needs."""

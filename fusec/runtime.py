@@ -25,7 +25,7 @@ from . import numpy as fnp
 from .errors import DeviceLimitError, FusecError
 from .interpret import evaluate
 from .ir import Eqn, Lit, Op, Program, Var
-from .native import Encoder, open_native
+from .native import Encoder, open_native, poll_function
 from .passes import run_interpreter_pipeline, used_inputs
 from .trace import register_array_type
 
@@ -33,18 +33,6 @@ BIND_GROUP_CACHE = 8  # bind groups kept per kernel launch of an executable
 _BACKENDS = {"vulkan": "Vulkan", "metal": "Metal", "dx12": "D3D12", "gl": "OpenGL"}
 _TYPE_RANK = {"DiscreteGPU": 0, "IntegratedGPU": 1, "VirtualGPU": 2, "CPU": 3}
 _BACKEND_RANK = {"Vulkan": 0, "Metal": 0, "D3D12": 1, "OpenGL": 2}
-
-
-def _native_poll() -> Optional[tuple[Any, Any]]:
-    """wgpu-native's ``wgpuDevicePoll`` and NULL, called without wgpu-py's wrapper: the spin
-    wait calls it in a tight loop (None where this wgpu-py does not expose it; waits block)."""
-    try:
-        from wgpu.backends.wgpu_native._api import ffi, lib
-
-        return lib.wgpuDevicePoll, ffi.NULL
-    except Exception:  # noqa: BLE001 - another backend or a changed wgpu-py: block instead
-        return None
-
 
 
 @dataclass
@@ -97,7 +85,7 @@ class Runtime:
         self.adapter = adapter
         feats = [f for f in ("timestamp-query",) if f in adapter.features]
         self.device = adapter.request_device_sync(required_features=feats)
-        self._poll = _native_poll()
+        self._poll = poll_function()
         # the calls' recording and submits through wgpu-native directly (fusec.native)
         self.native = open_native(self.device) if config.get("native") else None
         info = adapter.info
@@ -371,11 +359,11 @@ class Runtime:
 
         FUSEC_WAIT=spin (the default): poll wgpu-native without blocking until the queue is
         empty, for up to FUSEC_SPIN_US, then block. A blocking poll sleeps on the driver's fence
-        and wakes late: on the H100 an empty submit's wait took 36.6 us blocking against about 10
-        spinning, and a tiny call's round trip 114 us against 73 (bench/round_trip_floor.py).
-        The cap (20 ms) bounds the CPU a long wait burns; past it the late wake-up costs well
-        under 1%. (With a 2 ms cap, a 3.1 ms matmul's call + wait took 3.44 ms, 3.31 spinning
-        throughout: bench/overhead_probe.py.)"""
+        and wakes late: on the H100 a tiny call's round trip took 96.2 us blocking against 56.5
+        spinning (bench/round_trip_floor.py, interleaved in one process). The cap (20 ms) bounds
+        the CPU a long wait burns; past it the late wake-up costs well under 1%. (With a 2 ms
+        cap, a 3.1 ms matmul's call + wait took 3.44 ms, 3.31 spinning throughout:
+        bench/overhead_probe.py.)"""
         if config.get("wait") == "spin" and self._poll is not None:
             raw = self.device._internal
             poll, null = self._poll
@@ -385,9 +373,9 @@ class Runtime:
             if poll(raw, False, null) & 0xFF:
                 return
             if self._batch_enc is None and PREOPEN_BATCH:
-                # the GPU is busy: open the next batch (encoder and pass) now, not after the
-                # wait (on the H100 they take about 22 us of the host's time). An open batch with
-                # nothing in it is not submitted (flush).
+                # the GPU is busy: open the next batch (encoder and pass) now, while it works,
+                # not after the wait (a tiny call's round trip on the H100: 56.5 us, 60.5
+                # without). An open batch with nothing in it is not submitted (flush).
                 self._batch_enc = self.encoder()
                 self._batch_pass = self._batch_enc.begin_compute_pass()
             deadline = time.perf_counter() + 1e-6 * int(config.get("spin_us"))
