@@ -30,6 +30,7 @@ from .passes import run_interpreter_pipeline, used_inputs
 from .trace import register_array_type
 
 BIND_GROUP_CACHE = 8  # bind groups kept per kernel launch of an executable
+_WAIT_MODES = ("spin", "poll", "thread")  # FUSEC_WAIT (see Runtime.wait_idle)
 _BACKENDS = {"vulkan": "Vulkan", "metal": "Metal", "dx12": "D3D12", "gl": "OpenGL"}
 _TYPE_RANK = {"DiscreteGPU": 0, "IntegratedGPU": 1, "VirtualGPU": 2, "CPU": 3}
 _BACKEND_RANK = {"Vulkan": 0, "Metal": 0, "D3D12": 1, "OpenGL": 2}
@@ -364,7 +365,10 @@ class Runtime:
         the CPU a long wait burns; past it the late wake-up costs well under 1%. (With a 2 ms
         cap, a 3.1 ms matmul's call + wait took 3.44 ms, 3.31 spinning throughout:
         bench/overhead_probe.py.)"""
-        if config.get("wait") == "spin" and self._poll is not None:
+        mode = config.get("wait")
+        if mode not in _WAIT_MODES:
+            raise FusecError(f"FUSEC_WAIT must be one of {', '.join(_WAIT_MODES)}; got {mode!r}")
+        if mode == "spin" and self._poll is not None:
             raw = self.device._internal
             poll, null = self._poll
             # the low byte only: wgpu-native returns a C bool, which cffi reads as its 32-bit

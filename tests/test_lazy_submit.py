@@ -184,3 +184,16 @@ def test_block_until_ready_returns_once_the_gpu_is_done(wait: str) -> None:
         fusec.config.set("wait", None)
     want = np.tanh(np.asarray(a, np.float64) @ np.asarray(b, np.float64)) @ np.asarray(b)
     np.testing.assert_allclose(np.asarray(r), want, rtol=1e-4, atol=1e-4)
+
+
+def test_an_unknown_wait_mode_is_a_clear_error() -> None:
+    f = fusec.gpu_jit(lambda v: v * 3.0)
+    x = fusec.device_put(np.arange(5, dtype=np.float32))
+    fusec.config.set("wait", "spinn")
+    try:
+        with pytest.raises(fusec.FusecError, match="FUSEC_WAIT must be one of spin, poll, "
+                                                  "thread; got 'spinn'"):
+            f(x).block_until_ready()
+    finally:
+        fusec.config.set("wait", None)
+    np.testing.assert_array_equal(np.asarray(f(x)), np.arange(5) * 3.0)
