@@ -279,6 +279,26 @@ class Runtime:
             enc = self.take_batch()
             return enc, enc.begin_compute_pass()
 
+    def open_call(self, clears: Sequence[Any], timestamps: Any = None, wgpu_py: bool = False
+                  ) -> tuple[Any, Any]:
+        """The encoder and open compute pass of a call that does not join the batch, after the
+        calls recorded before it, with ``clears`` (buffers to zero) recorded first. A pass with
+        ``timestamps``, or ``wgpu_py`` (the per-kernel profiler's passes take timestamps), needs
+        wgpu-py's encoder; otherwise the batch's own is used where nothing is recorded in it."""
+        if timestamps or wgpu_py:
+            self.flush()
+            enc = self.device.create_command_encoder()
+            for raw in clears:
+                enc.clear_buffer(raw)
+            return enc, (enc.begin_compute_pass(timestamp_writes=timestamps) if timestamps
+                         else enc.begin_compute_pass())
+        if not clears:
+            return self.take_pass()
+        enc = self.take_batch()
+        for raw in clears:
+            enc.clear_buffer(raw)
+        return enc, enc.begin_compute_pass()
+
     def submitted_batch(self) -> None:
         """After the submit of an encoder from :meth:`take_batch`: buffers released while it
         was recorded can go now."""
@@ -1089,19 +1109,7 @@ class _Recorder:
     def __init__(self, rt: Runtime, zeroed: Sequence[Any], timestamps: Any = None) -> None:
         self.rt = rt
         self.timed = bool(timestamps)
-        if timestamps:
-            rt.flush()
-            self.enc = rt.device.create_command_encoder()  # wgpu-py's: timestamp writes
-            for b in zeroed:
-                self.enc.clear_buffer(b)
-            self.cpass = self.enc.begin_compute_pass(timestamp_writes=timestamps)
-        elif zeroed:
-            self.enc = rt.take_batch()
-            for b in zeroed:
-                self.enc.clear_buffer(b)
-            self.cpass = self.enc.begin_compute_pass()
-        else:
-            self.enc, self.cpass = rt.take_pass()
+        self.enc, self.cpass = rt.open_call(zeroed, timestamps)
         self.last: Any = None  # the pipeline set last: a loop of one kernel sets it once
 
     def dispatch(self, pipe: Any, bg: Any, grid: tuple[int, int, int]) -> None:
@@ -1357,20 +1365,7 @@ class GpuExecutable(_Steps):
         else:
             # the calls recorded before this one go first
             ts = rt.timestamp_writes() if rt.profile else None
-            if ts or rt.kernel_profile is not None:
-                rt.flush()
-                enc = rt.device.create_command_encoder()  # wgpu-py's: timestamp writes
-                for raw in clears:
-                    enc.clear_buffer(raw)
-                cpass = enc.begin_compute_pass(timestamp_writes=ts) if ts else \
-                    enc.begin_compute_pass()
-            elif clears:
-                enc = rt.take_batch()
-                for raw in clears:
-                    enc.clear_buffer(raw)
-                cpass = enc.begin_compute_pass()
-            else:
-                enc, cpass = rt.take_pass()
+            enc, cpass = rt.open_call(clears, ts, wgpu_py=rt.kernel_profile is not None)
             # fusec.profile(): each kernel in a pass of its own, between two timestamps
             if rt.kernel_profile is not None and "timestamp-query" in rt.info.features:
                 kq = rt.kernel_queries(len(self.steps))
