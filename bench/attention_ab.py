@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -19,6 +21,9 @@ import fusec
 import fusec.numpy as fnp
 from fusec import bench, nn
 from fusec.kernels import attention as attention_kernel
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from timing import write_json  # noqa: E402  (bench/timing.py)
 
 # (batch, heads, rows, keys, head dim): MiniLM at 32x128 and 1x16, a 512-token BERT-base
 # layer, the quick bench transformer's heads
@@ -75,9 +80,7 @@ def main(argv: list[str] | None = None) -> int:
             rec["jax_error"] = repr(exc)[:200]
         print(json.dumps(rec))
         rows.append(rec)
-    if a.out:
-        with open(a.out, "w") as fh:
-            json.dump(rows, fh, indent=1)
+    write_json(rows, a.out)
     return 0
 
 

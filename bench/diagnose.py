@@ -5,14 +5,16 @@ from __future__ import annotations
 import os
 import statistics
 import sys
-import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
+
+from timing import median_wall  # noqa: E402  (bench/timing.py)
 
 import fusec  # noqa: E402
 import fusec.numpy as fnp  # noqa: E402
@@ -21,13 +23,7 @@ from fusec.runtime import get_runtime  # noqa: E402
 
 
 def med(fn: Callable[[], Any], n: int = 10) -> float:
-    fn()
-    ts = []
-    for _ in range(n):
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return statistics.median(ts)
+    return median_wall(fn, n, warmup=1)
 
 
 def main() -> None:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from timing import median_wall  # (bench/timing.py)
+from timing import median_wall, write_json  # (bench/timing.py)
 
 import fusec
 import fusec.numpy as fnp
@@ -83,9 +83,7 @@ def main(argv: list[str] | None = None) -> int:
                     for g, w in zip(got, want))
             res["rows"].append(row)
             print(json.dumps(row))
-    if a.out:
-        with open(a.out, "w") as f:
-            json.dump(res, f, indent=1)
+    write_json(res, a.out)
     return 0
 
 

@@ -41,9 +41,14 @@ def back_to_back(fn: Callable[[], Any], sync: Callable[[], Any], calls: int, rep
     return statistics.median(ts)
 
 
-def report(res: Any, out: str = "") -> None:
-    """Print ``res`` as JSON and, with ``out``, write it there too."""
-    print(json.dumps(res, indent=1))
+def write_json(res: Any, out: str) -> None:
+    """Write ``res`` as JSON to the path ``out`` (nothing when it is empty)."""
     if out:
         with open(out, "w") as fh:
             json.dump(res, fh, indent=1)
+
+
+def report(res: Any, out: str = "") -> None:
+    """Print ``res`` as JSON and, with ``out``, write it there too."""
+    print(json.dumps(res, indent=1))
+    write_json(res, out)
