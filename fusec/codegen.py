@@ -752,13 +752,15 @@ def _b_source(body: Program, mm: Eqn) -> Optional[Var]:
     a, b, batch, m, k, n, nb = _mm_dims(mm)
     if n % 4 or b.dtype == "bool":
         return None
-    src, path = _operand_path({id(o): e for e in body.eqns for o in e.outs}, b)
+    producers = {id(o): e for e in body.eqns for o in e.outs}
+    src, path = _operand_path(producers, b)
     if not _padded_chunks(src, path, b):
         st = view_strides(src, path)
         if st is None or st[-1] != 1 or any(s % 4 for s, d in zip(st[:-1], b.shape) if d != 1):
             return None
     readers = [mm, *path]
-    if src is a or not any(v is src for v in body.inputs):
+    # A read from the same input (x @ x.reshape(..), or A on B's own path) reads it as scalars
+    if _operand_path(producers, a)[0] is src or not any(v is src for v in body.inputs):
         return None
     if any(o is src or o is b for o in body.outputs):
         return None

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -536,3 +537,19 @@ def test_reshape_strides_of_views() -> None:
     # axes of size 1 get stride 0 (their one coordinate is 0)
     assert _reshape_strides((2, 3, 4), (12, 4, 1), (1, 6, 1, 4)) == [0, 4, 0, 1]
     assert _reshape_strides((1, 5), (5, 1), (5, 1)) == [1, 0]
+
+
+@pytest.mark.parametrize("form", ["b_through_a", "both_from_x"])
+def test_matmul_whose_operands_read_one_input(form: str) -> None:
+    # B read as vec4s from the input A also reads (as scalars) once made a WGSL type error (found
+    # by tests/test_hypothesis.py): such a B is read as scalars too
+    rng = np.random.default_rng(3)
+    x = rng.integers(-3, 4, 64).astype(np.float32)
+
+    def f(x0: Any) -> Any:
+        a = fnp.reshape(-(-x0), (32, 2))
+        b = fnp.reshape(a, (2, 32)) if form == "b_through_a" else fnp.reshape(x0, (2, 32))
+        return a @ b
+
+    got = np.asarray(fusec.gpu_jit(f)(x))
+    np.testing.assert_array_equal(got, x.reshape(32, 2) @ x.reshape(2, 32))
