@@ -23,6 +23,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("runtime",),
     ("record", "jit"),
     ("warmup", "transforms", "autodiff", "vmap", "control_flow_ad"),
+    ("models",),
     ("bench", "cli", "demo", "__main__", "__init__"),
 ]
 

@@ -43,11 +43,15 @@ from typing import Optional
 
 from .. import codegen
 from ..errors import DeviceLimitError
-from ..ir import KERNEL_KIND, MOVEMENT, REDUCE, Eqn, Op, Program, Var
+from ..ir import ELEMENTWISE, KERNEL_KIND, MOVEMENT, REDUCE, SOURCE, Eqn, Op, Program, Var
 
 KIND_ABBR = {"elementwise": "ew", "reduce": "red", "matmul": "mm"}
 ROW_MAX = 16384  # longest row whose elementwise pass fuses into its reductions' kernel
 REDUCING = REDUCE | {Op.PARTIAL}
+# A value read by several equations whose cone (the unmaterialised equations it is computed
+# from) exceeds this many equations is materialised before planning: a model's residual stream
+# otherwise reaches back through every layer, and planning grew with the cube of the layers.
+CONE_MAX = 16
 
 
 @dataclass(eq=False)
@@ -73,6 +77,17 @@ class _Planner:
         self.producer = {id(o): e for e in prog.eqns for o in e.outs}
         self.input_pos = {id(v): i for i, v in enumerate(prog.inputs)}
         self.out_ids = {id(a) for a in prog.outputs if isinstance(a, Var)}
+        # equations that compute no data of their own: views, scalars, iota and elementwise
+        # ops of iota alone (the fusion planner does not relate kernels through them)
+        index_only: set[int] = set()
+        self.trivial: set[int] = set()
+        for e in prog.eqns:
+            made = [self.producer.get(id(v)) for v in e.inputs if isinstance(v, Var)]
+            if e.op in SOURCE or (e.op in ELEMENTWISE and all(
+                    m is not None and id(m) in index_only for m in made)):
+                index_only.add(id(e))
+            if id(e) in index_only or e.op in MOVEMENT or e.outs[0].size <= 1:
+                self.trivial.add(id(e))
         mat: set[int] = set(self.input_pos) | self.out_ids
         for e in prog.eqns:
             if e.op in REDUCING or e.op is Op.MATMUL or (not enabled and e.op not in MOVEMENT):
@@ -97,6 +112,8 @@ class _Planner:
                         v = self.producer[id(v)].inputs[0]
                     if isinstance(v, Var):
                         mat.add(id(v))
+        if enabled:
+            _cap_cones(prog, mat, self.producer)
         self.mat = mat
 
     # -- building blocks --
@@ -197,8 +214,10 @@ class _Planner:
             groups, aliases = self.base_groups()
             if self.enabled:
                 groups = self.merge(groups, aliases)
+            reads = _reads_by_others(groups, aliases)
             too_big = next((g for g in groups if g.kind != "loop"
-                            and self.n_bindings(g, groups, aliases) > self.max_bindings), None)
+                            and self.n_bindings(g, groups, aliases, reads[id(g)])
+                            > self.max_bindings), None)
             if too_big is not None:
                 self.mat.add(id(self.split_point(too_big).out))
                 continue
@@ -212,17 +231,24 @@ class _Planner:
             for k, e in g.eqns.items():
                 if id(e.outs[0]) not in self.mat:
                     owners[k] = owners.get(k, 0) + 1
+        # Every value worth materialising is materialised in one round: each round costs a new
+        # plan, and one value per round made a 30-layer model's plan take minutes. Materialising
+        # a value computed in k kernels leaves its cone computed in one of them instead of k,
+        # which the counts of the cone's equations are corrected for.
+        changed = False
         for e in reversed(self.prog.eqns):
             k = owners.get(id(e), 0)
             if k < 2:
                 continue
             c = self.cone(e)
-            c[id(e)] = e
-            leaf_bytes = sum(v.nbytes for v in self.leaves(c, set()))
+            leaf_bytes = sum(v.nbytes for v in self.leaves({**c, id(e): e}, set()))
             if e.out.nbytes * (1 + k) < (k - 1) * leaf_bytes:
                 self.mat.add(id(e.out))
-                return True
-        return False
+                for x in c:
+                    if x in owners:
+                        owners[x] = max(1, owners[x] - (k - 1))
+                changed = True
+        return changed
 
     def split_point(self, g: _Group) -> Eqn:
         """The cone equation with the most inputs that still fits in a kernel of its own."""
@@ -353,12 +379,21 @@ class _Planner:
                     if isinstance(v, Var):
                         readers.setdefault(id(v), {})[id(g)] = g
         alias_reads = {id(al.inputs[0]) for al in aliases}
+        deps = _Deps(groups, by_var)
 
         def related(a: _Group) -> dict[int, _Group]:
             found: dict[int, _Group] = {}
-            read = {id(v) for e in a.eqns.values() for v in e.inputs if isinstance(v, Var)}
+            read_vars = {id(v): v for e in a.eqns.values() for v in e.inputs
+                         if isinstance(v, Var)}
+            read = set(read_vars)
+            info = self.row_info(a) if a.kind == "reduce" else None
+            row_size = math.prod(info[0]) if info is not None else 0
             for k in a.eqns:
-                found.update((id(g), g) for g in holders[k])
+                # (not through index arithmetic: views, iota and what is computed from them
+                # alone, or scalars, such as the clamped start of a cache update, are shared by
+                # every layer of a model, yet relate nothing)
+                if k not in self.trivial:
+                    found.update((id(g), g) for g in holders[k])
             for o in a.outs():
                 found.update(readers.get(id(o), {}))
             for v in read:
@@ -368,9 +403,12 @@ class _Planner:
                 if a.kind != "reduce":
                     continue
                 # reductions also merge when they share an input, or read values one kernel
-                # writes
-                found.update((k, g) for k, g in readers.get(v, {}).items()
-                             if g.kind == "reduce")
+                # writes. (Not through a small input broadcast into their rows, like an
+                # attention mask every layer of a model adds: siblings share their rows, and
+                # that relation made every layer's softmax try to merge with every other's.)
+                if read_vars[v].size >= row_size:
+                    found.update((k, g) for k, g in readers.get(v, {}).items()
+                                 if g.kind == "reduce")
                 for o in (w.outs() if w is not None else ()):
                     found.update((k, g) for k, g in readers.get(id(o), {}).items()
                                  if g.kind == "reduce")
@@ -385,7 +423,7 @@ class _Planner:
             if id(a) not in dirty:
                 continue
             for b in sorted(related(a).values(), key=lambda g: pos[id(g)]):
-                got = self._try_merge(groups, aliases, a, b, by_var, readers, alias_reads)
+                got = self._try_merge(groups, aliases, a, b, by_var, readers, alias_reads, deps)
                 if got is not None:
                     return got
             dirty.discard(id(a))
@@ -393,17 +431,15 @@ class _Planner:
 
     def _try_merge(self, groups: list[_Group], aliases: list[Eqn], a: _Group, b: _Group,
                    by_var: dict[int, _Group], readers: dict[int, dict[int, _Group]],
-                   alias_reads: set[int]) -> Optional[tuple[list[_Group], _Group]]:
+                   alias_reads: set[int], deps: _Deps) -> Optional[tuple[list[_Group], _Group]]:
         """Merge ``a`` and ``b`` if that is legal: the new groups and the merged one."""
         kind = self.mergeable(a, b, by_var)
         if kind is None:
             return None
         if _reads_own_alias(a, b, aliases, by_var):
             return None
-        ra, rb = _reads(a, by_var), _reads(b, by_var)
         # a path a -> other kernel -> b (or back) would become a cycle
-        if _reaches([g for g in rb if g is not a], a, by_var) or _reaches(
-                [g for g in ra if g is not b], b, by_var):
+        if deps.through_other(b, a) or deps.through_other(a, b):
             return None
         first, second = (a, b) if groups.index(a) < groups.index(b) else (b, a)
         merged = _Group(first.roots + second.roots, kind, {**first.eqns, **second.eqns})
@@ -419,6 +455,41 @@ class _Planner:
         out = rest + [merged]
         out.sort(key=lambda g: min(self.order[id(r)] for r in g.roots))
         return out, merged
+
+
+def _cap_cones(prog: Program, mat: set[int], producer: dict[int, Eqn]) -> None:
+    """Materialise (add to ``mat``) values read by several equations whose cones exceed
+    CONE_MAX equations (counted with repeats, a bound)."""
+    n_readers: dict[int, int] = {}
+    for e in prog.eqns:
+        for v in {id(a) for a in e.inputs if isinstance(a, Var)}:
+            n_readers[v] = n_readers.get(v, 0) + 1
+    size: dict[int, int] = {}  # cone size of each unmaterialised value, capped
+    for e in prog.eqns:
+        n = 1 + sum(size.get(id(a), 0) for a in e.inputs
+                    if isinstance(a, Var) and id(a) not in mat)
+        for o in e.outs:
+            if id(o) in mat:
+                continue
+            if n > CONE_MAX and n_readers.get(id(o), 0) > 1 and e.op not in MOVEMENT:
+                mat.add(id(o))
+            else:
+                size[id(o)] = min(n, CONE_MAX + 1)
+
+
+def _reads_by_others(groups: list[_Group], aliases: list[Eqn]) -> dict[int, set[int]]:
+    """For each group, which of its roots' values other kernels or aliases read (``needed``'s
+    ``read``), from one pass over the groups rather than one per group."""
+    readers: dict[int, set[int]] = {}
+    for h in groups:
+        for e in h.eqns.values():
+            for x in e.inputs:
+                if isinstance(x, Var):
+                    readers.setdefault(id(x), set()).add(id(h))
+    alias_reads = {id(a.inputs[0]) for a in aliases}
+    return {id(g): alias_reads | {id(o) for r in g.roots for o in r.outs
+                                  if readers.get(id(o), set()) - {id(g)}}
+            for g in groups}
 
 
 def _ew_shape(g: _Group) -> tuple[int, ...]:
@@ -462,19 +533,51 @@ def _reads_own_alias(a: _Group, b: _Group, aliases: list[Eqn],
     return False
 
 
-def _reaches(starts: list[_Group], target: _Group, by_var: dict[int, _Group]) -> bool:
-    """Does any of ``starts`` depend, directly or through other kernels, on ``target``?"""
-    seen: set[int] = set()
-    stack = list(starts)
-    while stack:
-        g = stack.pop()
-        if g is target:
-            return True
-        if id(g) in seen:
-            continue
-        seen.add(id(g))
-        stack.extend(_reads(g, by_var))
-    return False
+class _Deps:
+    """Which kernels each kernel depends on, directly or through others, for one round of
+    merge attempts (the groups do not change within it). Each group's upstream set is a bitset
+    over the groups' positions, computed once when first asked: a search per attempt walked the
+    whole program again each time, which made fusing a 30-layer model take minutes."""
+
+    def __init__(self, groups: list[_Group], by_var: dict[int, _Group]) -> None:
+        self.by_var = by_var
+        self.index = {id(g): i for i, g in enumerate(groups)}
+        self._reads: dict[int, list[_Group]] = {}
+        self._up: dict[int, int] = {}
+
+    def reads(self, g: _Group) -> list[_Group]:
+        got = self._reads.get(id(g))
+        if got is None:
+            got = self._reads[id(g)] = _reads(g, self.by_var)
+        return got
+
+    def upstream(self, g: _Group) -> int:
+        """Bitset of the groups ``g`` depends on (directly or not)."""
+        if id(g) in self._up:
+            return self._up[id(g)]
+        stack: list[tuple[_Group, bool]] = [(g, False)]
+        visiting: set[int] = set()  # (kernels never form a cycle; this only guards the walk)
+        while stack:  # iterative post-order: a long chain of layers would exceed recursion
+            h, done = stack.pop()
+            if id(h) in self._up:
+                continue
+            if not done:
+                if id(h) in visiting:
+                    continue
+                visiting.add(id(h))
+                stack.append((h, True))
+                stack.extend((r, False) for r in self.reads(h) if id(r) not in self._up)
+                continue
+            bits = 0
+            for r in self.reads(h):
+                bits |= self._up.get(id(r), 0) | (1 << self.index[id(r)])
+            self._up[id(h)] = bits
+        return self._up[id(g)]
+
+    def through_other(self, start: _Group, target: _Group) -> bool:
+        """Does ``start`` read a kernel other than ``target`` that depends on ``target``?"""
+        bit = 1 << self.index[id(target)]
+        return any(self.upstream(r) & bit for r in self.reads(start) if r is not target)
 
 
 def fuse(prog: Program, enabled: bool = True, max_bindings: int = 8,
