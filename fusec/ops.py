@@ -42,7 +42,8 @@ def broadcast_shapes(*shapes: Shape) -> Shape:
 
 
 def wgsl_literal(value: Any, dtype: str) -> str:
-    """A WGSL expression for a scalar constant of the given dtype; exact for float32 values."""
+    """A WGSL expression for a scalar constant of the given dtype; exact for float32 values. A
+    float16 constant is rounded to float16 and written as the f32 it is computed as."""
     if dtype == "bool":
         return "true" if value else "false"
     if dtype == "int32":
@@ -50,6 +51,9 @@ def wgsl_literal(value: Any, dtype: str) -> str:
         return f"{v}i" if v != -(2**31) else "i32(-2147483647 - 1)"
     if dtype == "uint32":
         return f"{int(np.uint32(value))}u"
+    if dtype == "float16":
+        with np.errstate(over="ignore"):
+            value = np.float16(value)
     f = float(np.float32(value))
     if math.isfinite(f):
         text = repr(f)
@@ -82,6 +86,16 @@ fn fusec_isinf(x: f32) -> bool {
     "fusec_isfinite": """
 fn fusec_isfinite(x: f32) -> bool {
     return (bitcast<u32>(x) & 0x7fffffffu) < 0x7f800000u;
+}""",
+    # float16 stores and casts: WGSL lets a conversion of a finite value beyond f16's range give
+    # the largest finite f16 instead of infinity; numpy (and rounding to nearest) give infinity
+    # from 65520 up. NaN and the infinities convert as they are.
+    "fusec_f16": """
+fn fusec_f16(x: f32) -> f16 {
+    let b = bitcast<u32>(x);
+    let a = b & 0x7fffffffu;
+    let inf = bitcast<f32>((b & 0x80000000u) | 0x7f800000u);
+    return f16(select(x, inf, a >= 0x477ff000u && a < 0x7f800000u));
 }""",
     # numpy's maximum/minimum (and max/min reductions, scans, scatters): a NaN operand is the
     # result; WGSL's max and min are IEEE maxNum/minNum and drop it
@@ -517,7 +531,7 @@ def _minmax(cmp: str, name: str, bool_sym: str) -> Callable[[Sequence[str], str]
     def f(a: Sequence[str], dt: str) -> str:
         if dt in ("int32", "uint32"):
             return f"select({a[1]}, {a[0]}, {a[0]} {cmp} {a[1]})"
-        if dt == "float32":
+        if dtypes.is_float(dt):
             return f"fusec_{name}_f32({a[0]}, {a[1]})"
         return builtin(a, dt)
 
@@ -531,7 +545,7 @@ def _by_dtype(float_expr: str | None, int32_expr: str | None = None, uint32_expr
     table = {"float32": float_expr, "int32": int32_expr, "uint32": uint32_expr, "bool": bool_expr}
 
     def f(a: Sequence[str], dt: str) -> str:
-        expr = table[dt]
+        expr = table[dtypes.compute_dtype(dt)]
         if expr is None:
             raise AssertionError(f"no WGSL for dtype {dt}")
         return expr.format(*a)
@@ -542,7 +556,7 @@ def _by_dtype(float_expr: str | None, int32_expr: str | None = None, uint32_expr
 def _rounding(name: str) -> Callable[[Sequence[str], str], str]:
     """floor, ceil, trunc, round: the builtin for floats; integers and bools are already whole."""
     def f(a: Sequence[str], dt: str) -> str:
-        return f"{name}({a[0]})" if dt == "float32" else a[0]
+        return f"{name}({a[0]})" if dtypes.is_float(dt) else a[0]
 
     return f
 
@@ -578,7 +592,8 @@ def _np_isfinite(x: np.ndarray) -> np.ndarray:
 
 
 def _pow(a: Sequence[str], dt: str) -> str:
-    fn = {"float32": "fusec_pow", "int32": "fusec_ipow_i32", "uint32": "fusec_ipow_u32"}[dt]
+    fn = {"float32": "fusec_pow", "int32": "fusec_ipow_i32",
+          "uint32": "fusec_ipow_u32"}[dtypes.compute_dtype(dt)]
     return f"{fn}({a[0]}, {a[1]})"
 
 
@@ -904,7 +919,13 @@ ELEMENTWISE: dict[Op, Elementwise] = {
 
 
 def cast_wgsl(expr: str, src: str, dst: str) -> str:
-    """WGSL for numpy's astype between supported dtypes."""
+    """WGSL for numpy's astype between supported dtypes. float16 values are computed as f32: a
+    cast from float16 is one from float32, and a cast to float16 rounds the f32 to f16 and back."""
+    if src == dst:
+        return expr
+    if dst == "float16":
+        return f"f32(fusec_f16({cast_wgsl(expr, src, 'float32')}))"
+    src = dtypes.compute_dtype(src)
     if src == dst:
         return expr
     ty = dtypes.WGSL_TYPE[dst]
@@ -971,11 +992,13 @@ class Reduction:
 
 
 def _max_identity(dt: str) -> Any:
-    return {"float32": -math.inf, "int32": -(2**31), "uint32": 0, "bool": False}[dt]
+    return {"float32": -math.inf, "float16": -math.inf, "int32": -(2**31), "uint32": 0,
+            "bool": False}[dt]
 
 
 def _min_identity(dt: str) -> Any:
-    return {"float32": math.inf, "int32": 2**31 - 1, "uint32": 2**32 - 1, "bool": True}[dt]
+    return {"float32": math.inf, "float16": math.inf, "int32": 2**31 - 1, "uint32": 2**32 - 1,
+            "bool": True}[dt]
 
 
 # The float32 combines of reduce_max and reduce_min are the helpers fusec_max_f32 and
@@ -985,6 +1008,7 @@ def _min_identity(dt: str) -> Any:
 # order of the combines).
 def _minmax_combine(name: str) -> Callable[[str, str, str], str]:
     def f(a: str, b: str, dt: str) -> str:
+        dt = dtypes.compute_dtype(dt)
         if dt in ("float32", "int32"):
             return f"fusec_{name}_{dt[0]}32({a}, {b})"
         return f"{name}({a}, {b})"
