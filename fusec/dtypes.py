@@ -51,7 +51,8 @@ _ORDER = {"bool": 0, "uint32": 1, "int32": 1, "float16": 2, "float32": 3}
 _KIND = {"bool": 0, "uint32": 1, "int32": 1, "float16": 2, "float32": 2}
 
 # dtypes converted at the boundary (JAX with 64-bit types off), to the 32-bit type of their kind
-NARROWED = {"float64": "float32", "longdouble": "float32",
+NARROWED = {"float64": "float32", "longdouble": "float32", "float128": "float32",
+            "float96": "float32",
             "int64": "int32", "int16": "int32", "int8": "int32",
             "uint64": "uint32", "uint16": "uint32", "uint8": "uint32"}
 _warned: set[tuple[str, str]] = set()

@@ -659,18 +659,28 @@ def float_ufunc(op: Op) -> Optional[Any]:
 # Rules use the tracers' Python operators (fusec.numpy attaches them) and b.bind for the rest.
 
 
-def ad_atom(x: Any) -> Any:
-    """A rule's operand as an IR atom: tracers as they are, Python scalars as float32 literals."""
+def ad_atom(x: Any, dtype: str = "float32") -> Any:
+    """A rule's operand as an IR atom: tracers as they are, Python scalars as float literals of
+    ``dtype``."""
     from .ir import Lit as _Lit
 
     if isinstance(x, (bool, int, float)):
-        return _Lit(float(x), "float32")
+        return _Lit(float(np.float16(x)) if dtype == "float16" else float(x), dtype)
     return x
 
 
+def ad_float(x: Any) -> str:
+    """The float dtype of a rule's operand ``x`` (a Python scalar's: float32)."""
+    dt = str(getattr(getattr(x, "var", None), "dtype", "float32"))
+    return dt if dtypes.is_float(dt) else "float32"
+
+
 def ad_call(b: Any, op: Op, *xs: Any, **params: Any) -> Any:
-    """``op(*xs)`` bound in the current trace (for rules: functions that have no operator)."""
-    return b.bind(op, [ad_atom(x) for x in xs], params)
+    """``op(*xs)`` bound in the current trace (for rules: functions that have no operator).
+    Python scalars take the float dtype of the traced operands (float16 stays float16)."""
+    fdt = next((str(x.var.dtype) for x in xs if hasattr(x, "var")
+                and dtypes.is_float(str(x.var.dtype))), "float32")
+    return b.bind(op, [ad_atom(x, fdt) for x in xs], params)
 
 
 def _d_scale(f: Callable[[Any, Any, Any], Any]) -> Callable[..., Any]:
@@ -1194,8 +1204,11 @@ def _scan_unrows(rows: np.ndarray, shape: Shape, axis: int, reverse: bool) -> np
 
 def cumulative_numpy(x: np.ndarray, reduce: str, axis: int, reverse: bool = False) -> np.ndarray:
     """Reference of ``cumulative``: numpy's accumulate along ``axis`` in x's dtype (integers wrap
-    around), from the end when ``reverse``."""
+    around; float16 sums and products accumulate in float32, as on the GPU), from the end when
+    ``reverse``."""
     rows = _scan_rows(x, axis, reverse)
+    if x.dtype == np.float16 and reduce in ("sum", "prod"):
+        rows = rows.astype(np.float32)
     with np.errstate(all="ignore"):
         out = _SCAN_UFUNC[reduce].accumulate(rows, axis=-1) if rows.size else rows
     return _scan_unrows(np.asarray(out, dtype=x.dtype), x.shape, axis, reverse)
@@ -1351,6 +1364,9 @@ def scatter_numpy(operand: np.ndarray, updates: np.ndarray, indices: Sequence[np
     ``indices`` by numpy's unbuffered ``ufunc.at`` (duplicates accumulate in order); "set"
     assigns (numpy: the last duplicate wins; the GPU may keep any of them). A negative index
     counts from the end; indices still outside their axis are dropped."""
+    if operand.dtype == np.float16 and mode != "set":  # combined in float32, as on the GPU
+        return scatter_numpy(operand.astype(np.float32), updates.astype(np.float32), indices,
+                             mode).astype(np.float16)
     out = np.array(operand, copy=True, order="C")
     shape = np.broadcast_shapes(updates.shape, *(i.shape for i in indices))
     if out.size == 0 or math.prod(shape) == 0:
@@ -1411,6 +1427,8 @@ SORT_DIGITS = 1 << SORT_RADIX_BITS
 def sort_keys(x: np.ndarray, descending: bool = False) -> np.ndarray:
     """The uint32 order keys of ``x`` (see above)."""
     x = np.asarray(x)
+    if x.dtype == np.float16:  # float32 holds every float16: the same order
+        x = x.astype(np.float32)
     if x.dtype == np.bool_:
         k = x.astype(np.uint32)
     elif x.dtype == np.float32:
@@ -1772,7 +1790,7 @@ def ad_is_float(x: Any) -> bool:
         return False
     if isinstance(x, float):
         return True
-    return str(getattr(x, "var", x).dtype) == "float32"
+    return dtypes.is_float(str(getattr(x, "var", x).dtype))
 
 
 def ad_sum_to(b: Any, g: Any, shape: Shape) -> Any:
@@ -1801,7 +1819,7 @@ def ad_broadcast(b: Any, g: Any, shape: Shape) -> Any:
 def ad_zeros(b: Any, shape: Shape, dtype: str = "float32") -> Any:
     from .ir import Lit as _Lit
 
-    zero: Any = 0.0 if dtype == "float32" else 0
+    zero: Any = 0.0 if dtypes.is_float(dtype) else 0
     return b.bind(Op.BROADCAST, [_Lit(zero, dtype)], {"shape": tuple(shape)})
 
 
@@ -1835,7 +1853,8 @@ def _elementwise_jvp(b: Any, op: Op, params: dict[str, Any], ins: Sequence[Any],
 
 def _deriv_of(op: Op, params: dict[str, Any]) -> Optional[Callable[..., Any]]:
     if op is Op.CAST:  # float -> float only: other casts have no float result or operand
-        return _D_ID if params.get("dtype") == "float32" else None
+        # (autodiff casts each cotangent to its value's dtype: float16 <-> float32 casts)
+        return _D_ID if dtypes.is_float(str(params.get("dtype"))) else None
     if op is Op.COPY:  # an identity (no row in the table: nothing traces it today)
         return _D_ID
     if op is Op.IPOW:
@@ -1989,7 +2008,7 @@ def _movement_vjp(b: Any, op: Op, p: dict[str, Any], ins: Sequence[Any], outs: S
     for k, (st, sp) in enumerate(zip(starts, steps)):
         io = b.bind(Op.IOTA, [], {"shape": shape, "axis": k, "dtype": "int32"})
         idx.append(io * sp + st if (sp, st) != (1, 0) else io)
-    return [b.bind(Op.SCATTER, [ad_zeros(b, xs), g, *idx], {"mode": "add"})]
+    return [b.bind(Op.SCATTER, [ad_zeros(b, xs, ad_float(g)), g, *idx], {"mode": "add"})]
 
 
 def _clamped(b: Any, i: Any, n: int) -> Any:
@@ -2071,11 +2090,11 @@ def _gather_vjp(b: Any, op: Op, p: dict[str, Any], ins: Sequence[Any], outs: Seq
         io = b.bind(Op.IOTA, [], {"shape": xs, "axis": a, "dtype": str(
             pick.var.dtype) if hasattr(pick, "var") else "int32"})
         hit = b.bind(Op.EQ, [io, ad_atom(pick) if hasattr(pick, "var") else ad_int(pick)])
-        return [b.bind(Op.WHERE, [hit, ad_broadcast(b, g, xs), ad_atom(0.0)])] + \
+        return [b.bind(Op.WHERE, [hit, ad_broadcast(b, g, xs), ad_atom(0.0, ad_float(g))])] + \
             [None] * (len(ins) - 1)
     idx = [ad_atom(_clamped(b, i, n)) if not isinstance(i, (int, float)) else
            ad_int(_clamped(b, i, n)) for i, n in zip(ins[1:], xs)]
-    ct = b.bind(Op.SCATTER, [ad_zeros(b, xs), g, *idx], {"mode": "add"})
+    ct = b.bind(Op.SCATTER, [ad_zeros(b, xs, ad_float(g)), g, *idx], {"mode": "add"})
     return [ct] + [None] * (len(ins) - 1)
 
 
@@ -2095,7 +2114,7 @@ def _scatter_vjp(b: Any, op: Op, p: dict[str, Any], ins: Sequence[Any], outs: Se
     atoms = [ad_atom(i) if not isinstance(i, (int, float)) else ad_int(int(i)) for i in idx]
     ct_operand = g
     if mode == "set":  # written-over places take no gradient
-        ct_operand = b.bind(Op.SCATTER, [g, ad_atom(0.0), *atoms], {"mode": "set"})
+        ct_operand = b.bind(Op.SCATTER, [g, ad_atom(0.0, ad_float(g)), *atoms], {"mode": "set"})
     shape = broadcast_shapes(ad_shape(updates), *(ad_shape(i) for i in idx))
     read = b.bind(Op.GATHER, [g, *[ad_atom(_clamped(b, i, n)) if not isinstance(i, (int, float))
                                    else ad_int(_clamped(b, i, n)) for i, n in zip(idx, xs)]])
@@ -2109,9 +2128,9 @@ def _scatter_vjp(b: Any, op: Op, p: dict[str, Any], ins: Sequence[Any], outs: Se
             continue
         ok = m if ok is None or ok is True else (ok if ok is False else b.bind(Op.AND, [ok, m]))
     if ok is False:
-        read = ad_zeros(b, shape)
+        read = ad_zeros(b, shape, ad_float(g))
     elif ok is not None:
-        read = b.bind(Op.WHERE, [ok, read, ad_atom(0.0)])
+        read = b.bind(Op.WHERE, [ok, read, ad_atom(0.0, ad_float(g))])
     ct_updates = ad_sum_to(b, read, ad_shape(updates)) if ad_is_float(updates) and not \
         isinstance(updates, float) else None
     return [ct_operand, ct_updates] + [None] * len(idx)
@@ -2127,8 +2146,8 @@ def _scatter_jvp(b: Any, op: Op, p: dict[str, Any], ins: Sequence[Any], outs: Se
                          "yet; only .at[].set and .at[].add are differentiable")
     if ts[0] is None and ts[1] is None:
         return [None]
-    t_op = ts[0] if ts[0] is not None else ad_zeros(b, ad_shape(ins[0]))
-    t_up = ts[1] if ts[1] is not None else ad_atom(0.0)
+    t_op = ts[0] if ts[0] is not None else ad_zeros(b, ad_shape(ins[0]), ad_float(ins[0]))
+    t_up = ts[1] if ts[1] is not None else ad_atom(0.0, ad_float(ins[0]))
     atoms = [ad_atom(i) if not isinstance(i, (int, float)) else ad_int(int(i)) for i in ins[2:]]
     return [b.bind(Op.SCATTER, [t_op, t_up, *atoms], {"mode": mode})]
 
@@ -2158,8 +2177,8 @@ def _cumprod_zeros(b: Any, x: Any, p: dict[str, Any]) -> tuple[Any, Any, Any, An
     1, that one's cumprod, and where the running count of zeros is 0 and where it is 1. (The
     derivative of a running product by x_i is the product of the others: y / x_i while no zero
     came; with one zero, nonzero only at that zero; with two, zero.)"""
-    zero = b.bind(Op.EQ, [x, ad_atom(0.0)])
-    safe = b.bind(Op.WHERE, [zero, ad_atom(1.0), x])
+    zero = b.bind(Op.EQ, [x, ad_atom(0.0, ad_float(x))])
+    safe = b.bind(Op.WHERE, [zero, ad_atom(1.0, ad_float(x)), x])
     ys = b.bind(Op.CUMULATIVE, [safe], dict(p))
     count = b.bind(Op.CUMULATIVE, [b.bind(Op.CAST, [zero], {"dtype": "int32"})],
                    {**p, "reduce": "sum"})
@@ -2189,8 +2208,8 @@ def _cumulative_vjp(b: Any, op: Op, p: dict[str, Any], ins: Sequence[Any], outs:
                                   back(b.bind(Op.WHERE, [none, gy, ad_atom(0.0)])) / safe])]
     where = _running_index(b, x, y, p)
     shape = ad_shape(x)
-    return [b.bind(Op.SCATTER, [ad_zeros(b, shape), g, *_axis_indices(b, shape, axis, where)],
-                   {"mode": "add"})]
+    return [b.bind(Op.SCATTER, [ad_zeros(b, shape, ad_float(g)), g,
+                                *_axis_indices(b, shape, axis, where)], {"mode": "add"})]
 
 
 def _cumulative_jvp(b: Any, op: Op, p: dict[str, Any], ins: Sequence[Any], outs: Sequence[Any],
@@ -2224,8 +2243,8 @@ def _sort_vjp(b: Any, op: Op, p: dict[str, Any], ins: Sequence[Any], outs: Seque
         return [None]
     shape = ad_shape(x)
     order = _sort_order(b, x, p)
-    return [b.bind(Op.SCATTER, [ad_zeros(b, shape), g, *_index_grid(b, shape, order)],
-                   {"mode": "add"})]
+    return [b.bind(Op.SCATTER, [ad_zeros(b, shape, ad_float(g)), g,
+                                *_index_grid(b, shape, order)], {"mode": "add"})]
 
 
 def _sort_jvp(b: Any, op: Op, p: dict[str, Any], ins: Sequence[Any], outs: Sequence[Any],
