@@ -136,20 +136,23 @@ def _eval_primitive(e: Eqn, args: Sequence[np.ndarray]) -> np.ndarray:
         if any(x.shape[a] == 0 for a in axes):  # numpy's max and min refuse; the GPU's identity
             return np.full(e.out.shape, REDUCTIONS[op].identity(x.dtype.name), dtype=x.dtype)
         if x.dtype == _F16 and op in _ACCUMULATING:
-            return np.asarray(REDUCTIONS[op].numpy(x.astype(_F32), axis=axes)).astype(_F16)
+            with np.errstate(over="ignore"):
+                return np.asarray(REDUCTIONS[op].numpy(x.astype(_F32), axis=axes)).astype(_F16)
         return np.asarray(REDUCTIONS[op].numpy(x, axis=axes), dtype=x.dtype)
     if op is Op.PARTIAL:
         x, red = args[0], Op(p["reduce"])
         if x.dtype == _F16 and red in _ACCUMULATING:
-            return partial_numpy(x.astype(_F32), red, tuple(p["axes"]),
-                                 int(p["chunks"])).astype(_F16)
+            with np.errstate(over="ignore"):
+                return partial_numpy(x.astype(_F32), red, tuple(p["axes"]),
+                                     int(p["chunks"])).astype(_F16)
         return partial_numpy(x, red, tuple(p["axes"]), int(p["chunks"]))
     if op is Op.MATMUL:
         a, b = args
         if a.dtype == np.float32:
             return _matmul_float(a, b)
         if a.dtype == _F16:  # accumulated in float32, rounded once
-            return _matmul_float(a.astype(_F32), b.astype(_F32)).astype(_F16)
+            with np.errstate(over="ignore"):
+                return _matmul_float(a.astype(_F32), b.astype(_F32)).astype(_F16)
         # integers wrap around modulo 2**32 on the GPU; int64 products reduced the same way agree
         return np.matmul(a.astype(np.int64), b.astype(np.int64)).astype(a.dtype)
     if op in MOVEMENT:

@@ -977,7 +977,8 @@ def numpy_elementwise(op: Op, args: Sequence[np.ndarray], params: dict[str, Any]
         x = args[0]
         if out_dtype == "bool":
             return np.asarray(x != 0)
-        return np.asarray(x).astype(ndt)
+        with np.errstate(all="ignore"):  # (to float16 beyond its range: inf, as on the GPU)
+            return np.asarray(x).astype(ndt)
     if op is Op.IPOW:
         n = int(params["n"])
         with np.errstate(all="ignore"):
@@ -1211,7 +1212,8 @@ def cumulative_numpy(x: np.ndarray, reduce: str, axis: int, reverse: bool = Fals
         rows = rows.astype(np.float32)
     with np.errstate(all="ignore"):
         out = _SCAN_UFUNC[reduce].accumulate(rows, axis=-1) if rows.size else rows
-    return _scan_unrows(np.asarray(out, dtype=x.dtype), x.shape, axis, reverse)
+        out = np.asarray(out, dtype=x.dtype)
+    return _scan_unrows(out, x.shape, axis, reverse)
 
 
 def _scan_chunks(x: np.ndarray, p: dict[str, Any]) -> tuple[np.ndarray, int, int]:
@@ -1365,8 +1367,10 @@ def scatter_numpy(operand: np.ndarray, updates: np.ndarray, indices: Sequence[np
     assigns (numpy: the last duplicate wins; the GPU may keep any of them). A negative index
     counts from the end; indices still outside their axis are dropped."""
     if operand.dtype == np.float16 and mode != "set":  # combined in float32, as on the GPU
-        return scatter_numpy(operand.astype(np.float32), updates.astype(np.float32), indices,
-                             mode).astype(np.float16)
+        out32 = scatter_numpy(operand.astype(np.float32), updates.astype(np.float32), indices,
+                              mode)
+        with np.errstate(over="ignore"):
+            return out32.astype(np.float16)
     out = np.array(operand, copy=True, order="C")
     shape = np.broadcast_shapes(updates.shape, *(i.shape for i in indices))
     if out.size == 0 or math.prod(shape) == 0:
@@ -2607,7 +2611,7 @@ def _batch_searchsorted(b: Any, args: Sequence[Any], dims: Sequence[BatchDim],
         rows = b.bind(Op.CAST, [rows], {"dtype": "int32"})
         cols = b.bind(Op.CAST, [cols], {"dtype": "int32"})
     before = b.bind(Op.LT if params["side"] == "left" else Op.LE, [rows, cols], {})
-    if dt == "float32":
+    if dtypes.is_float(dt):
         nan_a = b.bind(Op.ISNAN, [rows], {})
         nan_v = b.bind(Op.ISNAN, [cols], {})
         if params["side"] == "left":  # a finite (or infinite) element is before a NaN query
