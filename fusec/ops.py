@@ -665,7 +665,8 @@ def ad_atom(x: Any, dtype: str = "float32") -> Any:
     from .ir import Lit as _Lit
 
     if isinstance(x, (bool, int, float)):
-        return _Lit(float(np.float16(x)) if dtype == "float16" else float(x), dtype)
+        with np.errstate(over="ignore"):
+            return _Lit(float(np.float16(x)) if dtype == "float16" else float(x), dtype)
     return x
 
 

@@ -725,7 +725,8 @@ class Array:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the elements (as numpy counts them; a bool takes 4 on the device)."""
+        """Bytes the elements take on the device (2 each for float16, else 4: a bool is a 32-bit
+        word); the buffer rounds up to whole 32-bit words."""
         return self.size * itemsize(self._dtype)
 
     def device_buffer(self, rt: Runtime) -> Any:

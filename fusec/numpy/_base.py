@@ -86,7 +86,8 @@ def _scalar_lit(value: Any, dt: str) -> Lit:
     if dt == "float32":
         return Lit(float(value), dt)
     if dt == "float16":  # rounded now (as JAX converts a weak scalar): the literal is exact
-        return Lit(float(np.float16(value)), dt)
+        with np.errstate(over="ignore"):  # (beyond 65504: inf, as the product would be)
+            return Lit(float(np.float16(value)), dt)
     if dt == "bool":
         return Lit(bool(value), dt)
     v = int(value)
