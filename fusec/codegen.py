@@ -902,8 +902,7 @@ def _matmul_rb(body: Program, names: dict[int, str], mm: Eqn,
         val_b.append([p[1] for p in pairs])
     loads = dict(a_loads=a_groups, b_loads=b_groups, load_a=load_a, val_a=val_a, load_b=load_b,
                  val_b=val_b, vec_b=bool(bvec), bvec=bvec, bwiden=bwiden, load_bv=load_bv,
-                 at_bv=at_bv,
-                 guard_bv=guard_bv, guard_branch=pipelined, pipelined=pipelined, ap=ap,
+                 at_bv=at_bv, guard_bv=guard_bv, guard_branch=pipelined, pipelined=pipelined, ap=ap,
                  b_cols=not bvec and _b_columns(body, mm), a_rows=_a_rows(body, mm))
     staged = _staged_rows(body, cfg)
     if staged:
