@@ -19,7 +19,7 @@ from typing import Any, Optional, Union
 
 import numpy as np
 
-from . import lax
+from . import dtypes, lax
 from .errors import DTypeError, ShapeError, TraceError
 from .ir import Eqn, Lit, Op, Var
 from .jit import JitFunction
@@ -54,10 +54,19 @@ def _fresh(b: Builder, x: Any, what: str) -> Tracer:
     """A differentiable input: a new variable of its own (an identity the passes remove), so that
     the same array passed twice gets two gradients and values computed before stay constants."""
     t = _tracer(x)
-    if t.var.dtype != "float32":
-        raise DTypeError(f"{what} is {t.var.dtype}; differentiation needs float32 inputs "
-                         "(cast it with .astype('float32'), or leave it out of argnums)")
-    return b.bind(Op.MUL, [t, Lit(1.0, "float32")], weak=t.weak)
+    if not dtypes.is_float(t.var.dtype):
+        raise DTypeError(f"{what} is {t.var.dtype}; differentiation needs float32 or float16 "
+                         "inputs (cast it with .astype('float32'), or leave it out of argnums)")
+    return b.bind(Op.MUL, [t, Lit(1.0, t.var.dtype)], weak=t.weak)
+
+
+def _like(c: Any, v: Var) -> Any:
+    """The cotangent (or tangent) ``c`` in ``v``'s dtype: every value's cotangent has its
+    value's dtype (a float16 value's is float16, as in JAX), whatever dtype a rule computed it
+    in (a cast between float16 and float32 passes its cotangent through)."""
+    if c is None or str(c.dtype) == v.dtype or not dtypes.is_float(v.dtype):
+        return c
+    return c.astype(v.dtype)
 
 
 def _active(tape: _Tape) -> set[int]:
@@ -66,7 +75,7 @@ def _active(tape: _Tape) -> set[int]:
     for e in tape.eqns:
         if any(isinstance(a, Var) and id(a) in live for a in e.inputs):
             for o in e.outs:
-                if o.dtype == "float32":
+                if dtypes.is_float(o.dtype):
                     live.add(id(o))
     return live
 
@@ -115,6 +124,7 @@ def _backward(tape: _Tape, out_vars: Sequence[Any], out_cts: Sequence[Any]) -> l
         if tuple(c.shape) != v.shape:
             raise TraceError(f"internal autodiff error: a cotangent of shape {tuple(c.shape)} "
                              f"for a value of shape {v.shape}")
+        c = _like(c, v)
         ct[id(v)] = c if id(v) not in ct else ct[id(v)] + c
 
     for v, c in zip(out_vars, out_cts):
@@ -152,7 +162,8 @@ def _custom_backward(b: Builder, key: int, ct: dict[int, Any]) -> list[tuple[Var
     g_leaves = [ct.get(id(v)) for v in out_vars]
     if all(g is None for g in g_leaves):
         return []
-    g_leaves = [g if g is not None else ad_zeros(b, v.shape) for g, v in zip(g_leaves, out_vars)]
+    g_leaves = [g if g is not None else ad_zeros(b, v.shape, v.dtype)
+                for g, v in zip(g_leaves, out_vars)]
     cts = bwd(res, unflatten(out_tree, g_leaves))
     if not isinstance(cts, tuple) or len(cts) != len(arg_sizes):
         got = f"a tuple of {len(cts)}" if isinstance(cts, tuple) else type(cts).__name__
@@ -206,8 +217,8 @@ def _forward(tape: _Tape, tangents: Sequence[Any]) -> dict[int, Any]:
         ins = [_as_tracer(tape.b, a) for a in e.inputs]
         outs = [Tracer(o, tape.b) for o in e.outs]
         for o, t in zip(e.outs, rule(b, e.op, e.params, ins, outs, ts)):
-            if t is not None and o.dtype == "float32":
-                tan[id(o)] = t
+            if t is not None and dtypes.is_float(o.dtype):
+                tan[id(o)] = _like(t, o)
     return tan
 
 
@@ -316,23 +327,24 @@ def value_and_grad(fun: Callable[..., Any], argnums: Argnums = 0,
                    has_aux: bool = False) -> Callable[..., Any]:
     """``fun``'s value and its gradient with respect to the arguments ``argnums``.
 
-    ``fun`` must return a float32 scalar (or ``(scalar, aux)`` with ``has_aux=True``). The
+    ``fun`` must return a float scalar (or ``(scalar, aux)`` with ``has_aux=True``). The
     gradient has the structure of the differentiated argument (a tuple of them when ``argnums``
-    is a sequence). Differentiated arguments must be float32 arrays or pytrees of them.
+    is a sequence). Differentiated arguments must be float32 or float16 arrays or pytrees of
+    them; each gradient has its argument's dtype.
     """
     nums, single = _norm_argnums(argnums)
     fname = _name(fun)
 
     def traced(*args: Any) -> Any:
         tape, per_arg, outs, out_tree, aux, tds = _trace_on_tape(fun, args, nums, fname, has_aux)
-        if len(outs) != 1 or outs[0].shape != () or outs[0].var.dtype != "float32":
+        if len(outs) != 1 or outs[0].shape != () or not dtypes.is_float(outs[0].var.dtype):
             what = ", ".join(f"{tuple(o.shape)} {o.var.dtype}" for o in outs) or "nothing"
-            raise ShapeError(f"grad of {fname}: it must return a float32 scalar (the value to "
+            raise ShapeError(f"grad of {fname}: it must return a float scalar (the value to "
                              f"differentiate); it returned {what}. For vector outputs use "
                              "fusec.vjp or fusec.jacrev")
         b = current_builder()
         assert b is not None
-        one = b.bind(Op.BROADCAST, [Lit(1.0, "float32")], {"shape": ()})
+        one = b.bind(Op.BROADCAST, [Lit(1.0, outs[0].var.dtype)], {"shape": ()})
         cts = _backward(tape, [outs[0].var], [one])
         grads = _structure(cts, per_arg, tds)
         g = grads[0] if single else tuple(grads)
@@ -377,8 +389,8 @@ def _structure(cts: list[Any], per_arg: list[list[Tracer]], tds: list[Any]) -> l
     b = current_builder()
     assert b is not None
     flat = [t for fresh in per_arg for t in fresh]
-    return _by_argument([c if c is not None else ad_zeros(b, t.shape) for c, t in zip(cts, flat)],
-                        per_arg, tds)
+    return _by_argument([c if c is not None else ad_zeros(b, t.shape, t.var.dtype)
+                         for c, t in zip(cts, flat)], per_arg, tds)
 
 
 def vjp(fun: Callable[..., Any], *primals: Any, has_aux: bool = False) -> Any:
@@ -404,7 +416,8 @@ def vjp(fun: Callable[..., Any], *primals: Any, has_aux: bool = False) -> Any:
             if tuple(c.shape) != tuple(o.shape):
                 raise ShapeError(f"vjp of {fname}: the cotangent at {path} has shape "
                                  f"{tuple(c.shape)}; the output there has shape {tuple(o.shape)}")
-            cts.append(c if c.var.dtype == "float32" else c.astype("float32"))
+            dt = o.var.dtype if dtypes.is_float(o.var.dtype) else "float32"
+            cts.append(c if c.var.dtype == dt else c.astype(dt))
         res = _backward(tape, [o.var for o in outs], cts)
         return tuple(_structure(res, per_arg, tds))
 
@@ -459,11 +472,13 @@ def jvp(fun: Callable[..., Any], primals: Sequence[Any], tangents: Sequence[Any]
             if tuple(d.shape) != tuple(x.shape):
                 raise ShapeError(f"jvp of {fname}: the tangent at {path} has shape "
                                  f"{tuple(d.shape)}; the primal has shape {tuple(x.shape)}")
-            flat_t.append(d if d.var.dtype == "float32" else d.astype("float32"))
+            flat_t.append(d if d.var.dtype == x.var.dtype else d.astype(x.var.dtype))
     tan = _forward(tape, flat_t)
     b = current_builder()
     assert b is not None
-    out_t = [tan.get(id(o.var)) if id(o.var) in tan else ad_zeros(b, o.shape) for o in outs]
+    out_t = [tan.get(id(o.var)) if id(o.var) in tan else
+             ad_zeros(b, o.shape, o.var.dtype if dtypes.is_float(o.var.dtype) else "float32")
+             for o in outs]
     return unflatten(out_tree, outs), unflatten(out_tree, out_t)
 
 
@@ -593,7 +608,7 @@ class custom_vjp:
                     isinstance(x, (int, float)):
                 t = _tracer(x)
                 in_tracers.append(t)
-                in_vars.append(t.var if t.var.dtype == "float32" else None)
+                in_vars.append(t.var if dtypes.is_float(t.var.dtype) else None)
             else:
                 in_vars.append(None)
         out_leaves, out_tree = flatten_with_paths(out, "output")

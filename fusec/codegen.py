@@ -8,9 +8,11 @@ templates) is :mod:`fusec.emit`.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 import os
+import re
 from collections.abc import Callable, Sequence
 from typing import Any, Optional
 
@@ -153,6 +155,22 @@ def generate(kernel: Eqn, target: str = "gpu",
     """WGSL for one ``kernel`` equation produced by the fusion pass. ``target`` is "gpu", or "cpu"
     for a software adapter (lavapipe), where a thread per row beats a workgroup per row;
     ``workgroup_storage``: the bytes of workgroup memory the device gives a kernel."""
+    return _enable_f16(_generate(kernel, target, workgroup_storage))
+
+
+_F16_TYPE = re.compile(r"\bf16\b")
+
+
+def _enable_f16(code: KernelCode) -> KernelCode:
+    """``code`` with WGSL's ``enable f16;`` first where it names the type f16 (float16 storage):
+    a shader without it may not, and one with it needs the device feature shader-f16."""
+    if not _F16_TYPE.search(code.wgsl):
+        return code
+    wgsl = "enable f16;\n" + code.wgsl
+    return dataclasses.replace(code, wgsl=wgsl, key=hashlib.sha256(wgsl.encode()).hexdigest())
+
+
+def _generate(kernel: Eqn, target: str, workgroup_storage: int) -> KernelCode:
     kind = kernel.params["kind"]
     if kind in GENERATORS:
         return GENERATORS[kind](kernel, target, workgroup_storage)
@@ -864,6 +882,8 @@ def _matmul_rb(body: Program, names: dict[int, str], mm: Eqn,
     # the input bound as vec4s for B (_matmul_vector_buffers), if any
     src = next((v for v in body.inputs if names.get(id(v)) in vec), None)
     bvec = names[id(src)] if src is not None else ""
+    # a float16 B's vec4<f16> (8 bytes) widened to the vec4<f32> the tiles hold
+    bwiden = "vec4<f32>" if src is not None and src.dtype == "float16" else ""
     load_bv: list[str] = []
     at_bv: list[str] = []
     guard_bv: list[str] = []
@@ -881,8 +901,8 @@ def _matmul_rb(body: Program, names: dict[int, str], mm: Eqn,
         load_b.append([p[0] for p in pairs])
         val_b.append([p[1] for p in pairs])
     loads = dict(a_loads=a_groups, b_loads=b_groups, load_a=load_a, val_a=val_a, load_b=load_b,
-                 val_b=val_b, vec_b=bool(bvec), bvec=bvec, load_bv=load_bv, at_bv=at_bv,
-                 guard_bv=guard_bv, guard_branch=pipelined, pipelined=pipelined, ap=ap,
+                 val_b=val_b, vec_b=bool(bvec), bvec=bvec, bwiden=bwiden, load_bv=load_bv,
+                 at_bv=at_bv, guard_bv=guard_bv, guard_branch=pipelined, pipelined=pipelined, ap=ap,
                  b_cols=not bvec and _b_columns(body, mm), a_rows=_a_rows(body, mm))
     staged = _staged_rows(body, cfg)
     if staged:

@@ -14,8 +14,8 @@ FUSEC_RETRACE_WARN          warn once when one function has been traced this man
 FUSEC_TARGET   gpu | cpu: which kernel strategies codegen picks (default: cpu on a software
                adapter such as lavapipe, gpu otherwise); the tests use it to run GPU kernels on
                lavapipe
-FUSEC_STRICT_DTYPES  1: refuse 64-bit (and 8/16-bit) inputs instead of converting them to the
-               32-bit type of their kind with a one-time warning (JAX's default with x64 off)
+FUSEC_STRICT_DTYPES  1: refuse 64-bit (and 8/16-bit integer) inputs instead of converting them to
+               the 32-bit type of their kind with a one-time warning (JAX's default with x64 off)
 FUSEC_SHADER_CHECKS  1: compile kernels with wgpu's runtime checks (every array index clamped,
                every loop bounded); default 0: fusec's kernels are compiled as trusted modules
 FUSEC_WHILE_CHUNK_MAX  the most iterations of a while_loop run between two reads of its flag

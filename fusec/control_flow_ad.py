@@ -34,6 +34,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, Optional, cast
 
+from . import dtypes
 from .autodiff import _backward, _forward, _trace_on_tape
 from .control_flow import BODY_SIDE, _arrays, _bind_loop, _builder, _row, _scalar, _trace
 from .errors import TraceError
@@ -82,7 +83,12 @@ def _operands(ins: Sequence[Any]) -> list[Tracer]:
 
 
 def _float(vs: Sequence[Var]) -> list[int]:
-    return [k for k, v in enumerate(vs) if v.dtype == "float32"]
+    return [k for k, v in enumerate(vs) if dtypes.is_float(v.dtype)]
+
+
+def _zeros_of(x: Tracer) -> Any:
+    """Zeros of ``x``'s shape and (float) dtype: a cotangent or tangent of ``x``."""
+    return ad_zeros(_builder(), x.shape, x.var.dtype)
 
 
 def _stacked_carries(f: Callable[..., list[Tracer]], init: list[Tracer], inv: list[Tracer],
@@ -209,10 +215,10 @@ def _loop_vjp(b: Any, op: Op, p: dict[str, Any], ins: Sequence[Any], outs: Seque
     f = _body_fn(body)
     stacked = [k for k in range(n) if k not in inplace]
     stacks = dict(zip(stacked, _stacked_carries(f, init, inv, trips, stacked)))
-    fixed = {k: (_tracer(cts[k]) if cts[k] is not None else ad_zeros(b, init[k].shape))
+    fixed = {k: (_tracer(cts[k]) if cts[k] is not None else _zeros_of(init[k]))
              for k in fc if k in once}
-    ct0 = [cts[k] if cts[k] is not None else ad_zeros(b, init[k].shape) for k in fr]
-    acc0 = [ad_zeros(b, args[j].shape) for j in fv]
+    ct0 = [cts[k] if cts[k] is not None else _zeros_of(init[k]) for k in fr]
+    acc0 = [_zeros_of(args[j]) for j in fv]
     nr = len(fr)
     finals = [_tracer(o) for o in outs]
 
@@ -235,13 +241,12 @@ def _loop_vjp(b: Any, op: Op, p: dict[str, Any], ins: Sequence[Any], outs: Seque
                                              tuple(range(len(diff))), "a loop body")
         got = _backward(tape, [x.var for x in o], [carried.get(k, fixed.get(k)) for k in fc])
         by_input = dict(zip(diff, got))
-        new_ct = [by_input[k] if by_input[k] is not None else ad_zeros(_builder(), init[k].shape)
-                  for k in fr]
+        new_ct = [by_input[k] if by_input[k] is not None else _zeros_of(init[k]) for k in fr]
         new_acc = [a if by_input[j] is None else a + by_input[j] for a, j in zip(acc, fv)]
         return [_elementwise(Op.ADD, r, 1), *new_ct, *new_acc]
 
-    avals = [Aval((), "int32", True)] + [Aval(init[k].shape, "float32") for k in fr] + [
-        Aval(args[j].shape, "float32") for j in fv]
+    avals = [Aval((), "int32", True)] + [Aval(init[k].shape, init[k].var.dtype) for k in fr] + [
+        Aval(args[j].shape, args[j].var.dtype) for j in fv]
     closed = _trace(reverse, avals, "a loop's reverse pass")
     _accumulate_sparsely(closed.program, range(1 + nr, 1 + nr + len(fv)))
     res = _bind_loop(closed, [_scalar(0), *ct0, *acc0], trips)[1:]
@@ -264,7 +269,7 @@ def _loop_jvp(b: Any, op: Op, p: dict[str, Any], ins: Sequence[Any], outs: Seque
     if all(ts[k] is None for k in fc) and not fv:
         return [None] * n
     f = _body_fn(body)
-    dc0 = [ts[k] if ts[k] is not None else ad_zeros(b, init[k].shape) for k in fc]
+    dc0 = [ts[k] if ts[k] is not None else _zeros_of(init[k]) for k in fc]
     dv = [_tracer(ts[j]) for j in fv]
     nf = len(fc)
 
@@ -283,12 +288,11 @@ def _loop_jvp(b: Any, op: Op, p: dict[str, Any], ins: Sequence[Any], outs: Seque
                                              tuple(range(len(diff))), "a loop body")
         tan = _forward(tape, [*dc, *dv])
         new_dc = [tan.get(id(o[k].var)) for k in fc]
-        new_dc = [d if d is not None else ad_zeros(_builder(), init[k].shape)
-                  for d, k in zip(new_dc, fc)]
+        new_dc = [d if d is not None else _zeros_of(init[k]) for d, k in zip(new_dc, fc)]
         return [*o, *new_dc]
 
     avals = [Aval(v.shape, v.dtype) for v in body.inputs[:n]] + [
-        Aval(init[k].shape, "float32") for k in fc]
+        Aval(init[k].shape, init[k].var.dtype) for k in fc]
     closed = _trace(step, avals, "a loop's forward-mode pass")
     flag = p.get("flag")
     res = _bind_loop(closed, [*init, *dc0], p["trips"], flag=flag)

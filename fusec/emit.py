@@ -21,7 +21,7 @@ from typing import Any, Optional, Union
 
 import jinja2
 
-from .dtypes import WGSL_STORAGE, WGSL_TYPE
+from .dtypes import WGSL_STORAGE, WGSL_TYPE, compute_dtype
 from .errors import DeviceLimitError
 from .ir import ELEMENTWISE, MOVEMENT, Atom, Eqn, Lit, Op, Program, Shape, Var
 from .ops import ELEMENTWISE as EW_TABLE
@@ -242,7 +242,7 @@ class Emitter:
                 self.lines.append(f"{self.indent}{name}[{self.row_slot}] = {raw};")
             else:
                 raw = f"{name}[{self.row_slot}]"
-        return f"({raw} != 0u)" if v.dtype == "bool" else raw
+        return load_expr(raw, v.dtype)
 
     def compute(self, e: Eqn, idx: Idx) -> Generator[tuple[Atom, Idx], str, str]:
         """The WGSL expression of ``e``'s result at ``idx``. A generator: it yields (operand,
@@ -283,12 +283,16 @@ class Emitter:
             dt = e.inputs[0].dtype if op is not Op.WHERE else e.inputs[1].dtype
             if op is Op.CAST:
                 return cast_wgsl(args[0], dt, e.params["dtype"])
+            # the expressions of the dtype the values are computed in (float16: float32)
+            dt = compute_dtype(dt)
             if op is Op.IPOW:
                 return ipow_wgsl(args[0], int(e.params["n"]), dt)
             return EW_TABLE[op].wgsl(args, dt)
         if op is Op.IOTA:
             c = self.coords(idx)[int(e.params["axis"])]
             dt = e.params["dtype"]
+            if dt == "float16":  # a coordinate past 2048 rounds, as numpy's arange does
+                return cast_wgsl(f"f32({c})", "float32", dt)
             return c if dt == "uint32" else f"{WGSL_TYPE[dt]}({c})"
         if op is Op.GATHER:
             x = e.inputs[0]
@@ -374,8 +378,19 @@ def gather_coord(i: str, d: int, dtype: str) -> str:
     return f"u32(clamp(select({i}, {i} + {d}i, {i} < 0i), 0i, {d - 1}i))"
 
 
+def load_expr(raw: str, dtype: str) -> str:
+    """A value as computed (:data:`fusec.dtypes.WGSL_TYPE`) from its stored element ``raw``."""
+    if dtype == "bool":
+        return f"({raw} != 0u)"
+    return f"f32({raw})" if dtype == "float16" else raw
+
+
 def store_expr(expr: str, dtype: str) -> str:
-    return f"select(0u, 1u, {expr})" if dtype == "bool" else expr
+    """A computed value as the element stored in a buffer (:data:`fusec.dtypes.WGSL_STORAGE`):
+    bools as 0/1 words, float16 rounded to f16 (see the helper fusec_f16)."""
+    if dtype == "bool":
+        return f"select(0u, 1u, {expr})"
+    return f"fusec_f16({expr})" if dtype == "float16" else expr
 
 
 @dataclass

@@ -2,7 +2,8 @@
 
 It runs traced programs and lowered ones (``kernel`` equations run their bodies), computing in the
 program's own dtypes (float32 stays float32), so it matches what the GPU should produce up to
-rounding.
+rounding. float16 is stored as numpy's float16 and computed as numpy computes it, except that sums,
+products and matmuls accumulate in float32 and round once, as the GPU's kernels do.
 
 It is also the backend on a machine whose only adapter is a software one (runtime.CpuExecutable),
 so it avoids waste: values are numpy views where an op allows one (a broadcast, a reshape or a
@@ -55,6 +56,8 @@ def _ref_counts(arrays: Sequence[Any], i: int) -> tuple[int, int]:
 _DEAD_REFS = _ref_counts([np.empty(2)], 0)[0]
 _DEAD_BASE_REFS = _ref_counts([np.empty(4).reshape(2, 2)], 0)[1]
 _F32 = np.dtype(np.float32)
+_F16 = np.dtype(np.float16)
+_ACCUMULATING = (Op.SUM, Op.PROD)  # reductions a float16 operand runs in float32 for
 
 
 def _whole_float32(x: Any, shape: tuple[int, ...]) -> bool:
@@ -132,13 +135,24 @@ def _eval_primitive(e: Eqn, args: Sequence[np.ndarray]) -> np.ndarray:
         axes = tuple(p["axes"])
         if any(x.shape[a] == 0 for a in axes):  # numpy's max and min refuse; the GPU's identity
             return np.full(e.out.shape, REDUCTIONS[op].identity(x.dtype.name), dtype=x.dtype)
+        if x.dtype == _F16 and op in _ACCUMULATING:
+            with np.errstate(over="ignore"):
+                return np.asarray(REDUCTIONS[op].numpy(x.astype(_F32), axis=axes)).astype(_F16)
         return np.asarray(REDUCTIONS[op].numpy(x, axis=axes), dtype=x.dtype)
     if op is Op.PARTIAL:
-        return partial_numpy(args[0], Op(p["reduce"]), tuple(p["axes"]), int(p["chunks"]))
+        x, red = args[0], Op(p["reduce"])
+        if x.dtype == _F16 and red in _ACCUMULATING:
+            with np.errstate(over="ignore"):
+                return partial_numpy(x.astype(_F32), red, tuple(p["axes"]),
+                                     int(p["chunks"])).astype(_F16)
+        return partial_numpy(x, red, tuple(p["axes"]), int(p["chunks"]))
     if op is Op.MATMUL:
         a, b = args
         if a.dtype == np.float32:
             return _matmul_float(a, b)
+        if a.dtype == _F16:  # accumulated in float32, rounded once
+            with np.errstate(over="ignore"):
+                return _matmul_float(a.astype(_F32), b.astype(_F32)).astype(_F16)
         # integers wrap around modulo 2**32 on the GPU; int64 products reduced the same way agree
         return np.matmul(a.astype(np.int64), b.astype(np.int64)).astype(a.dtype)
     if op in MOVEMENT:

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Union
 
-DTYPES = ("float32", "int32", "uint32", "bool")
+DTYPES = ("float32", "float16", "int32", "uint32", "bool")
+_FLOATS = ("float32", "float16")
 Shape = tuple[int, ...]
 
 # Bump when the meaning of printed IR changes, so that hashes of old programs never collide with
@@ -245,8 +246,15 @@ def reduced_ends(ndim: int, axes: tuple[int, ...]) -> tuple[bool, bool]:
 
 
 def itemsize(dtype: str) -> int:
-    """Bytes per element as stored on the GPU (bool is stored as a 32-bit word)."""
-    return 4
+    """Bytes per element as stored on the GPU (bool is stored as a 32-bit word, float16 in 2)."""
+    return 2 if dtype == "float16" else 4
+
+
+def buffer_bytes(size: int, dtype: str) -> int:
+    """Bytes of the buffer holding ``size`` elements of ``dtype``: rounded up to whole 32-bit
+    words, since WebGPU binds and copies buffers in multiples of 4 bytes (an odd number of
+    float16 elements gets 2 bytes of padding)."""
+    return -(-size * itemsize(dtype) // 4) * 4
 
 
 @dataclass(eq=False)
@@ -262,7 +270,8 @@ class Var:
 
     @property
     def nbytes(self) -> int:
-        return self.size * itemsize(self.dtype)
+        """Bytes of the value's buffer (whole 32-bit words: see :func:`buffer_bytes`)."""
+        return buffer_bytes(self.size, self.dtype)
 
     def __repr__(self) -> str:
         return f"Var({type_str(self.shape, self.dtype)})"
@@ -330,7 +339,7 @@ def kernel_eqns(prog: Program) -> Iterator[Eqn]:
 
 # --- printing -------------------------------------------------------------------------------------
 
-_DT_SHORT = {"float32": "f32", "int32": "i32", "uint32": "u32", "bool": "bool"}
+_DT_SHORT = {"float32": "f32", "float16": "f16", "int32": "i32", "uint32": "u32", "bool": "bool"}
 
 
 def type_str(shape: Shape, dtype: str) -> str:
@@ -341,7 +350,7 @@ def lit_str(lit: Lit) -> str:
     v = lit.value
     if lit.dtype == "bool":
         text = "True" if v else "False"
-    elif lit.dtype == "float32":
+    elif lit.dtype in _FLOATS:
         text = repr(float(v))
     else:
         text = str(int(v))
@@ -420,7 +429,7 @@ def to_json(prog: Program) -> dict[str, Any]:
 
     def atom(a: Atom) -> Any:
         if isinstance(a, Lit):
-            return {"lit": a.value if a.dtype != "float32" else repr(float(a.value)),
+            return {"lit": a.value if a.dtype not in _FLOATS else repr(float(a.value)),
                     "dtype": a.dtype}
         return var(a)
 
@@ -451,7 +460,7 @@ def from_json(data: dict[str, Any]) -> Program:
 
     def atom(a: Any) -> Atom:
         if isinstance(a, dict):
-            value = float(a["lit"]) if a["dtype"] == "float32" else a["lit"]
+            value = float(a["lit"]) if a["dtype"] in _FLOATS else a["lit"]
             return Lit(value, a["dtype"])
         return vars_[a]
 

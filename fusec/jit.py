@@ -36,7 +36,7 @@ from .interpret import evaluate
 from .ir import MOVEMENT, REDUCE, Lit, Op, Program, Var, from_json, kernel_eqns, to_json
 from .passes import MemoryAnalysis, Options, analyse, run_pipeline, used_inputs
 from .record import record
-from .runtime import Array, CpuExecutable, GpuExecutable, get_runtime
+from .runtime import Array, CpuExecutable, GpuExecutable, check_float16, get_runtime
 from .trace import Aval, Builder, ShapeDtype, Tracer, current_builder, set_eager_runner, tracing
 from .tree import TreeDef, describe, flatten_with_paths, unflatten
 
@@ -432,6 +432,8 @@ def _lower_program(traced: Traced) -> tuple[Program, list[codegen.KernelCode]]:
 def _lower_program_now(traced: Traced) -> tuple[Program, list[codegen.KernelCode]]:
     t0 = time.perf_counter()
     rt = get_runtime()
+    if rt is not None:
+        check_float16(traced.program, rt.info.features, rt.info.adapter, traced.name)
     key = _disk_key(traced)
     entry = diskcache.load(key) if key else None
     if entry is not None:

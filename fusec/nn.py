@@ -1,4 +1,8 @@
-"""Activations and normalisations, written with :mod:`fusec.numpy` so that they trace and fuse."""
+"""Activations and normalisations, written with :mod:`fusec.numpy` so that they trace and fuse.
+
+The normalisations (softmax, log_softmax, layer_norm, rms_norm) of float16 arrays compute in
+float32 and round the result to float16 once: their sums and variances are not rounded on the
+way (the casts fuse into the one kernel)."""
 
 from __future__ import annotations
 
@@ -6,8 +10,24 @@ import math
 from typing import Any
 
 from . import numpy as fnp
-from .numpy._base import _stop_gradient, _traceable
+from .numpy._base import _stop_gradient, _traceable, _tracer
 from .trace import Tracer
+
+
+def _in_float32(x: Any, *others: Any) -> tuple[Any, str | None]:
+    """``x`` as float32 and the float16 dtype to round the result to, where ``x`` is float16
+    (and ``others``, a normalisation's weight and bias, promote with it to float16); else ``x``
+    and None."""
+    t = _tracer(x)
+    if t.var.dtype != "float16":
+        return x, None
+    dt = fnp.result_type(t, *(o for o in others if o is not None))
+    return fnp.astype(t, "float32"), (str(dt) if dt == fnp.float16 else None)
+
+
+def _rounded(y: Any, dt: str | None) -> Any:
+    return y if dt is None else fnp.astype(y, dt)
+
 
 __all__ = ["relu", "sigmoid", "tanh", "silu", "swish", "gelu", "leaky_relu", "elu", "softmax",
            "log_softmax", "layer_norm", "rms_norm"]
@@ -66,23 +86,26 @@ def elu(x: Any, alpha: float = 1.0) -> Tracer:
 @_traceable
 def softmax(x: Any, axis: int = -1) -> Tracer:
     """``exp(x) / sum(exp(x))`` along ``axis``, shifted by the maximum for stability."""
+    x, dt = _in_float32(x)
     # the shift does not change the value: autodiff does not differentiate it (as JAX)
     shifted = x - _stop_gradient(fnp.max(x, axis=axis, keepdims=True))
     e = fnp.exp(shifted)
-    return e / fnp.sum(e, axis=axis, keepdims=True)
+    return _rounded(e / fnp.sum(e, axis=axis, keepdims=True), dt)
 
 
 @_traceable
 def log_softmax(x: Any, axis: int = -1) -> Tracer:
     """``x - log(sum(exp(x)))`` along ``axis``, computed stably."""
+    x, dt = _in_float32(x)
     shifted = x - _stop_gradient(fnp.max(x, axis=axis, keepdims=True))
-    return shifted - fnp.log(fnp.sum(fnp.exp(shifted), axis=axis, keepdims=True))
+    return _rounded(shifted - fnp.log(fnp.sum(fnp.exp(shifted), axis=axis, keepdims=True)), dt)
 
 
 @_traceable
 def layer_norm(x: Any, weight: Any = None, bias: Any = None, axis: int = -1,
                eps: float = 1e-5) -> Tracer:
     """Normalise to zero mean and unit variance along ``axis``, then scale and shift."""
+    x, dt = _in_float32(x, weight, bias)
     mu = fnp.mean(x, axis=axis, keepdims=True)
     d = x - mu
     var = fnp.mean(d * d, axis=axis, keepdims=True)
@@ -91,17 +114,18 @@ def layer_norm(x: Any, weight: Any = None, bias: Any = None, axis: int = -1,
         y = y * weight
     if bias is not None:
         y = y + bias
-    return y
+    return _rounded(y, dt)
 
 
 @_traceable
 def rms_norm(x: Any, weight: Any = None, axis: int = -1, eps: float = 1e-6) -> Tracer:
     """Divide by the root mean square along ``axis``, then scale."""
+    x, dt = _in_float32(x, weight)
     ms = fnp.mean(x * x, axis=axis, keepdims=True)
     y = x * fnp.rsqrt(ms + eps)
     if weight is not None:
         y = y * weight
-    return y
+    return _rounded(y, dt)
 
 
 @_traceable
@@ -117,7 +141,7 @@ def one_hot(x: Any, num_classes: int, dtype: Any = "float32", axis: int = -1) ->
     ax = _norm_axis(axis, ids.ndim + 1, "one_hot's axis")
     # compare in the ids' own dtype: a uint32 id never wraps to a negative one, a float id
     # matches only a whole number
-    dt = ids.var.dtype if ids.var.dtype in ("int32", "uint32", "float32") else "int32"
+    dt = ids.var.dtype if ids.var.dtype in ("int32", "uint32", "float32", "float16") else "int32"
     classes = _axis_iota(ids.ndim + 1, ax, n, dt)
     hit = fnp.equal(fnp.expand_dims(fnp.astype(ids, dt), ax), classes)
     return fnp.astype(hit, dtype)

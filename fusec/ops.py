@@ -42,7 +42,8 @@ def broadcast_shapes(*shapes: Shape) -> Shape:
 
 
 def wgsl_literal(value: Any, dtype: str) -> str:
-    """A WGSL expression for a scalar constant of the given dtype; exact for float32 values."""
+    """A WGSL expression for a scalar constant of the given dtype; exact for float32 values. A
+    float16 constant is rounded to float16 and written as the f32 it is computed as."""
     if dtype == "bool":
         return "true" if value else "false"
     if dtype == "int32":
@@ -50,6 +51,9 @@ def wgsl_literal(value: Any, dtype: str) -> str:
         return f"{v}i" if v != -(2**31) else "i32(-2147483647 - 1)"
     if dtype == "uint32":
         return f"{int(np.uint32(value))}u"
+    if dtype == "float16":
+        with np.errstate(over="ignore"):
+            value = np.float16(value)
     f = float(np.float32(value))
     if math.isfinite(f):
         text = repr(f)
@@ -82,6 +86,16 @@ fn fusec_isinf(x: f32) -> bool {
     "fusec_isfinite": """
 fn fusec_isfinite(x: f32) -> bool {
     return (bitcast<u32>(x) & 0x7fffffffu) < 0x7f800000u;
+}""",
+    # float16 stores and casts: WGSL lets a conversion of a finite value beyond f16's range give
+    # the largest finite f16 instead of infinity; numpy (and rounding to nearest) give infinity
+    # from 65520 up. NaN and the infinities convert as they are.
+    "fusec_f16": """
+fn fusec_f16(x: f32) -> f16 {
+    let b = bitcast<u32>(x);
+    let a = b & 0x7fffffffu;
+    let inf = bitcast<f32>((b & 0x80000000u) | 0x7f800000u);
+    return f16(select(x, inf, a >= 0x477ff000u && a < 0x7f800000u));
 }""",
     # numpy's maximum/minimum (and max/min reductions, scans, scatters): a NaN operand is the
     # result; WGSL's max and min are IEEE maxNum/minNum and drop it
@@ -517,7 +531,7 @@ def _minmax(cmp: str, name: str, bool_sym: str) -> Callable[[Sequence[str], str]
     def f(a: Sequence[str], dt: str) -> str:
         if dt in ("int32", "uint32"):
             return f"select({a[1]}, {a[0]}, {a[0]} {cmp} {a[1]})"
-        if dt == "float32":
+        if dtypes.is_float(dt):
             return f"fusec_{name}_f32({a[0]}, {a[1]})"
         return builtin(a, dt)
 
@@ -531,7 +545,7 @@ def _by_dtype(float_expr: str | None, int32_expr: str | None = None, uint32_expr
     table = {"float32": float_expr, "int32": int32_expr, "uint32": uint32_expr, "bool": bool_expr}
 
     def f(a: Sequence[str], dt: str) -> str:
-        expr = table[dt]
+        expr = table[dtypes.compute_dtype(dt)]
         if expr is None:
             raise AssertionError(f"no WGSL for dtype {dt}")
         return expr.format(*a)
@@ -542,7 +556,7 @@ def _by_dtype(float_expr: str | None, int32_expr: str | None = None, uint32_expr
 def _rounding(name: str) -> Callable[[Sequence[str], str], str]:
     """floor, ceil, trunc, round: the builtin for floats; integers and bools are already whole."""
     def f(a: Sequence[str], dt: str) -> str:
-        return f"{name}({a[0]})" if dt == "float32" else a[0]
+        return f"{name}({a[0]})" if dtypes.is_float(dt) else a[0]
 
     return f
 
@@ -578,7 +592,8 @@ def _np_isfinite(x: np.ndarray) -> np.ndarray:
 
 
 def _pow(a: Sequence[str], dt: str) -> str:
-    fn = {"float32": "fusec_pow", "int32": "fusec_ipow_i32", "uint32": "fusec_ipow_u32"}[dt]
+    fn = {"float32": "fusec_pow", "int32": "fusec_ipow_i32",
+          "uint32": "fusec_ipow_u32"}[dtypes.compute_dtype(dt)]
     return f"{fn}({a[0]}, {a[1]})"
 
 
@@ -644,18 +659,29 @@ def float_ufunc(op: Op) -> Optional[Any]:
 # Rules use the tracers' Python operators (fusec.numpy attaches them) and b.bind for the rest.
 
 
-def ad_atom(x: Any) -> Any:
-    """A rule's operand as an IR atom: tracers as they are, Python scalars as float32 literals."""
+def ad_atom(x: Any, dtype: str = "float32") -> Any:
+    """A rule's operand as an IR atom: tracers as they are, Python scalars as float literals of
+    ``dtype``."""
     from .ir import Lit as _Lit
 
     if isinstance(x, (bool, int, float)):
-        return _Lit(float(x), "float32")
+        with np.errstate(over="ignore"):
+            return _Lit(float(np.float16(x)) if dtype == "float16" else float(x), dtype)
     return x
 
 
+def ad_float(x: Any) -> str:
+    """The float dtype of a rule's operand ``x`` (a Python scalar's: float32)."""
+    dt = str(getattr(getattr(x, "var", None), "dtype", "float32"))
+    return dt if dtypes.is_float(dt) else "float32"
+
+
 def ad_call(b: Any, op: Op, *xs: Any, **params: Any) -> Any:
-    """``op(*xs)`` bound in the current trace (for rules: functions that have no operator)."""
-    return b.bind(op, [ad_atom(x) for x in xs], params)
+    """``op(*xs)`` bound in the current trace (for rules: functions that have no operator).
+    Python scalars take the float dtype of the traced operands (float16 stays float16)."""
+    fdt = next((str(x.var.dtype) for x in xs if hasattr(x, "var")
+                and dtypes.is_float(str(x.var.dtype))), "float32")
+    return b.bind(op, [ad_atom(x, fdt) for x in xs], params)
 
 
 def _d_scale(f: Callable[[Any, Any, Any], Any]) -> Callable[..., Any]:
@@ -904,7 +930,13 @@ ELEMENTWISE: dict[Op, Elementwise] = {
 
 
 def cast_wgsl(expr: str, src: str, dst: str) -> str:
-    """WGSL for numpy's astype between supported dtypes."""
+    """WGSL for numpy's astype between supported dtypes. float16 values are computed as f32: a
+    cast from float16 is one from float32, and a cast to float16 rounds the f32 to f16 and back."""
+    if src == dst:
+        return expr
+    if dst == "float16":
+        return f"f32(fusec_f16({cast_wgsl(expr, src, 'float32')}))"
+    src = dtypes.compute_dtype(src)
     if src == dst:
         return expr
     ty = dtypes.WGSL_TYPE[dst]
@@ -946,7 +978,8 @@ def numpy_elementwise(op: Op, args: Sequence[np.ndarray], params: dict[str, Any]
         x = args[0]
         if out_dtype == "bool":
             return np.asarray(x != 0)
-        return np.asarray(x).astype(ndt)
+        with np.errstate(all="ignore"):  # (to float16 beyond its range: inf, as on the GPU)
+            return np.asarray(x).astype(ndt)
     if op is Op.IPOW:
         n = int(params["n"])
         with np.errstate(all="ignore"):
@@ -971,11 +1004,13 @@ class Reduction:
 
 
 def _max_identity(dt: str) -> Any:
-    return {"float32": -math.inf, "int32": -(2**31), "uint32": 0, "bool": False}[dt]
+    return {"float32": -math.inf, "float16": -math.inf, "int32": -(2**31), "uint32": 0,
+            "bool": False}[dt]
 
 
 def _min_identity(dt: str) -> Any:
-    return {"float32": math.inf, "int32": 2**31 - 1, "uint32": 2**32 - 1, "bool": True}[dt]
+    return {"float32": math.inf, "float16": math.inf, "int32": 2**31 - 1, "uint32": 2**32 - 1,
+            "bool": True}[dt]
 
 
 # The float32 combines of reduce_max and reduce_min are the helpers fusec_max_f32 and
@@ -985,6 +1020,7 @@ def _min_identity(dt: str) -> Any:
 # order of the combines).
 def _minmax_combine(name: str) -> Callable[[str, str, str], str]:
     def f(a: str, b: str, dt: str) -> str:
+        dt = dtypes.compute_dtype(dt)
         if dt in ("float32", "int32"):
             return f"fusec_{name}_{dt[0]}32({a}, {b})"
         return f"{name}({a}, {b})"
@@ -1170,11 +1206,15 @@ def _scan_unrows(rows: np.ndarray, shape: Shape, axis: int, reverse: bool) -> np
 
 def cumulative_numpy(x: np.ndarray, reduce: str, axis: int, reverse: bool = False) -> np.ndarray:
     """Reference of ``cumulative``: numpy's accumulate along ``axis`` in x's dtype (integers wrap
-    around), from the end when ``reverse``."""
+    around; float16 sums and products accumulate in float32, as on the GPU), from the end when
+    ``reverse``."""
     rows = _scan_rows(x, axis, reverse)
+    if x.dtype == np.float16 and reduce in ("sum", "prod"):
+        rows = rows.astype(np.float32)
     with np.errstate(all="ignore"):
         out = _SCAN_UFUNC[reduce].accumulate(rows, axis=-1) if rows.size else rows
-    return _scan_unrows(np.asarray(out, dtype=x.dtype), x.shape, axis, reverse)
+        out = np.asarray(out, dtype=x.dtype)
+    return _scan_unrows(out, x.shape, axis, reverse)
 
 
 def _scan_chunks(x: np.ndarray, p: dict[str, Any]) -> tuple[np.ndarray, int, int]:
@@ -1327,6 +1367,11 @@ def scatter_numpy(operand: np.ndarray, updates: np.ndarray, indices: Sequence[np
     ``indices`` by numpy's unbuffered ``ufunc.at`` (duplicates accumulate in order); "set"
     assigns (numpy: the last duplicate wins; the GPU may keep any of them). A negative index
     counts from the end; indices still outside their axis are dropped."""
+    if operand.dtype == np.float16 and mode != "set":  # combined in float32, as on the GPU
+        out32 = scatter_numpy(operand.astype(np.float32), updates.astype(np.float32), indices,
+                              mode)
+        with np.errstate(over="ignore"):
+            return out32.astype(np.float16)
     out = np.array(operand, copy=True, order="C")
     shape = np.broadcast_shapes(updates.shape, *(i.shape for i in indices))
     if out.size == 0 or math.prod(shape) == 0:
@@ -1387,6 +1432,8 @@ SORT_DIGITS = 1 << SORT_RADIX_BITS
 def sort_keys(x: np.ndarray, descending: bool = False) -> np.ndarray:
     """The uint32 order keys of ``x`` (see above)."""
     x = np.asarray(x)
+    if x.dtype == np.float16:  # float32 holds every float16: the same order
+        x = x.astype(np.float32)
     if x.dtype == np.bool_:
         k = x.astype(np.uint32)
     elif x.dtype == np.float32:
@@ -1748,7 +1795,7 @@ def ad_is_float(x: Any) -> bool:
         return False
     if isinstance(x, float):
         return True
-    return str(getattr(x, "var", x).dtype) == "float32"
+    return dtypes.is_float(str(getattr(x, "var", x).dtype))
 
 
 def ad_sum_to(b: Any, g: Any, shape: Shape) -> Any:
@@ -1777,7 +1824,7 @@ def ad_broadcast(b: Any, g: Any, shape: Shape) -> Any:
 def ad_zeros(b: Any, shape: Shape, dtype: str = "float32") -> Any:
     from .ir import Lit as _Lit
 
-    zero: Any = 0.0 if dtype == "float32" else 0
+    zero: Any = 0.0 if dtypes.is_float(dtype) else 0
     return b.bind(Op.BROADCAST, [_Lit(zero, dtype)], {"shape": tuple(shape)})
 
 
@@ -1811,7 +1858,8 @@ def _elementwise_jvp(b: Any, op: Op, params: dict[str, Any], ins: Sequence[Any],
 
 def _deriv_of(op: Op, params: dict[str, Any]) -> Optional[Callable[..., Any]]:
     if op is Op.CAST:  # float -> float only: other casts have no float result or operand
-        return _D_ID if params.get("dtype") == "float32" else None
+        # (autodiff casts each cotangent to its value's dtype: float16 <-> float32 casts)
+        return _D_ID if dtypes.is_float(str(params.get("dtype"))) else None
     if op is Op.COPY:  # an identity (no row in the table: nothing traces it today)
         return _D_ID
     if op is Op.IPOW:
@@ -1965,7 +2013,7 @@ def _movement_vjp(b: Any, op: Op, p: dict[str, Any], ins: Sequence[Any], outs: S
     for k, (st, sp) in enumerate(zip(starts, steps)):
         io = b.bind(Op.IOTA, [], {"shape": shape, "axis": k, "dtype": "int32"})
         idx.append(io * sp + st if (sp, st) != (1, 0) else io)
-    return [b.bind(Op.SCATTER, [ad_zeros(b, xs), g, *idx], {"mode": "add"})]
+    return [b.bind(Op.SCATTER, [ad_zeros(b, xs, ad_float(g)), g, *idx], {"mode": "add"})]
 
 
 def _clamped(b: Any, i: Any, n: int) -> Any:
@@ -2047,11 +2095,11 @@ def _gather_vjp(b: Any, op: Op, p: dict[str, Any], ins: Sequence[Any], outs: Seq
         io = b.bind(Op.IOTA, [], {"shape": xs, "axis": a, "dtype": str(
             pick.var.dtype) if hasattr(pick, "var") else "int32"})
         hit = b.bind(Op.EQ, [io, ad_atom(pick) if hasattr(pick, "var") else ad_int(pick)])
-        return [b.bind(Op.WHERE, [hit, ad_broadcast(b, g, xs), ad_atom(0.0)])] + \
+        return [b.bind(Op.WHERE, [hit, ad_broadcast(b, g, xs), ad_atom(0.0, ad_float(g))])] + \
             [None] * (len(ins) - 1)
     idx = [ad_atom(_clamped(b, i, n)) if not isinstance(i, (int, float)) else
            ad_int(_clamped(b, i, n)) for i, n in zip(ins[1:], xs)]
-    ct = b.bind(Op.SCATTER, [ad_zeros(b, xs), g, *idx], {"mode": "add"})
+    ct = b.bind(Op.SCATTER, [ad_zeros(b, xs, ad_float(g)), g, *idx], {"mode": "add"})
     return [ct] + [None] * (len(ins) - 1)
 
 
@@ -2071,7 +2119,7 @@ def _scatter_vjp(b: Any, op: Op, p: dict[str, Any], ins: Sequence[Any], outs: Se
     atoms = [ad_atom(i) if not isinstance(i, (int, float)) else ad_int(int(i)) for i in idx]
     ct_operand = g
     if mode == "set":  # written-over places take no gradient
-        ct_operand = b.bind(Op.SCATTER, [g, ad_atom(0.0), *atoms], {"mode": "set"})
+        ct_operand = b.bind(Op.SCATTER, [g, ad_atom(0.0, ad_float(g)), *atoms], {"mode": "set"})
     shape = broadcast_shapes(ad_shape(updates), *(ad_shape(i) for i in idx))
     read = b.bind(Op.GATHER, [g, *[ad_atom(_clamped(b, i, n)) if not isinstance(i, (int, float))
                                    else ad_int(_clamped(b, i, n)) for i, n in zip(idx, xs)]])
@@ -2085,9 +2133,9 @@ def _scatter_vjp(b: Any, op: Op, p: dict[str, Any], ins: Sequence[Any], outs: Se
             continue
         ok = m if ok is None or ok is True else (ok if ok is False else b.bind(Op.AND, [ok, m]))
     if ok is False:
-        read = ad_zeros(b, shape)
+        read = ad_zeros(b, shape, ad_float(g))
     elif ok is not None:
-        read = b.bind(Op.WHERE, [ok, read, ad_atom(0.0)])
+        read = b.bind(Op.WHERE, [ok, read, ad_atom(0.0, ad_float(g))])
     ct_updates = ad_sum_to(b, read, ad_shape(updates)) if ad_is_float(updates) and not \
         isinstance(updates, float) else None
     return [ct_operand, ct_updates] + [None] * len(idx)
@@ -2103,8 +2151,8 @@ def _scatter_jvp(b: Any, op: Op, p: dict[str, Any], ins: Sequence[Any], outs: Se
                          "yet; only .at[].set and .at[].add are differentiable")
     if ts[0] is None and ts[1] is None:
         return [None]
-    t_op = ts[0] if ts[0] is not None else ad_zeros(b, ad_shape(ins[0]))
-    t_up = ts[1] if ts[1] is not None else ad_atom(0.0)
+    t_op = ts[0] if ts[0] is not None else ad_zeros(b, ad_shape(ins[0]), ad_float(ins[0]))
+    t_up = ts[1] if ts[1] is not None else ad_atom(0.0, ad_float(ins[0]))
     atoms = [ad_atom(i) if not isinstance(i, (int, float)) else ad_int(int(i)) for i in ins[2:]]
     return [b.bind(Op.SCATTER, [t_op, t_up, *atoms], {"mode": mode})]
 
@@ -2134,8 +2182,8 @@ def _cumprod_zeros(b: Any, x: Any, p: dict[str, Any]) -> tuple[Any, Any, Any, An
     1, that one's cumprod, and where the running count of zeros is 0 and where it is 1. (The
     derivative of a running product by x_i is the product of the others: y / x_i while no zero
     came; with one zero, nonzero only at that zero; with two, zero.)"""
-    zero = b.bind(Op.EQ, [x, ad_atom(0.0)])
-    safe = b.bind(Op.WHERE, [zero, ad_atom(1.0), x])
+    zero = b.bind(Op.EQ, [x, ad_atom(0.0, ad_float(x))])
+    safe = b.bind(Op.WHERE, [zero, ad_atom(1.0, ad_float(x)), x])
     ys = b.bind(Op.CUMULATIVE, [safe], dict(p))
     count = b.bind(Op.CUMULATIVE, [b.bind(Op.CAST, [zero], {"dtype": "int32"})],
                    {**p, "reduce": "sum"})
@@ -2165,8 +2213,8 @@ def _cumulative_vjp(b: Any, op: Op, p: dict[str, Any], ins: Sequence[Any], outs:
                                   back(b.bind(Op.WHERE, [none, gy, ad_atom(0.0)])) / safe])]
     where = _running_index(b, x, y, p)
     shape = ad_shape(x)
-    return [b.bind(Op.SCATTER, [ad_zeros(b, shape), g, *_axis_indices(b, shape, axis, where)],
-                   {"mode": "add"})]
+    return [b.bind(Op.SCATTER, [ad_zeros(b, shape, ad_float(g)), g,
+                                *_axis_indices(b, shape, axis, where)], {"mode": "add"})]
 
 
 def _cumulative_jvp(b: Any, op: Op, p: dict[str, Any], ins: Sequence[Any], outs: Sequence[Any],
@@ -2200,8 +2248,8 @@ def _sort_vjp(b: Any, op: Op, p: dict[str, Any], ins: Sequence[Any], outs: Seque
         return [None]
     shape = ad_shape(x)
     order = _sort_order(b, x, p)
-    return [b.bind(Op.SCATTER, [ad_zeros(b, shape), g, *_index_grid(b, shape, order)],
-                   {"mode": "add"})]
+    return [b.bind(Op.SCATTER, [ad_zeros(b, shape, ad_float(g)), g,
+                                *_index_grid(b, shape, order)], {"mode": "add"})]
 
 
 def _sort_jvp(b: Any, op: Op, p: dict[str, Any], ins: Sequence[Any], outs: Sequence[Any],
@@ -2564,7 +2612,7 @@ def _batch_searchsorted(b: Any, args: Sequence[Any], dims: Sequence[BatchDim],
         rows = b.bind(Op.CAST, [rows], {"dtype": "int32"})
         cols = b.bind(Op.CAST, [cols], {"dtype": "int32"})
     before = b.bind(Op.LT if params["side"] == "left" else Op.LE, [rows, cols], {})
-    if dt == "float32":
+    if dtypes.is_float(dt):
         nan_a = b.bind(Op.ISNAN, [rows], {})
         nan_v = b.bind(Op.ISNAN, [cols], {})
         if params["side"] == "left":  # a finite (or infinite) element is before a NaN query

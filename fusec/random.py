@@ -124,9 +124,10 @@ def _static_shape(shape: Any, fn: str, what: str = "shape") -> tuple[int, ...]:
 
 
 def _float_dtype(dtype: Any, fn: str) -> str:
+    """The samplers' floating dtype. float16 values are drawn in float32 and rounded."""
     dt = dtypes.canonicalize(dtype, f"{fn}'s dtype")
-    if dt != "float32":
-        raise DTypeError(f"{fn}: dtype must be a floating dtype (float32); got {dt}")
+    if not dtypes.is_float(dt):
+        raise DTypeError(f"{fn}: dtype must be a floating dtype (float32 or float16); got {dt}")
     return dt
 
 
@@ -221,43 +222,48 @@ def bits(key: Any, shape: Any = ()) -> Tracer:
 @_traceable
 def uniform(key: Any, shape: Any = (), dtype: Any = "float32", minval: Any = 0.0,
             maxval: Any = 1.0) -> Tracer:
-    """float32 values uniform in ``[minval, maxval)`` (23 random mantissa bits)."""
+    """Values of ``dtype`` (float32 or float16) uniform in ``[minval, maxval)`` (23 random
+    mantissa bits, then rounded to float16 for float16)."""
     shp = _static_shape(shape, "uniform")
-    _float_dtype(dtype, "uniform")
+    dt = _float_dtype(dtype, "uniform")
     u = _unit(bits(key, shp))
     if isinstance(minval, (int, float)) and isinstance(maxval, (int, float)):
         lo, hi = float(minval), float(maxval)
-        out = fnp.add(fnp.multiply(u, hi - lo), lo)
+        out = fnp.astype(fnp.add(fnp.multiply(u, hi - lo), lo), dt)
         # rounding can land on maxval itself; the half-open interval is a promise
-        top = float(np.nextafter(np.float32(hi), np.float32(-np.inf)))
+        ndt = np.dtype(dt).type
+        top = float(np.nextafter(ndt(hi), ndt(-np.inf)))
         return fnp.minimum(fnp.maximum(out, lo), top)
     lo_t, hi_t = _lift(minval), _lift(maxval)
     out = fnp.add(fnp.multiply(u, fnp.subtract(hi_t, lo_t)), lo_t)
-    out = fnp.maximum(out, lo_t)
-    return fnp.broadcast_to(fnp.where(fnp.less(out, hi_t), out, lo_t), shp)
+    out = fnp.astype(fnp.maximum(out, lo_t), dt)
+    low = fnp.astype(lo_t, dt) if isinstance(lo_t, Tracer) else lo_t
+    return fnp.broadcast_to(fnp.where(fnp.less(out, hi_t), out, low), shp)
 
 
 @_traceable
 def normal(key: Any, shape: Any = (), dtype: Any = "float32") -> Tracer:
-    """Standard normal float32 values (Box-Muller on the two Threefry words of each element;
-    |value| <= sqrt(2 ln 2**24) ~ 5.77, a tail of probability ~1e-8 is cut off)."""
+    """Standard normal values of ``dtype`` (float32, or float16: drawn in float32 and rounded)
+    (Box-Muller on the two Threefry words of each element; |value| <= sqrt(2 ln 2**24) ~ 5.77,
+    a tail of probability ~1e-8 is cut off)."""
     shp = _static_shape(shape, "normal")
-    _float_dtype(dtype, "normal")
+    dt = _float_dtype(dtype, "normal")
     y0, y1 = _blocks(key, shp, "normal")
     # radius from u1 in (0, 1] (never log(0)); angle from u2 in [0, 1); 24 bits each
     u1 = fnp.multiply(fnp.add(fnp.astype(fnp.right_shift(y0, 8), "float32"), 1.0), 2.0**-24)
     u2 = fnp.multiply(fnp.astype(fnp.right_shift(y1, 8), "float32"), 2.0**-24)
     r = fnp.sqrt(fnp.multiply(fnp.log(u1), -2.0))
-    return fnp.multiply(r, fnp.cos(fnp.multiply(u2, 2.0 * math.pi)))
+    return fnp.astype(fnp.multiply(r, fnp.cos(fnp.multiply(u2, 2.0 * math.pi))), dt)
 
 
 @_traceable
 def gumbel(key: Any, shape: Any = (), dtype: Any = "float32") -> Tracer:
-    """Standard Gumbel float32 values, ``-log(-log(u))`` with ``u`` in the open interval (0, 1)."""
+    """Standard Gumbel values of ``dtype`` (float32 or float16), ``-log(-log(u))`` with ``u`` in
+    the open interval (0, 1)."""
     shp = _static_shape(shape, "gumbel")
-    _float_dtype(dtype, "gumbel")
+    dt = _float_dtype(dtype, "gumbel")
     u = _unit(bits(key, shp), open_low=True)
-    return fnp.negative(fnp.log(fnp.negative(fnp.log(u))))
+    return fnp.astype(fnp.negative(fnp.log(fnp.negative(fnp.log(u)))), dt)
 
 
 @_traceable

@@ -22,9 +22,9 @@ import numpy as np
 
 from . import cache, config, dtypes
 from . import numpy as fnp
-from .errors import DeviceLimitError, FusecError
+from .errors import DeviceLimitError, DTypeError, FusecError
 from .interpret import evaluate
-from .ir import Eqn, Lit, Op, Program, Var
+from .ir import Eqn, Lit, Op, Program, Var, buffer_bytes, itemsize
 from .native import Encoder, open_native, poll_function
 from .passes import run_interpreter_pipeline, used_inputs
 from .trace import register_array_type
@@ -58,6 +58,33 @@ class DeviceInfo:
         return f"{self.adapter} ({self.adapter_type}, {self.backend})"
 
 
+F16_FEATURE = "shader-f16"  # the WebGPU feature float16 storage needs
+
+
+def _float16_values(prog: Program) -> Iterator[Var]:
+    """The float16 values of ``prog`` (loop and kernel bodies included)."""
+    for v in prog.vars():
+        if v.dtype == "float16":
+            yield v
+    for e in prog.eqns:
+        body = e.params.get("body")
+        if isinstance(body, Program):
+            yield from _float16_values(body)
+
+
+def check_float16(prog: Program, features: Sequence[str], adapter: str, name: str = "") -> None:
+    """Raise a DTypeError if ``prog`` holds float16 values and the device lacks ``shader-f16``
+    (``features``: the device's feature names; ``adapter``: its name, for the message)."""
+    if F16_FEATURE in features or next(_float16_values(prog), None) is None:
+        return
+    what = f"{name} uses" if name else "this program uses"
+    raise DTypeError(
+        f"{what} dtype float16, but the adapter {adapter} lacks the WebGPU feature "
+        f"'{F16_FEATURE}' that float16 arrays need on the GPU. Convert with "
+        "x.astype(np.float32) (inside or outside the function), or run on the numpy "
+        "interpreter with FUSEC_BACKEND=cpu.")
+
+
 class DeviceBuffer:
     """A wgpu storage buffer shared by the arrays that view it; when the last reference goes, the
     buffer returns to the runtime's pool instead of being freed (allocation is slow)."""
@@ -84,7 +111,8 @@ class Runtime:
 
         self.wgpu = wgpu
         self.adapter = adapter
-        feats = [f for f in ("timestamp-query",) if f in adapter.features]
+        # shader-f16: float16 arrays (kernels declare array<f16>; see check_float16)
+        feats = [f for f in ("timestamp-query", F16_FEATURE) if f in adapter.features]
         self.device = adapter.request_device_sync(required_features=feats)
         self._poll = poll_function()
         # the calls' recording and submits through wgpu-native directly (fusec.native)
@@ -323,6 +351,9 @@ class Runtime:
         raw = np.ascontiguousarray(data)
         if raw.nbytes == 0:
             raw = np.zeros(1, dtype=np.uint32)
+        elif raw.nbytes % 4:  # (an odd number of float16) writes go in whole 32-bit words
+            raw = np.concatenate([raw.reshape(-1).view(np.uint8),
+                                  np.zeros(4 - raw.nbytes % 4, np.uint8)])
         buf = self.buffer(raw.nbytes)
         # takes effect at the next submit, before the commands it carries
         self.device.queue.write_buffer(buf.raw, 0, memoryview(raw).cast("B"))  # type: ignore[arg-type]
@@ -345,16 +376,17 @@ class Runtime:
     def _read(self, buffer: Any, nbytes: int) -> bytes:
         if isinstance(buffer, DeviceBuffer):
             buffer = buffer.raw
-        stage = self._staging_buffer(nbytes)
+        words = max(4, -(-nbytes // 4) * 4)  # copies and maps move whole 32-bit words
+        stage = self._staging_buffer(words)
         # the copy rides on the batch's submit (one submit, not two)
         enc = self.take_batch()
-        enc.copy_buffer_to_buffer(buffer, 0, stage, 0, max(4, nbytes))
+        enc.copy_buffer_to_buffer(buffer, 0, stage, 0, words)
         self.submit(enc)
         self.submitted_batch()
         self.submitted += 1
-        self._map_read(stage, max(4, nbytes))
+        self._map_read(stage, words)
         try:
-            data = bytes(stage.read_mapped(0, max(4, nbytes)))
+            data = bytes(stage.read_mapped(0, words))
         finally:
             stage.unmap()
         self.completed = self.submitted
@@ -655,7 +687,7 @@ class Array:
         """A copy in a buffer of its own, to donate in place of an Array that shares its buffer
         with another: the donated buffer gets overwritten, the other Array must not change."""
         src = self.device_buffer(rt)
-        nbytes = max(4, self.nbytes)
+        nbytes = max(4, buffer_bytes(self.size, self._dtype))
         dst = rt.buffer(nbytes)
         # the copy follows the calls that wrote the source, on the batch's submit
         enc = rt.take_batch()
@@ -693,7 +725,9 @@ class Array:
 
     @property
     def nbytes(self) -> int:
-        return self.size * 4
+        """Bytes the elements take on the device (2 each for float16, else 4: a bool is a 32-bit
+        word); the buffer rounds up to whole 32-bit words."""
+        return self.size * itemsize(self._dtype)
 
     def device_buffer(self, rt: Runtime) -> Any:
         """The wgpu buffer, uploading host data on first use."""
@@ -709,7 +743,8 @@ class Array:
             rt = get_runtime()
             assert rt is not None and self._buffer is not None
             raw = rt.read(self._buffer, self.nbytes)
-            st = np.frombuffer(raw, dtype=dtypes.NUMPY_STORAGE[self._dtype]).reshape(self._shape)
+            st = np.frombuffer(raw, dtype=dtypes.NUMPY_STORAGE[self._dtype],
+                               count=self.size).reshape(self._shape)
             host = np.asarray(st != 0) if self._dtype == "bool" else st.copy()
             host.flags.writeable = False
             self._host = host

@@ -46,9 +46,9 @@ def test_namespace_info():
     d = info.default_dtypes()
     assert d["real floating"] == fnp.float32 and d["integral"] == fnp.int32
     assert d["indexing"] == fnp.int32 and d["complex floating"] is None
-    assert set(info.dtypes()) == {"float32", "int32", "uint32", "bool"}
+    assert set(info.dtypes()) == {"float32", "float16", "int32", "uint32", "bool"}
     assert set(info.dtypes(kind="integral")) == {"int32", "uint32"}
-    assert set(info.dtypes(kind=("bool", "real floating"))) == {"bool", "float32"}
+    assert set(info.dtypes(kind=("bool", "real floating"))) == {"bool", "float32", "float16"}
     assert info.devices() == [info.default_device()]
     assert info.capabilities()["data-dependent shapes"] is False
 
@@ -63,7 +63,7 @@ HOST = [
     (np.linspace(0, 1, 33), None, np.float32),  # float64 -> float32
     (np.arange(5, dtype=np.uint64), None, np.uint32),
     (np.arange(4, dtype=np.int8), None, np.int32),
-    (np.float16(2.5), None, np.float32),
+    (np.float16(2.5), None, np.float16),
     (3.5, None, np.float32),
     (7, None, np.int32),
     ([1.9, -1.9], np.int32, np.int32),  # a cast: toward zero

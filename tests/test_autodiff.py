@@ -1088,7 +1088,7 @@ def test_bad_inputs_raise_errors_that_name_the_argument() -> None:
     def dot(a: Any, i: Any) -> Any:
         return fnp.sum(a * i)
 
-    with pytest.raises(ShapeError, match=r"grad of vector: it must return a float32 scalar.*"
+    with pytest.raises(ShapeError, match=r"grad of vector: it must return a float scalar.*"
                                          r"returned \(5,\) float32"):
         fusec.grad(vector)(x)
     with pytest.raises(DTypeError, match=r"argument 'args\[1\]' of dot is int32"):
@@ -1130,7 +1130,7 @@ def test_bad_inputs_raise_errors_that_name_the_argument() -> None:
         fusec.jacrev(dot, argnums=(0, 1))(x, ids)
     with pytest.raises(TraceError, match=r"argnums=-3: dot was called with 2 positional"):
         fusec.value_and_grad(dot, argnums=-3)(x, x)
-    with pytest.raises(ShapeError, match=r"grad of vector: it must return a float32 scalar"):
+    with pytest.raises(ShapeError, match=r"grad of vector: it must return a float scalar"):
         fusec.value_and_grad(vector)(x)
     with pytest.raises(DTypeError, match=r"argument 'args\[0\]' of <lambda> is int32"):
         fusec.jvp(lambda a: a * 2, (ids,), (x,))

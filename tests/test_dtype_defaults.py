@@ -51,7 +51,7 @@ def test_int64_becomes_int32_and_keeps_integer_semantics() -> None:
     np.testing.assert_array_equal(np.asarray(out), np.arange(-5, 6) * 3 + 1)
 
 
-@pytest.mark.parametrize("src, dst", [("float16", "float32"), ("int8", "int32"),
+@pytest.mark.parametrize("src, dst", [("longdouble", "float32"), ("int8", "int32"),
                                       ("int16", "int32"), ("uint8", "uint32"),
                                       ("uint16", "uint32"), ("uint64", "uint32")])
 def test_narrow_dtypes_widen_or_narrow_to_their_32_bit_kind(src: str, dst: str) -> None:
@@ -59,6 +59,13 @@ def test_narrow_dtypes_widen_or_narrow_to_their_32_bit_kind(src: str, dst: str) 
     out, caught = _caught(fusec.gpu_jit(lambda x: x + x), x)
     assert out.dtype == np.dtype(dst) and len(caught) == 1
     np.testing.assert_array_equal(np.asarray(out), (x.astype(dst) * 2))
+
+
+def test_float16_is_kept_without_a_warning() -> None:
+    x = (np.arange(7) % 5).astype(np.float16)
+    out, caught = _caught(fusec.gpu_jit(lambda x: x + x), x)
+    assert out.dtype == np.float16 and caught == []
+    np.testing.assert_array_equal(np.asarray(out), x * 2)
 
 
 def test_the_other_entry_points_convert_too(rng: np.random.Generator) -> None:

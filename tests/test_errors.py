@@ -124,8 +124,8 @@ def strict_dtypes():
     fusec.config.set("strict_dtypes", None)
 
 
-@pytest.mark.parametrize("dtype", ["float64", "int64", "complex64", "complex128", "float16",
-                                   "int8", "uint64"])
+@pytest.mark.parametrize("dtype", ["float64", "int64", "complex64", "complex128", "int8",
+                                   "uint64"])
 def test_unsupported_array_dtypes_name_the_argument(dtype, strict_dtypes):
     @fusec.gpu_jit
     def f(inputs):

@@ -11,7 +11,7 @@ Conventions
   Ops with tolerance (0, 0) (neg, abs, max, min, comparisons, where) must be bit-exact.
 * Integer and bool results must match numpy exactly, including wrap-around (int32 overflow, uint32
   negation). Result dtypes follow numpy restricted to 32 bits: int64 -> int32, uint64 -> uint32,
-  float64 (and float16) -> float32; Python scalars are weak (NEP 50).
+  float64 -> float32 (float16 stays float16: tests/test_float16.py); Python scalars are weak.
 * Reductions: a float32 sum of n terms, in any order, is off by at most (depth of the summation
   tree) * 2^-24 * sum(|x_i|); random rounding makes it grow like sqrt(n) * 2^-24 in practice. We
   hold sums to 1e-5 * max(1, log2(n)) * sum(|x_i|), which is > 4 sigma of that random walk for every
@@ -59,8 +59,7 @@ def np32(dt: Any) -> np.dtype:
     """numpy's result dtype restricted to fusec's 32-bit types."""
     dt = np.dtype(dt)
     return {np.dtype(np.int64): np.dtype(np.int32), np.dtype(np.uint64): np.dtype(np.uint32),
-            np.dtype(np.float64): np.dtype(np.float32),
-            np.dtype(np.float16): np.dtype(np.float32)}.get(dt, dt)
+            np.dtype(np.float64): np.dtype(np.float32)}.get(dt, dt)
 
 
 def f64(*xs: Any) -> list[np.ndarray]:

@@ -76,7 +76,7 @@ def _result_dtype(xs: Sequence[Operand]) -> str:
     if strong:
         dt = functools.reduce(dtypes.promote, strong)
         for w in weak:
-            if dtypes._ORDER[w] > dtypes._ORDER[dt]:
+            if dtypes.weak_wins(w, dt):
                 dt = w
         return dt
     return functools.reduce(dtypes.promote, weak)
@@ -85,6 +85,9 @@ def _result_dtype(xs: Sequence[Operand]) -> str:
 def _scalar_lit(value: Any, dt: str) -> Lit:
     if dt == "float32":
         return Lit(float(value), dt)
+    if dt == "float16":  # rounded now (as JAX converts a weak scalar): the literal is exact
+        with np.errstate(over="ignore"):  # (beyond 65504: inf, as the product would be)
+            return Lit(float(np.float16(value)), dt)
     if dt == "bool":
         return Lit(bool(value), dt)
     v = int(value)
@@ -180,6 +183,6 @@ def _describe(t: Tracer) -> str:
 def _stop_gradient(x: Any) -> Any:
     """``x`` with a zero derivative (fusec.lax.stop_gradient): a float tracer gets a marker
     equation that autodiff does not go through; anything else is returned as it is."""
-    if isinstance(x, Tracer) and x.var.dtype == "float32":
+    if isinstance(x, Tracer) and dtypes.is_float(x.var.dtype):
         return _builder_of().bind(Op.STOP_GRADIENT, [_lift(x)], weak=x.weak)
     return x

@@ -47,6 +47,7 @@ __all__ = [
     "__array_api_version__",
     "__array_namespace_info__",
     "float32",
+    "float16",
     "int32",
     "uint32",
     "bool",
@@ -72,6 +73,7 @@ __array_api_version__ = "2023.12"
 
 # dtype objects: numpy's. They compare equal to the dtype of every fusec array (x.dtype == float32)
 float32 = np.float32
+float16 = np.float16
 int32 = np.int32
 uint32 = np.uint32
 bool = np.bool_  # noqa: A001 - the standard's name; use builtins.bool for Python's in this module
@@ -100,7 +102,7 @@ def _narrowed(arr: np.ndarray, what: str) -> np.ndarray:
                              "(there are no 64-bit integers)")
         return arr.astype(target)
     if kind == "f":
-        return arr.astype(np.float32)
+        return arr if arr.dtype == np.float16 else arr.astype(np.float32)
     raise DTypeError(f"{what}: numpy dtype {arr.dtype} has no fusec counterpart; supported: "
                      f"{', '.join(dtypes.SUPPORTED)}")
 
@@ -192,12 +194,12 @@ def _dtype_name(x: Any, what: str) -> str:
 
 
 def finfo(type: Any) -> np.finfo:  # noqa: A002 - the standard's parameter name
-    """Machine limits of a floating dtype (float32), as numpy's ``finfo`` object; ``type`` is the
-    dtype or an array of it."""
+    """Machine limits of a floating dtype (float32, float16), as numpy's ``finfo`` object;
+    ``type`` is the dtype or an array of it."""
     dt = _dtype_name(type, "finfo")
     if not dtypes.is_float(dt):
         raise DTypeError(f"finfo: {dt} is not a floating dtype; use iinfo for integers")
-    return np.finfo(np.float32)
+    return np.finfo(np.dtype(dt))
 
 
 def iinfo(type: Any) -> np.iinfo:  # noqa: A002 - the standard's parameter name
@@ -224,11 +226,10 @@ def result_type(*arrays_and_dtypes: Any) -> np.dtype:  # type: ignore[type-arg]
             weak.append(dtypes.weak_dtype(x))
         else:
             strong.append(_dtype_name(x, "result_type"))
-    order = dtypes._ORDER
     if strong:
         dt = functools.reduce(dtypes.promote, strong)
         for w in weak:
-            if order[w] > order[dt]:
+            if dtypes.weak_wins(w, dt):
                 dt = w
     else:
         dt = functools.reduce(dtypes.promote, weak)

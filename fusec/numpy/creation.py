@@ -202,8 +202,8 @@ def linspace(start: Any, stop: Any, num: int = 50, endpoint: bool = True,
     y = add(multiply(i, step), a)
     if endpoint and n > 1:
         y = where(equal(i, float(n - 1)), z, y)
-    if dt == "float32":
-        return y
+    if dtypes.is_float(dt):
+        return astype(y, dt)
     if dt == "bool":
         return astype(y, "bool")
     # round down, then convert (a cast alone would round toward zero)

@@ -645,12 +645,12 @@ def isfinite(x: Any) -> Tracer:
 def nan_to_num(x: Any, copy: bool = True, nan: float = 0.0, posinf: Any = None,
                neginf: Any = None) -> Tracer:
     """Replace NaN by ``nan``, +inf by ``posinf`` and -inf by ``neginf`` (by default the largest
-    and the most negative float32), as numpy; integers and bools come back unchanged. ``copy`` is
-    accepted for numpy's signature (results are always new values)."""
+    and the most negative value of x's float dtype), as numpy; integers and bools come back
+    unchanged. ``copy`` is accepted for numpy's signature (results are always new values)."""
     t = _tracer(x)
     if not dtypes.is_float(t.var.dtype):
         return t
-    big = float(np.finfo(np.float32).max)
+    big = float(np.finfo(np.dtype(t.var.dtype)).max)
     pos = big if posinf is None else posinf
     neg = -big if neginf is None else neginf
     return where(isnan(t), nan, where(isinf(t), where(signbit(t), neg, pos), t))

@@ -396,8 +396,8 @@ def _fill_lit(dt: str, fill_value: Any) -> Lit:
     """JAX's fill for out-of-range reads: NaN, the most negative int32, the largest uint32, True
     (or ``fill_value``, which must fit the dtype)."""
     if fill_value is None:
-        fill_value = {"float32": float("nan"), "int32": _INT32_MIN, "uint32": _UINT32_MAX,
-                      "bool": True}[dt]
+        fill_value = {"float32": float("nan"), "float16": float("nan"), "int32": _INT32_MIN,
+                      "uint32": _UINT32_MAX, "bool": True}[dt]
     return _scalar_lit(fill_value, dt)
 
 
@@ -575,9 +575,9 @@ def _update_traced(x: Any, idx: Any, values: Any, how: str, mode: Optional[str],
                        fill_value=fill_value)
     if mode not in _SET_MODES:
         raise ShapeError(f".at[].{how}: mode must be one of {_SET_MODES}; got {mode!r}")
-    if how == "divide" and dt != "float32":
+    if how == "divide" and not dtypes.is_float(dt):
         raise DTypeError(f".at[].divide on an array of dtype {dt}: the quotient would not keep the "
-                         "dtype; divide float32 arrays (astype first)")
+                         "dtype; divide float32 or float16 arrays (astype first)")
     v = _as_dtype(values, dt, f".at[].{how}'s update")
     combine = _COMBINE[how]
     mask_value = _mask_update(idx, values)

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import dtypes
 from ..errors import ShapeError, TraceError
 from ..ir import Op
 from ..trace import Tracer
@@ -111,14 +112,25 @@ def _truth(a: Any) -> Tracer:
     if t.var.dtype == "bool":
         return t
     nz = not_equal(t, 0)
-    if t.var.dtype == "float32":
+    if dtypes.is_float(t.var.dtype):
         nz = where(_isnan(t), True, nz)
     return nz
 
 
 def _float(a: Any) -> Tracer:
+    """``a`` as float32 (integers, bools and float16: statistics compute in float32)."""
     t = _tracer(a)
     return t if t.var.dtype == "float32" else astype(t, "float32")
+
+
+def _result_of(a: Any) -> str:
+    """The dtype of a statistic (mean, var, ...) of ``a``: float16 stays float16 (computed in
+    float32 and rounded once, as JAX does), everything else gives float32."""
+    return "float16" if isinstance(a, Tracer) and a.var.dtype == "float16" else "float32"
+
+
+def _as_result(t: Tracer, dt: str) -> Tracer:
+    return t if t.var.dtype == dt else astype(t, dt)
 
 
 def _count(shape: tuple[int, ...], axes: tuple[int, ...]) -> int:
@@ -156,14 +168,15 @@ def min(a: Any, axis: Any = None, keepdims: bool = False) -> Tracer:  # noqa: A0
 
 @_traceable
 def mean(a: Any, axis: Any = None, keepdims: bool = False) -> Tracer:
-    """Arithmetic mean over ``axis``; integers average as float32."""
+    """Arithmetic mean over ``axis``; integers average as float32, float16 as float16 (summed in
+    float32)."""
     t = _tracer(a)
     axes = _norm_axes(axis, t.ndim)
     n = _count(t.shape, axes)
     s = sum(astype(t, "float32"), axis=axes, keepdims=keepdims)
     if n == 0:  # numpy: NaN (a division by a literal 0.0 is not reliable in WGSL: lavapipe gave 0)
-        return where(True, math.nan, s)
-    return divide(s, float(n))
+        return _as_result(where(True, math.nan, s), _result_of(t))
+    return _as_result(divide(s, float(n)), _result_of(t))
 
 
 def _ddof(ddof: Any, correction: Any, name: str) -> float:
@@ -184,6 +197,7 @@ def var(a: Any, axis: Any = None, ddof: Any = 0, keepdims: bool = False, *,
     Computed in two passes (the mean, then the squared deviations) for accuracy; both fuse
     into one kernel. Integers give float32; ``n - ddof <= 0`` gives inf or NaN, as numpy."""
     d_of = _ddof(ddof, correction, "var")
+    dt = _result_of(_tracer(a))
     t = _float(a)
     axes = _norm_axes(axis, t.ndim)
     n = _count(t.shape, axes)
@@ -193,15 +207,17 @@ def var(a: Any, axis: Any = None, ddof: Any = 0, keepdims: bool = False, *,
     if n - d_of <= 0:
         # numpy divides by zero here: inf, or NaN where the sum is 0 (or NaN). Selected, not
         # divided: WGSL leaves a division by zero indeterminate (lavapipe gave 0)
-        return where(greater(ss, 0.0), math.inf, math.nan)
-    return divide(ss, n - d_of)
+        return _as_result(where(greater(ss, 0.0), math.inf, math.nan), dt)
+    return _as_result(divide(ss, n - d_of), dt)
 
 
 @_traceable
 def std(a: Any, axis: Any = None, ddof: Any = 0, keepdims: bool = False, *,
         correction: Any = None) -> Tracer:
     """Standard deviation over ``axis``: the square root of :func:`var` (same arguments)."""
-    return sqrt(var(a, axis=axis, ddof=ddof, keepdims=keepdims, correction=correction))
+    dt = _result_of(_tracer(a))
+    v = var(_float(a), axis=axis, ddof=ddof, keepdims=keepdims, correction=correction)
+    return _as_result(sqrt(v), dt)
 
 
 @_traceable
@@ -228,15 +244,16 @@ def count_nonzero(a: Any, axis: Any = None, keepdims: bool = False) -> Tracer:
 def logsumexp(a: Any, axis: Any = None, keepdims: bool = False) -> Tracer:
     """``log(sum(exp(a)))`` over ``axis``, computed stably: shifted by the maximum, so large
     values do not overflow. A row of -inf gives -inf, a +inf gives +inf, NaN propagates; -inf
-    over an empty axis. Integers give float32."""
+    over an empty axis. Integers give float32; float16 gives float16 (computed in float32)."""
+    dt = _result_of(_tracer(a))
     t = _float(a)
     axes = _norm_axes(axis, t.ndim)
     if not axes:
-        return t
+        return _as_result(t, dt)
     if _count(t.shape, axes) == 0:
         out_shape = _kept_shape(t.shape, axes) if keepdims else tuple(
             d for k, d in enumerate(t.shape) if k not in axes)
-        ninf = _scalar_lit(-math.inf, "float32")
+        ninf = _scalar_lit(-math.inf, dt)
         return t.builder.bind(Op.BROADCAST, [ninf], {"shape": out_shape})
     m = max(t, axis=axes, keepdims=True)
     # the shift clamped to finite values: a row of -inf (or one holding +inf) shifted by its own
@@ -251,7 +268,7 @@ def logsumexp(a: Any, axis: Any = None, keepdims: bool = False) -> Tracer:
     out = add(log(s), shift)
     if not keepdims:
         out = reshape(out, tuple(d for k, d in enumerate(t.shape) if k not in axes))
-    return out
+    return _as_result(out, dt)
 
 
 def _arg(a: Any, axis: Any, keepdims: bool, largest: bool) -> Tracer:
@@ -281,7 +298,7 @@ def _arg(a: Any, axis: Any, keepdims: bool, largest: bool) -> Tracer:
     n = src.shape[ax]
     m = _reduce(Op.RMAX if largest else Op.RMIN, src, ax, True, name)
     hit = equal(src, m)
-    if src.var.dtype == "float32":
+    if dtypes.is_float(src.var.dtype):
         hit = where(_isnan(src), True, hit)
     iota = src.builder.bind(Op.IOTA, [], {"shape": src.shape, "axis": ax, "dtype": "int32"})
     out = _reduce(Op.RMIN, where(hit, iota, n), ax, False, name)
@@ -308,7 +325,7 @@ def _nan_extreme(a: Any, axis: Any, keepdims: bool, largest: bool) -> Tracer:
     name = "nanmax" if largest else "nanmin"
     t = _tracer(a)
     op = Op.RMAX if largest else Op.RMIN
-    if t.var.dtype != "float32":
+    if not dtypes.is_float(t.var.dtype):
         return _reduce(op, t, axis, keepdims, name)
     isnan = _isnan(t)
     skip = -math.inf if largest else math.inf  # NaN replaced by the reduction's identity
@@ -333,7 +350,7 @@ def nanmin(a: Any, axis: Any = None, keepdims: bool = False) -> Tracer:
 def nansum(a: Any, axis: Any = None, keepdims: bool = False) -> Tracer:
     """Sum over ``axis`` counting NaN as zero."""
     t = _tracer(a)
-    if t.var.dtype == "float32":
+    if dtypes.is_float(t.var.dtype):
         t = where(_isnan(t), 0.0, t)
     return sum(t, axis=axis, keepdims=keepdims)
 
@@ -342,11 +359,13 @@ def nansum(a: Any, axis: Any = None, keepdims: bool = False) -> Tracer:
 def nanmean(a: Any, axis: Any = None, keepdims: bool = False) -> Tracer:
     """Mean over ``axis`` of the values that are not NaN; NaN where every value is NaN."""
     t = _tracer(a)
-    if t.var.dtype != "float32":
+    if not dtypes.is_float(t.var.dtype):
         return mean(t, axis=axis, keepdims=keepdims)
+    dt = t.var.dtype
+    t = _float(t)
     nans = sum(astype(_isnan(t), "int32"), axis=axis, keepdims=keepdims)
     n = subtract(_count(t.shape, _norm_axes(axis, t.ndim)), nans)
     mean_ = divide(nansum(t, axis=axis, keepdims=keepdims), astype(n, "float32"))
     # no value left: NaN as numpy, selected (WGSL leaves 0 / 0 indeterminate)
-    return where(equal(n, 0), math.nan, mean_)
+    return _as_result(where(equal(n, 0), math.nan, mean_), dt)
 

@@ -92,7 +92,7 @@ def _array_api(x: Any, axis: Any, dtype: Any, include_initial: bool, reduce: str
     ax = _norm_axis(axis, out.ndim, f"{name}: axis")
     widths = tuple((1, 0) if k == ax else (0, 0) for k in range(out.ndim))
     value = scan_identity(reduce, out.var.dtype)
-    if out.var.dtype == "float32":
+    if dtypes.is_float(out.var.dtype):
         value = float(value)
     return out.builder.bind(Op.PAD, [out], {"widths": widths, "value": value})
 

@@ -20,6 +20,7 @@ from .sort import lower_sort
 from .split import split_reductions
 from .splitk import split_k
 from .verify import VerifyError, verify
+from .widen import widen_float16
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,8 @@ PIPELINE: list[tuple[str, Pass]] = [
     ("simplify", lambda p, o: simplify(p)),
     ("cse", lambda p, o: cse(p)),
     ("dce", lambda p, o: dce(p)),
+    # float16 operands of the kernels that compute on 32-bit words, and of sums, widened
+    ("widen_float16", lambda p, o: widen_float16(p)),
     # attention written out becomes one op of its own kernel (a fusion: not in unfused plans)
     ("attention", lambda p, o: rewrite_attention(p, o.target) if o.fuse else p),
     # primitives computed by kernels of their own kind become the ops those kernels compute
@@ -98,4 +101,4 @@ __all__ = ["PIPELINE", "Options", "run_pipeline", "INTERPRETER_PASSES", "run_int
            "simplify", "cse", "dce", "split_reductions",
            "split_k", "fuse", "plan_memory", "lower_scatter", "lower_scan", "lower_sort",
            "analyse", "MemoryAnalysis", "rewrite_attention", "verify", "VerifyError",
-           "used_inputs", "prepare_loops"]
+           "used_inputs", "prepare_loops", "widen_float16"]

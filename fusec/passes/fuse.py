@@ -54,6 +54,14 @@ REDUCING = REDUCE | {Op.PARTIAL}
 CONE_MAX = 16
 
 
+def _free_in_loads(e: Eqn) -> bool:
+    """Does ``e`` cost nothing where a matmul kernel loads its result from its operand's buffer?
+    A movement op rewrites the index; a cast of float16 to float32 is what loading an f16
+    element does anyway (a product of float16 with float32 reads the float16 operand as it is)."""
+    return e.op in MOVEMENT or (e.op is Op.CAST and e.inputs[0].dtype == "float16"
+                                and e.out.dtype == "float32")
+
+
 @dataclass(eq=False)
 class _Group:
     roots: list[Eqn]
@@ -104,11 +112,13 @@ class _Planner:
                 must = e.params.get("buffer_inputs", range(len(e.inputs)))
                 mat.update(id(e.inputs[j]) for j in must if isinstance(e.inputs[j], Var))
             if e.op in (Op.MATMUL, Op.ATTENTION):
-                # operands: only movement ops are recomputed per tile load; arithmetic is not
+                # operands: only movement ops (and float16 -> float32 casts, which a load does
+                # anyway) are recomputed per tile load; arithmetic is not
                 for a in e.inputs:
                     v = a
                     while isinstance(v, Var) and id(v) in self.producer and (
-                            self.producer[id(v)].op in MOVEMENT):
+                            self.producer[id(v)].op in MOVEMENT or e.op is Op.MATMUL
+                            and _free_in_loads(self.producer[id(v)])):
                         v = self.producer[id(v)].inputs[0]
                     if isinstance(v, Var):
                         mat.add(id(v))

@@ -9,6 +9,10 @@ passes treat the two like any matmul and reduction (an epilogue fuses into the s
 S is a power of two; where it does not divide K, the chunks are ceil(K / S) long and K is padded
 with zeros to S of them (a pad op, read through a clamped index and a select: no copy is made).
 Small products become an elementwise product and a sum over K instead (see REDUCE_OUTPUTS).
+
+A float16 product is split in float32 (its operands cast, which its kernels do as they load
+them, then the sum cast back), so the partial results are not rounded to float16: the product
+accumulates in float32 and rounds once, as it does unsplit.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 from .. import codegen
 from ..ir import Eqn, Op, Program, Var
 from .split import split_reductions
+from .widen import widen
 
 TILE_LIMIT = 1024  # products with fewer 16x16 output tiles than this are split...
 GROUPS = 4096  # ...into at most this many workgroups...
@@ -105,16 +110,22 @@ def _as_sum_wanted(e: Eqn) -> bool:
 
 
 def _as_sum(e: Eqn) -> list[Eqn]:
-    """``a @ b`` as ``(a[:, :, None] * b[None]).sum(axis=1)``."""
+    """``a @ b`` as ``(a[:, :, None] * b[None]).sum(axis=1)`` (float16: in float32)."""
     a, b = e.inputs
     assert isinstance(a, Var) and isinstance(b, Var)
     (m, k), n = a.shape, b.shape[1]
+    eqns: list[Eqn] = []
+    a, b = widen(a, eqns), widen(b, eqns)
     a3, b3 = Var((m, k, 1), a.dtype), Var((1, k, n), b.dtype)
-    prod = Var((m, k, n), e.out.dtype)
-    return [Eqn(Op.RESHAPE, (a,), (a3,), {"shape": (m, k, 1)}),
-            Eqn(Op.RESHAPE, (b,), (b3,), {"shape": (1, k, n)}),
-            Eqn(Op.MUL, (a3, b3), (prod,), {}),
-            Eqn(Op.SUM, (prod,), (e.out,), {"axes": (1,)})]
+    prod = Var((m, k, n), a.dtype)
+    out = e.out if e.out.dtype == a.dtype else Var(e.out.shape, a.dtype)
+    eqns += [Eqn(Op.RESHAPE, (a,), (a3,), {"shape": (m, k, 1)}),
+             Eqn(Op.RESHAPE, (b,), (b3,), {"shape": (1, k, n)}),
+             Eqn(Op.MUL, (a3, b3), (prod,), {}),
+             Eqn(Op.SUM, (prod,), (out,), {"axes": (1,)})]
+    if out is not e.out:
+        eqns.append(Eqn(Op.CAST, (out,), (e.out,), {"dtype": e.out.dtype}))
+    return eqns
 
 
 def split_k(prog: Program, target: str, sums: bool = True) -> Program:
@@ -137,6 +148,8 @@ def split_k(prog: Program, target: str, sums: bool = True) -> Program:
         a, b = e.inputs
         assert isinstance(a, Var) and isinstance(b, Var)
         (m, k), n = a.shape, b.shape[1]
+        a, b = widen(a, eqns), widen(b, eqns)  # (casts only for float16: Vars stay Vars)
+        assert isinstance(a, Var) and isinstance(b, Var)
         kc = -(-k // s)  # the last chunk is short where s does not divide K: zeros fill it
         if kc * s != k:
             ap, bp = Var((m, kc * s), a.dtype), Var((kc * s, n), b.dtype)
@@ -146,12 +159,15 @@ def split_k(prog: Program, target: str, sums: bool = True) -> Program:
         a3 = Var((m, s, kc), a.dtype)
         at = Var((s, m, kc), a.dtype)
         b3 = Var((s, kc, n), b.dtype)
-        part = Var((s, m, n), e.out.dtype)
+        part = Var((s, m, n), a.dtype)
+        total = e.out if e.out.dtype == a.dtype else Var(e.out.shape, a.dtype)
         eqns += [Eqn(Op.RESHAPE, (a,), (a3,), {"shape": (m, s, kc)}),
                  Eqn(Op.TRANSPOSE, (a3,), (at,), {"perm": (1, 0, 2)}),
                  Eqn(Op.RESHAPE, (b,), (b3,), {"shape": (s, kc, n)}),
                  Eqn(Op.MATMUL, (at, b3), (part,), {}),
-                 Eqn(Op.SUM, (part,), (e.out,), {"axes": (0,)})]
+                 Eqn(Op.SUM, (part,), (total,), {"axes": (0,)})]
+        if total is not e.out:
+            eqns.append(Eqn(Op.CAST, (total,), (e.out,), {"dtype": e.out.dtype}))
     out = Program(list(prog.inputs), eqns, list(prog.outputs))
     # the new sums over K are split like any long reduction (the pass leaves the rest as it is)
     return split_reductions(out, target) if made_sums else out
