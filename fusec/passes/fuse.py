@@ -88,7 +88,7 @@ class _Planner:
                 mat.update(id(o) for o in e.outs)
                 must = e.params.get("buffer_inputs", range(len(e.inputs)))
                 mat.update(id(e.inputs[j]) for j in must if isinstance(e.inputs[j], Var))
-            if e.op in (Op.MATMUL, Op.ATTENTION):
+            if e.op in (Op.MATMUL, Op.ATTENTION, Op.QMATMUL):
                 # operands: only movement ops are recomputed per tile load; arithmetic is not
                 for a in e.inputs:
                     v = a
