@@ -41,13 +41,14 @@ from . import tree as _tree
 from .errors import DTypeError, FusecError, ShapeError
 from .ir import Op
 from .numpy import matmul as _matmul
-from .numpy import reshape, transpose
+from .numpy import reshape, transpose, zeros
+from .numpy import take as _take
 from .numpy._base import _lift, _traceable
 from .ops import QUANT_BLOCK, QUANT_WORDS, dequant_numpy, quant_words_shape
 from .trace import Tracer
 
 __all__ = ["QuantizedMatrix", "WORDS", "BLOCK", "FORMATS", "FormatError", "from_gguf",
-           "quantize", "dequantize_numpy", "dequantize", "matmul"]
+           "quantize", "dequantize_numpy", "dequantize", "matmul", "take"]
 
 WORDS = dict(QUANT_WORDS)  # uint32 words per block of 32 values
 BLOCK = QUANT_BLOCK  # values per block
@@ -265,3 +266,22 @@ def matmul(x: Any, q: QuantizedMatrix) -> Tracer:
     rows = xt if xt.ndim == 2 else reshape(xt, (-1, k))
     y = _matmul(rows, transpose(dequantize(q)))
     return y if xt.ndim == 2 else reshape(y, lead + (n,))
+
+
+@_traceable
+def take(q: QuantizedMatrix, ids: Any) -> Tracer:
+    """Rows ``ids`` of the dequantised matrix, ``dequantize(q)[ids]`` (an embedding lookup),
+    dequantising only those rows: the words of the rows are gathered, then dequantised. ids:
+    integers of any shape (negative ones count from the end, then indices are clamped into
+    the rows, as ``x[ids]`` does); the result has shape ``ids.shape + (K,)``."""
+    q = _as_matrix(q, "quant.take")
+    n, k = q.shape
+    words = _words(q)
+    rows = _take(words, ids, axis=0, mode="promise_in_bounds")  # ids.shape + (words a row,)
+    lead = tuple(rows.shape[:-1])
+    flat = reshape(rows, (-1, rows.shape[-1]))
+    m = int(flat.shape[0])
+    if m == 0:  # no rows: nothing to dequantise (a dequant of zero rows is not a matrix)
+        return zeros(lead + (k,), dtype="float32")
+    out = flat.builder.bind(Op.DEQUANT, [flat], {"fmt": q.fmt, "shape": (m, k)})
+    return reshape(out, lead + (k,))

@@ -428,3 +428,44 @@ def test_errors_name_the_argument(rng: np.random.Generator) -> None:
         quant.quantize(np.ones(32, np.float32), "q8_0")
     with pytest.raises(TypeError, match="inside a jitted function use fusec.quant.dequantize"):
         fusec.gpu_jit(lambda q: quant.dequantize_numpy(q))(q)
+
+
+def test_take_rows(rng: np.random.Generator) -> None:
+    """An embedding lookup: only the rows asked for are dequantised (a gather of words, then a
+    dequant of those rows)."""
+    q = quant.quantize(_weights(rng, 300, 64), "q8_0")
+    w = quant.dequantize_numpy(q)
+    ids = np.array([[3, 0, 299], [-1, 17, 3]], dtype=np.int32)
+    f = fusec.gpu_jit(lambda ids, q: quant.take(q, ids))
+    got = np.asarray(f(ids, q))
+    assert got.shape == (2, 3, 64)
+    np.testing.assert_array_equal(got, w[ids])
+    dq = [e for e in f.trace(ids, q).ir.eqns if e.op is Op.DEQUANT]
+    assert len(dq) == 1 and dq[0].params["shape"] == (6, 64)
+    np.testing.assert_array_equal(np.asarray(quant.take(q, 5)), w[5])
+    assert np.asarray(quant.take(q, np.zeros(0, np.int32))).shape == (0, 64)
+
+
+@pytest.mark.parametrize("target", ["gpu", "cpu"])
+def test_trusted_and_checked_kernels_agree(target: str, rng: np.random.Generator) -> None:
+    """Kernels compile as trusted modules (no bounds checks): with wgpu's checks back
+    (FUSEC_SHADER_CHECKS) the results are the same, so no index strays (partial workgroups,
+    clamped units, a view of x)."""
+    q = quant.quantize(_weights(rng, 37, 96), "q4_1")
+    x = rng.standard_normal((3, 96)).astype(np.float32)
+    got = {}
+    try:
+        with forced_target(target):
+            for on in (False, True):
+                fusec.config.set("shader_checks", 1 if on else 0)
+                f = fusec.gpu_jit(lambda x, q: (quant.matmul(x, q), quant.matmul(x[::-1], q),
+                                                quant.dequantize(q)))
+                got[on] = [np.asarray(v) for v in f(x, q)]
+    finally:
+        fusec.config.set("shader_checks", None)
+    w = quant.dequantize_numpy(q)
+    for a, b in zip(got[False], got[True]):
+        np.testing.assert_array_equal(a, b)
+    _check_product(got[False][0], x, w)
+    _check_product(got[False][1], x[::-1], w)
+    np.testing.assert_array_equal(got[False][2], w)
