@@ -469,3 +469,18 @@ def test_trusted_and_checked_kernels_agree(target: str, rng: np.random.Generator
     _check_product(got[False][0], x, w)
     _check_product(got[False][1], x[::-1], w)
     np.testing.assert_array_equal(got[False][2], w)
+
+
+def test_user_guide_snippet_runs() -> None:
+    """The first code block of the user guide's Quantized weights section runs and gives the
+    product it says, in one qmatmul kernel."""
+    import re
+
+    text = (REPO / "docs" / "user-guide.md").read_text()
+    section = text.split("\n## Quantized weights\n", 1)[1].split("\n## ", 1)[0]
+    block = re.findall(r"```python\n(.*?)```", section, re.S)[0]
+    ns: dict[str, Any] = {}
+    exec(compile(block, "user-guide.md#quantized-weights", "exec"), ns)  # noqa: S102
+    assert [k.name for k in ns["up"].lower(ns["x"], ns["q"]).kernels] == ["k0_quant_qmatmul"]
+    _check_product(np.asarray(ns["y"]), ns["x"], ns["w_back"])
+    assert np.abs(ns["w_back"] - ns["w"]).max() < 0.5  # within half a 4-bit step of N(0, 1)

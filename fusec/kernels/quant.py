@@ -14,7 +14,8 @@ summed into one float32 accumulator per row of x.
 On GPUs a *team* of :func:`team` threads (4 to 64, a power of two) shares a weight row: thread t
 takes units t, t + team, ... of the row, so that consecutive threads read consecutive words of
 the weights and consecutive vec4s of x (both coalesced). Each thread first issues the loads of
-all its units (up to :data:`UNROLL` at a time), then does the arithmetic. The team's partial sums
+all its units (up to :data:`UNROLL` at a time; the units past the row's end load a clamped one
+and skip the arithmetic), then does the arithmetic. The team's partial sums
 meet in a tree in workgroup memory; the workgroup (:data:`WORKGROUP` threads, fewer where its
 workgroup memory would not hold ``threads x rows of x`` floats) holds ``WORKGROUP / team`` weight
 rows and stores their outputs as runs of consecutive columns. On software adapters (target
@@ -97,7 +98,7 @@ def fits(rows: int, n: int, k: int, target: str) -> bool:
     loop budget."""
     if not 1 <= rows <= QMATMUL_M or n < 1 or k < QUANT_BLOCK or k % QUANT_BLOCK:
         return False
-    return target == "gpu" or -(-units(k) // UNROLL) <= LOOP_BUDGET
+    return target == "gpu" or units(k) <= LOOP_BUDGET  # a thread walks its row's units
 
 
 def _loads(fmt: str, j: int, unit: str, rowbase: str, src: str) -> list[str]:
@@ -195,14 +196,10 @@ def _generate_qmatmul(kernel: Eqn, target: str, workgroup_storage: int) -> Kerne
         # every load is issued (from a clamped, valid unit) before any arithmetic
         lines.append(f"{ind}let u{j} = min(ux + {j * t}u, {u_row - 1}u);")
         lines += [ind + s for s in _loads(fmt, j, f"u{j}", "rowbase", wsrc)]
-    guarded = u_row % step != 0
+    guarded = u_row % step != 0  # some threads' last units lie past the row's end
+    inner = ind + "    "
     for j in range(unroll):
-        inner = ind + "    " if guarded else ind
-        if guarded:
-            lines.append(f"{ind}if (ux + {j * t}u < {u_row}u) {{")
-        else:
-            lines.append(f"{ind}{{")
-            inner = ind + "    "
+        lines.append(f"{ind}if (ux + {j * t}u < {u_row}u) {{" if guarded else f"{ind}{{")
         lines += [inner + s for s in _dequant(fmt, j)]
         for m in range(rows):
             if vec:
