@@ -18,6 +18,7 @@ from . import (  # noqa: E402
     lax,
     nn,
     numpy,
+    quant,
     random,
     tree_util,
 )
@@ -47,6 +48,6 @@ __all__ = [
     "IndexingError", "JitFunction", "Lowered", "ShapeDtype", "ShapeError", "SignatureError",
     "StaticArgumentError", "TraceError", "Traced", "TracerBoolConversionError", "cache_info",
     "clear_cache", "config", "default_device", "device_put", "gpu_jit", "lax", "nn", "numpy",
-    "random", "tree_util", "vmap", "warmup_from", "grad", "value_and_grad", "vjp", "jvp",
+    "quant", "random", "tree_util", "vmap", "warmup_from", "grad", "value_and_grad", "vjp", "jvp",
     "jacrev", "jacfwd", "custom_vjp", "stop_gradient", "profile",
 ]

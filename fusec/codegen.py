@@ -39,6 +39,7 @@ from .emit import (  # noqa: F401 - re-exported: part of codegen's interface
 from .ir import MOVEMENT, REDUCE, Eqn, Lit, Op, Program, Shape, Var, reduced_ends
 from .kernels import GENERATORS
 from .kernels import attention as _attention
+from .kernels import quant as _quant
 from .ops import REDUCTIONS, wgsl_literal
 
 TILE = 16  # matmul tile edge
@@ -147,7 +148,9 @@ def tuning() -> dict[str, Any]:
             "gemv": (GEMV, GEMV_M, GEMV_K_TILE, GEMV_UNROLL),
             "fewcol": (FEWCOL, FEWCOL_M, FEWCOL_K_TILE),
             "matmul": (MATMUL_BLOCK, MATMUL_LARGE, MATMUL_MEDIUM, MATMUL_SMALL, MATMUL_EPILOGUE),
-            "attention": (_attention.ROWS, _attention.MAX_TILE, _attention.MAX_HEAD)}
+            "attention": (_attention.ROWS, _attention.MAX_TILE, _attention.MAX_HEAD),
+            "quant": (_quant.QMATMUL_M, _quant.WORKGROUP, _quant.MAX_TEAM, _quant.UNROLL,
+                      _quant.CPU_ROWS)}
 
 
 def generate(kernel: Eqn, target: str = "gpu",

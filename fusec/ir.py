@@ -156,6 +156,16 @@ class Op(Enum):
     # * scale + bias) @ v along T, without the S x T scores in memory. Only the rewrite pass
     # makes it, from that computation written out (matmul, scale, bias, softmax, matmul).
     ATTENTION = "attention"
+    # quantized weights: section owned by fusec.quant / fusec.passes.quant / fusec.kernels.quant
+    # A GGUF-style quantized matrix of shape (N, K) is held as u32 words, one row of K // 32
+    # blocks of 32 values per matrix row: params fmt ("q4_1" | "q8_0"; words per block in
+    # fusec.ops.QUANT_WORDS, the layout in fusec.quant's docstring) and shape (N, K).
+    # dequant: words u32[N, K // 32 * words] -> f32[N, K], the dequantised matrix.
+    DEQUANT = "dequant"
+    # qmatmul: inputs x f32[..., K] and the words; params fmt, n, k: x @ dequant(words).T ->
+    # f32[..., N] without the dequantised matrix in memory. Only fusec.passes.quant makes it,
+    # from matmul(x, transpose(dequant(words))) with few rows of x.
+    QMATMUL = "qmatmul"
     # sort: section owned by fusec.passes.sort / fusec.kernels.sort
     # argsort: params descending; x[..., n] -> int32[..., n], the stable order of x's last axis
     # (NaN after everything, -0.0 equal to 0.0; descending: the order of the inverted keys, ties
@@ -226,6 +236,8 @@ KERNEL_KIND: dict[Op, str] = {}
 KERNEL_KIND[Op.SCAN_REDUCE] = "scan"
 KERNEL_KIND[Op.SCAN] = "scan"
 KERNEL_KIND[Op.ATTENTION] = "attention"
+KERNEL_KIND[Op.DEQUANT] = "quant"
+KERNEL_KIND[Op.QMATMUL] = "quant"
 # scatter's stages (the primitive itself is lowered before fusion)
 KERNEL_KIND[Op.SCATTER_ADD] = "scatter"
 KERNEL_KIND[Op.SCATTER_INTO] = "scatter"

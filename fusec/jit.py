@@ -390,6 +390,8 @@ def _cost(prog: Program) -> tuple[int, int]:
             elif be.op is Op.ATTENTION:
                 q, kt, v = be.inputs[:3]
                 flops += 2 * math.prod(q.shape[:-1]) * kt.shape[-1] * (q.shape[-1] + v.shape[-1])
+            elif be.op is Op.QMATMUL:
+                flops += 2 * math.prod(be.out.shape) * int(be.params["k"])
             elif be.op in REDUCE:
                 flops += be.inputs[0].size if isinstance(be.inputs[0], Var) else 1
             elif be.op not in MOVEMENT:

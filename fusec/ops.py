@@ -2287,8 +2287,8 @@ JVP_RULES.update({Op.MATMUL: _matmul_jvp, Op.GATHER: _linear_jvp, Op.SCATTER: _s
 # integer results: nothing to differentiate (rules that say so, so that coverage is checkable)
 NO_DERIVATIVE = frozenset({Op.IOTA, Op.ARGSORT, Op.SEARCHSORTED})
 # ops that only exist after the lowering passes; autodiff runs on traced programs, before them
-LOWERED_ONLY = frozenset({Op.PARTIAL, Op.ATTENTION, Op.SCATTER_ADD, Op.SCATTER_INTO,
-                          Op.SCAN_REDUCE, Op.SCAN, Op.RADIX_HIST, Op.RADIX_SCAN,
+LOWERED_ONLY = frozenset({Op.PARTIAL, Op.ATTENTION, Op.QMATMUL, Op.SCATTER_ADD,
+                          Op.SCATTER_INTO, Op.SCAN_REDUCE, Op.SCAN, Op.RADIX_HIST, Op.RADIX_SCAN,
                           Op.RADIX_SCATTER, Op.SORT_BLOCKS, Op.SORT_MERGE, Op.KERNEL})
 # the custom_vjp marker's reverse rule is fusec.autodiff's (it calls the user's function)
 TYPE_RULES[Op.CUSTOM_VJP] = lambda ins, p: ins[0]
@@ -2328,6 +2328,110 @@ def attention_numpy(args: Sequence[np.ndarray], params: dict[str, Any],
 
 TYPE_RULES[Op.ATTENTION] = _attention_type
 NUMPY_RULES[Op.ATTENTION] = attention_numpy
+
+
+# --- quantized weights (fusec.quant, fusec.passes.quant, fusec.kernels.quant) --------------------
+# A matrix of shape (N, K) in GGUF's block formats, K a multiple of QUANT_BLOCK, held as uint32
+# words, each matrix row its K // 32 blocks one after another:
+#   q4_1, 5 words a block: word 0 = f16 scale d (low 16 bits) | f16 minimum m (high 16 bits);
+#     words 1..4 = 16 bytes, little-endian, byte j holding value j in its low nibble and value
+#     j + 16 in its high nibble: x = d * q + m, q in 0..15
+#   q8_0, 9 words a block: word 0 = f16 scale d (low 16 bits; the high ones 0); words 1..8 =
+#     the 32 int8 values, little-endian: x = d * q
+# The words are exactly GGUF's block bytes for q4_1 (20 bytes); q8_0's 34 bytes get two bytes of
+# padding after the scale, so that every block starts on a word.
+
+QUANT_BLOCK = 32
+QUANT_WORDS = {"q4_1": 5, "q8_0": 9}
+
+
+def quant_words_shape(fmt: str, shape: Shape) -> Shape:
+    """The shape of the words holding a matrix of ``shape`` (N, K) in format ``fmt``."""
+    n, k = shape
+    return (n, k // QUANT_BLOCK * QUANT_WORDS[fmt])
+
+
+def _quant_params(params: dict[str, Any], what: str) -> tuple[str, int, int]:
+    fmt = params["fmt"]
+    if fmt not in QUANT_WORDS:
+        raise ShapeError(f"{what}: unknown quantization format {fmt!r}; expected one of "
+                         f"{sorted(QUANT_WORDS)}")
+    if "shape" in params:
+        n, k = (int(d) for d in params["shape"])
+    else:
+        n, k = int(params["n"]), int(params["k"])
+    if n < 0 or k < 0 or k % QUANT_BLOCK:
+        raise ShapeError(f"{what}: a quantized matrix's K must be a multiple of {QUANT_BLOCK}; "
+                         f"got shape ({n}, {k})")
+    return fmt, n, k
+
+
+def _check_words(in_type: tuple[Shape, str], fmt: str, n: int, k: int, what: str) -> None:
+    shape, dt = in_type
+    want = quant_words_shape(fmt, (n, k))
+    if dt != "uint32" or tuple(shape) != want:
+        raise ShapeError(f"{what}: the {fmt} words of a ({n}, {k}) matrix must be uint32 of "
+                         f"shape {want}; got {dt} of shape {tuple(shape)}")
+
+
+def _dequant_type(in_types: Sequence[tuple[Shape, str]], params: dict[str, Any]
+                  ) -> tuple[Shape, str]:
+    fmt, n, k = _quant_params(params, "dequant")
+    _check_words(in_types[0], fmt, n, k, "dequant")
+    return (n, k), "float32"
+
+
+def _qmatmul_type(in_types: Sequence[tuple[Shape, str]], params: dict[str, Any]
+                  ) -> tuple[Shape, str]:
+    fmt, n, k = _quant_params(params, "qmatmul")
+    (xs, xdt), words = in_types
+    if xdt != "float32" or len(xs) < 1 or xs[-1] != k:
+        raise ShapeError(f"qmatmul: x must be float32 of shape (..., {k}); got {xdt} of shape "
+                         f"{tuple(xs)}")
+    _check_words(words, fmt, n, k, "qmatmul")
+    return tuple(xs[:-1]) + (n,), "float32"
+
+
+def dequant_numpy(words: np.ndarray, fmt: str, shape: Shape) -> np.ndarray:
+    """The float32 (N, K) matrix the words hold: each value d * q (+ m) computed in float32,
+    as GGUF's reference dequantisation does."""
+    n, k = (int(d) for d in shape)
+    nb = k // QUANT_BLOCK
+    w = np.ascontiguousarray(words, dtype=np.uint32).reshape(n, nb, QUANT_WORDS[fmt])
+    scales = (w[..., 0] & np.uint32(0xFFFF)).astype(np.uint16).view(np.float16)
+    d = scales.astype(np.float32)[..., None]
+    raw = np.ascontiguousarray(w[..., 1:]).astype("<u4").view(np.uint8)  # (n, nb, bytes)
+    if fmt == "q4_1":
+        mins = (w[..., 0] >> np.uint32(16)).astype(np.uint16).view(np.float16)
+        q = np.concatenate([raw & np.uint8(15), raw >> np.uint8(4)], axis=-1)
+        vals = d * q.astype(np.float32) + mins.astype(np.float32)[..., None]
+    else:
+        vals = raw.view(np.int8).astype(np.float32) * d
+    return vals.reshape(n, k)
+
+
+def _dequant_numpy(args: Sequence[np.ndarray], params: dict[str, Any],
+                   out: tuple[Shape, str]) -> np.ndarray:
+    return dequant_numpy(args[0], params["fmt"], tuple(params["shape"]))
+
+
+def qmatmul_numpy(args: Sequence[np.ndarray], params: dict[str, Any],
+                  out: tuple[Shape, str]) -> np.ndarray:
+    """The reference: x @ dequant(words).T in float32 (what the rewritten matmul computed)."""
+    x, words = args
+    w = dequant_numpy(words, params["fmt"], (params["n"], params["k"]))
+    rows = np.asarray(x, dtype=np.float32).reshape(-1, int(params["k"]))
+    return (rows @ w.T).reshape(out[0]).astype(np.float32)
+
+
+TYPE_RULES[Op.DEQUANT] = _dequant_type
+NUMPY_RULES[Op.DEQUANT] = _dequant_numpy
+TYPE_RULES[Op.QMATMUL] = _qmatmul_type
+NUMPY_RULES[Op.QMATMUL] = qmatmul_numpy
+# the words are integers: nothing to differentiate them by (x's derivative through a quantized
+# product is the matmul's own rule: the program traces matmul(x, transpose(dequant(words))))
+VJP_RULES[Op.DEQUANT] = lambda b, op, p, ins, outs, cts: [None]
+JVP_RULES[Op.DEQUANT] = lambda b, op, p, ins, outs, tangents: [None]
 
 
 def matmul_shape(a: Shape, b: Shape) -> Shape:
@@ -2632,6 +2736,17 @@ def _batch_custom_vjp(b: Any, args: Sequence[Any], dims: Sequence[BatchDim],
     return b.bind(Op.CUSTOM_VJP, list(args), params), dims[0]
 
 
+def _batch_dequant(b: Any, args: Sequence[Any], dims: Sequence[BatchDim], params: dict[str, Any]
+                   ) -> tuple[Any, BatchDim]:
+    # a stack of quantized matrices of one shape: dequantised as one matrix of stacked rows
+    words = _move_axis(b, args[0], dims[0], 0)
+    size, n, w = (int(s) for s in words.shape)
+    k = int(params["shape"][1])
+    rows = b.bind(Op.RESHAPE, [words], {"shape": (size * n, w)})
+    out = b.bind(Op.DEQUANT, [rows], {**params, "shape": (size * n, k)})
+    return b.bind(Op.RESHAPE, [out], {"shape": (size, n, k)}), 0
+
+
 BATCH_RULES: dict[Op, BatchRule] = {
     # the table's rows and the two elementwise ops with params (CAST, IPOW) that have none
     **{op: _elementwise_rule(op) for op in [*ELEMENTWISE, Op.CAST, Op.IPOW]},
@@ -2650,4 +2765,5 @@ BATCH_RULES: dict[Op, BatchRule] = {
     Op.SORT: _sort_rule(Op.SORT),
     Op.SEARCHSORTED: _batch_searchsorted,
     Op.CUSTOM_VJP: _batch_custom_vjp,
+    Op.DEQUANT: _batch_dequant,
 }

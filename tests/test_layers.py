@@ -17,7 +17,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("dtypes",),
     ("ops",),
     ("interpret", "trace"),
-    ("numpy", "nn", "lax", "random", "control_flow"),
+    ("numpy", "nn", "lax", "random", "control_flow", "quant"),
     ("emit", "kernels", "codegen"),
     ("passes",),
     ("runtime",),

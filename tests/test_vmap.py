@@ -27,7 +27,7 @@ from test_numeric import TABLE
 
 import fusec
 import fusec.numpy as fnp
-from fusec import ops
+from fusec import ops, quant
 from fusec.ir import Op
 from fusec.tree import flatten
 
@@ -359,6 +359,11 @@ def _structural_cases(rng: np.random.Generator) -> list[VCase]:
           [np.sort(rng.random((3, 6)) < 0.5, axis=1), rng.random((3, 2)) < 0.5], (0, 0), 3),
         # a custom_vjp function's marker (its derivative: test_custom_vjp_under_vmap_and_grad)
         C("custom_vjp", lambda x: _straight_round(x, 2.0) - x, [f(3, 4)], (0,), 3),
+        # quantized weights: a stack of matrices' words (the batch axis between their rows and
+        # their words), each dequantised
+        C("dequant", lambda d: quant.dequantize(quant.QuantizedMatrix("q8_0", (3, 64), d)),
+          [np.stack([quant.quantize(f(3, 64), "q8_0").data for _ in range(4)], axis=1)],
+          (1,), 4),
         # compiled loops (fusec.lax): the batch axis moved to the front of the carries; a carry
         # that only an invariant batches; a while loop whose examples stop at different times
         C("fori_loop", lambda x, w: fusec.lax.fori_loop(0, 6, lambda k, c: c * w + k, x),

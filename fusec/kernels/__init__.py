@@ -9,11 +9,12 @@ from collections.abc import Callable
 
 from ..emit import KernelCode
 from ..ir import Eqn
-from . import attention, scan, scatter, sort
+from . import attention, quant, scan, scatter, sort
 
 GENERATORS: dict[str, Callable[[Eqn, str, int], KernelCode]] = {
     "scatter": scatter.generate,
     "scan": scan.generate,
     "sort": sort.generate,
     "attention": attention.generate,
+    "quant": quant.generate,
 }

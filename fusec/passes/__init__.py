@@ -13,6 +13,7 @@ from .dce import dce, used_inputs
 from .fuse import fuse
 from .loops import prepare_loops
 from .memory import MemoryAnalysis, analyse, plan_memory
+from .quant import rewrite_quant
 from .scan import lower_scan
 from .scatter import lower_scatter
 from .simplify import simplify
@@ -53,6 +54,9 @@ PIPELINE: list[tuple[str, Pass]] = [
     ("widen_float16", lambda p, o: widen_float16(p)),
     # attention written out becomes one op of its own kernel (a fusion: not in unfused plans)
     ("attention", lambda p, o: rewrite_attention(p, o.target) if o.fuse else p),
+    # products with a quantized matrix and few rows become one op whose kernel dequantises the
+    # weights in registers (a fusion too)
+    ("quant", lambda p, o: rewrite_quant(p, o.target) if o.fuse else p),
     # primitives computed by kernels of their own kind become the ops those kernels compute
     ("lower_scatter", lambda p, o: lower_scatter(p, o.target, in_loop=o.loop_carries >= 0)),
     ("lower_scan", lambda p, o: lower_scan(p, o.target)),
@@ -100,5 +104,5 @@ def run_pipeline(prog: Program, opts: Options, check: bool | None = None) -> Pro
 __all__ = ["PIPELINE", "Options", "run_pipeline", "INTERPRETER_PASSES", "run_interpreter_pipeline",
            "simplify", "cse", "dce", "split_reductions",
            "split_k", "fuse", "plan_memory", "lower_scatter", "lower_scan", "lower_sort",
-           "analyse", "MemoryAnalysis", "rewrite_attention", "verify", "VerifyError",
-           "used_inputs", "prepare_loops", "widen_float16"]
+           "analyse", "MemoryAnalysis", "rewrite_attention", "rewrite_quant", "verify",
+           "VerifyError", "used_inputs", "prepare_loops", "widen_float16"]

@@ -111,7 +111,7 @@ class _Planner:
                 mat.update(id(o) for o in e.outs)
                 must = e.params.get("buffer_inputs", range(len(e.inputs)))
                 mat.update(id(e.inputs[j]) for j in must if isinstance(e.inputs[j], Var))
-            if e.op in (Op.MATMUL, Op.ATTENTION):
+            if e.op in (Op.MATMUL, Op.ATTENTION, Op.QMATMUL):
                 # operands: only movement ops (and float16 -> float32 casts, which a load does
                 # anyway) are recomputed per tile load; arithmetic is not
                 for a in e.inputs:

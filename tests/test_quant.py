@@ -1,0 +1,486 @@
+"""Quantized weights (fusec.quant): GGUF's q4_1 and q8_0 layouts, their dequantisation, and
+products whose dequantisation runs in the product's kernel (fusec.passes.quant,
+fusec.kernels.quant). Against float64 numpy on the dequantised matrix, on odd sizes, both
+targets' kernels, NaN in x, views of x, the interpreter, and the errors users meet."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import gguf
+import numpy as np
+import pytest
+from helpers import forced_target
+
+import fusec
+import fusec.numpy as fnp
+from fusec import quant
+from fusec.errors import DTypeError, ShapeError
+from fusec.interpret import evaluate
+from fusec.ir import Op
+from fusec.kernels import quant as quant_kernels
+from fusec.passes import Options, run_pipeline
+
+REPO = Path(__file__).resolve().parent.parent
+FORMATS = ("q4_1", "q8_0")
+GGUF_TYPE = {"q4_1": gguf.GGMLQuantizationType.Q4_1, "q8_0": gguf.GGMLQuantizationType.Q8_0}
+
+
+def _weights(rng: np.random.Generator, n: int, k: int) -> np.ndarray:
+    """Rows of different scales (so that the f16 scales differ), some blocks constant."""
+    w = rng.standard_normal((n, k)) * rng.uniform(0.05, 4.0, (n, 1))
+    if n > 2:
+        w[1, :32] = 0.0  # d = 0
+        w[2, :32] = -1.25  # max == min
+    return w.astype(np.float32)
+
+
+def _kinds(lowered: Any) -> list[tuple[str, str]]:
+    return [(k.kind, k.name) for k in lowered.kernels]
+
+
+def _qmatmuls(lowered: Any) -> int:
+    return sum(1 for kind, name in _kinds(lowered) if kind == "quant" and "qmatmul" in name)
+
+
+def _check_product(got: np.ndarray, x: np.ndarray, w: np.ndarray) -> None:
+    """float32 accumulation of K products against float64: K roundings of |x||w| at most."""
+    x64, w64 = x.astype(np.float64), w.astype(np.float64)
+    ref = x64 @ w64.T
+    bound = np.abs(x64) @ np.abs(w64).T * (x.shape[-1] * 2.0 ** -23) + 1e-30
+    err = np.abs(got.astype(np.float64) - ref)
+    assert (err <= bound).all(), f"max error {err.max()} over bound {bound[err > bound].min()}"
+
+
+# --- layout: GGUF bytes, quantize, reference dequantisation ---------------------------------------
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_gguf_bytes_round_trip_against_gguf(fmt: str, rng: np.random.Generator) -> None:
+    w = _weights(rng, 13, 96)
+    raw = gguf.quants.quantize(w, GGUF_TYPE[fmt])  # uint8 (13, 3 * bytes per block)
+    q = quant.from_gguf(raw, fmt, w.shape)
+    assert q.data.dtype == np.uint32 and q.data.shape == (13, 3 * quant.WORDS[fmt])
+    want = gguf.quants.dequantize(raw, GGUF_TYPE[fmt])
+    np.testing.assert_array_equal(quant.dequantize_numpy(q), want)
+    # our quantizer rounds as the reference one: the same words
+    np.testing.assert_array_equal(quant.quantize(w, fmt).data, q.data)
+    # raw bytes flattened (any shape with the right count) give the same matrix
+    np.testing.assert_array_equal(quant.from_gguf(raw.reshape(-1), fmt, w.shape).data, q.data)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_layout_by_hand(fmt: str) -> None:
+    """One block built byte by byte as the GGUF layout says."""
+    d, m = np.float16(0.5), np.float16(-3.0)
+    if fmt == "q4_1":
+        q = np.arange(32) % 16
+        nib = (q[:16] | (q[16:] << 4)).astype(np.uint8)
+        raw = np.concatenate([np.array([d]).view(np.uint8), np.array([m]).view(np.uint8), nib])
+        want = 0.5 * q - 3.0
+        words0 = int(np.array([d]).view(np.uint16)[0]) | int(np.array([m]).view(np.uint16)[0]) << 16
+    else:
+        q = np.arange(-16, 16, dtype=np.int8) * 4 + 3
+        raw = np.concatenate([np.array([d]).view(np.uint8), q.view(np.uint8)])
+        want = 0.5 * q.astype(np.float64)
+        words0 = int(np.array([d]).view(np.uint16)[0])
+    qm = quant.from_gguf(raw[None, :], fmt, (1, 32))
+    assert int(qm.data[0, 0]) == words0
+    assert int(qm.data[0, 1]) == int.from_bytes(raw[4:8].tobytes() if fmt == "q4_1"
+                                                else raw[2:6].tobytes(), "little")
+    np.testing.assert_array_equal(quant.dequantize_numpy(qm), want.astype(np.float32)[None])
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_quantize_error_is_within_half_a_step(fmt: str, rng: np.random.Generator) -> None:
+    w = _weights(rng, 9, 64)
+    back = quant.dequantize_numpy(quant.quantize(w, fmt)).astype(np.float64)
+    blocks = w.reshape(9, 2, 32).astype(np.float64)
+    if fmt == "q4_1":
+        step = (blocks.max(-1) - blocks.min(-1)) / 15
+    else:
+        step = np.abs(blocks).max(-1) / 127
+    # half a step, plus the f16 roundings of the scale (and the minimum)
+    tol = step[..., None] * 0.5 + np.abs(blocks).max(-1, keepdims=True) * 2e-3 + 1e-6
+    assert (np.abs(back.reshape(9, 2, 32) - blocks) <= tol).all()
+
+
+# --- dequantize on the device ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_dequantize_eager_and_jit(fmt: str, rng: np.random.Generator) -> None:
+    words = rng.integers(0, 2 ** 32, size=(5, 3 * quant.WORDS[fmt]), dtype=np.uint64)
+    words = words.astype(np.uint32)
+    words[:, :: quant.WORDS[fmt]] &= np.uint32(0x3BFF3BFF)  # finite f16 scales (|d|, |m| < 1)
+    if fmt == "q8_0":
+        words[:, :: quant.WORDS[fmt]] &= np.uint32(0xFFFF)
+    q = quant.QuantizedMatrix(fmt, (5, 96), words)
+    want = quant.dequantize_numpy(q)
+    assert np.isfinite(want).all() and len(np.unique(want)) > 50
+    np.testing.assert_array_equal(np.asarray(quant.dequantize(q)), want)
+    f = fusec.gpu_jit(lambda q: quant.dequantize(q) * 2.0)
+    assert [k for k, _ in _kinds(f.lower(q))] == ["quant", "elementwise"]
+    np.testing.assert_array_equal(np.asarray(f(q)), want * 2)
+    # on the device already
+    qd = fusec.tree_util.tree_map(fusec.device_put, q)
+    assert isinstance(qd.data, fusec.Array)
+    np.testing.assert_array_equal(np.asarray(quant.dequantize(qd)), want)
+
+
+# --- products -------------------------------------------------------------------------------------
+
+NK = [(n, k) for n in (1, 7, 192, 577) for k in (32, 96, 576)]
+
+
+def _products(fmt: str, m: int, rng: np.random.Generator, nk: list[tuple[int, int]] = NK
+              ) -> None:
+    """Every (N, K) of ``nk`` with ``m`` rows of x in one jitted program: one qmatmul kernel
+    each up to QMATMUL_M rows, a dequant and a matmul each beyond."""
+    qs = [quant.quantize(_weights(rng, n, k), fmt) for n, k in nk]
+    xs = [rng.standard_normal((m, k)).astype(np.float32) for _, k in nk]
+    f = fusec.gpu_jit(lambda xs, qs: [quant.matmul(x, q) for x, q in zip(xs, qs)])
+    kinds = _kinds(f.lower(xs, qs))
+    if m <= quant_kernels.QMATMUL_M:
+        assert [kind for kind, _ in kinds] == ["quant"] * len(nk), kinds
+        assert _qmatmuls(f.lower(xs, qs)) == len(nk)
+    else:
+        assert sorted(name.split("_", 1)[1] for _, name in kinds) == sorted(
+            ["quant_dequant", "mm_matmul"] * len(nk)), kinds
+    for got, x, q in zip(f(xs, qs), xs, qs):
+        assert got.shape == (m, q.shape[0])
+        _check_product(np.asarray(got), x, quant.dequantize_numpy(q))
+
+
+# every N and K once (lavapipe compiles each kernel in a few tenths of a second)
+SOME_NK = [(1, 32), (7, 96), (192, 576), (577, 96)]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("m, nk", [(1, NK), (3, SOME_NK), (8, SOME_NK), (16, [(577, 576)]),
+                                   (17, SOME_NK), (40, SOME_NK)])
+def test_matmul_every_size(fmt: str, m: int, nk: list[tuple[int, int]],
+                           rng: np.random.Generator) -> None:
+    """Fused up to QMATMUL_M = 16 rows, dequant + matmul from 17 on."""
+    _products(fmt, m, rng, nk)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("m, nk", [
+    (1, [(1, 32), (7, 96), (577, 576), (65, 1536)]),
+    (5, [(192, 96), (33, 576)]),
+    (16, [(67, 96)]),
+])
+def test_matmul_gpu_target_kernels(fmt: str, m: int, nk: list[tuple[int, int]],
+                                   rng: np.random.Generator) -> None:
+    """The GPU target's kernel (teams of threads per weight row, a tree in workgroup memory) run
+    here too: teams of 4 (K = 32, 96), 16 (576) and 32 (1536), all units of a thread's loads
+    issued first (1 to 6), partial last workgroups. (Few rows of x where K is long: lavapipe
+    takes seconds to compile the unrolled kernels.)"""
+    with forced_target("gpu"):
+        _products(fmt, m, rng, nk)
+
+
+def test_batched_x_one_dimensional_x_and_the_matrix_on_the_left(rng: np.random.Generator) -> None:
+    """quant.matmul over leading axes, ``x @ dequantize(q).T`` written out with batch axes (the
+    weight broadcast), a 1-D x, and ``dequantize(q) @ v``: each one qmatmul kernel while the rows
+    are few; 18 rows are not."""
+    q = quant.quantize(_weights(rng, 37, 64), "q4_1")
+    w = quant.dequantize_numpy(q)
+    x3 = rng.standard_normal((2, 3, 64)).astype(np.float32)
+    x18 = rng.standard_normal((2, 9, 64)).astype(np.float32)
+    v = rng.standard_normal(64).astype(np.float32)
+    vm = rng.standard_normal((64, 3)).astype(np.float32)
+    cases = [
+        ("matmul 3-d", lambda x, q: quant.matmul(x, q), x3, 1),
+        ("@ 3-d", lambda x, q: x @ quant.dequantize(q).T, x3, 1),
+        ("@ 3-d, 18 rows", lambda x, q: x @ quant.dequantize(q).T, x18, 0),
+        ("matmul 1-d", lambda x, q: quant.matmul(x, q), v, 1),
+        ("w @ v", lambda x, q: quant.dequantize(q) @ x, v, 1),
+        ("w @ V", lambda x, q: quant.dequantize(q) @ x, vm, 1),
+        ("matmul 3-d, 18 rows", lambda x, q: quant.matmul(x, q), x18, 0),
+    ]
+    for what, fn, x, fused in cases:
+        f = fusec.gpu_jit(fn)
+        assert _qmatmuls(f.lower(x, q)) == fused, (what, _kinds(f.lower(x, q)))
+        got = np.asarray(f(x, q))
+        if what.startswith("w @"):
+            assert got.shape == (37,) + x.shape[1:], what
+            _check_product(got.T.reshape(-1, 37), x.T.reshape(-1, 64), w)
+        else:
+            assert got.shape == x.shape[:-1] + (37,), what
+            _check_product(got.reshape(-1, 37), x.reshape(-1, 64), w)
+
+
+def test_views_of_x_are_read_in_place(rng: np.random.Generator) -> None:
+    """A transposed, sliced or reshaped x: still one kernel (no copy of x), right values."""
+    q = quant.quantize(_weights(rng, 41, 96), "q8_0")
+    w = quant.dequantize_numpy(q)
+    xt = rng.standard_normal((96, 5)).astype(np.float32)
+    h = rng.standard_normal((7, 2, 96)).astype(np.float32)
+    for what, fn, arg, x in [
+        ("transpose", lambda a, q: quant.matmul(a.T, q), xt, xt.T),
+        ("slice", lambda a, q: quant.matmul(a[2:6:2, 1], q), h, h[2:6:2, 1]),
+        ("reshape", lambda a, q: quant.matmul(a.reshape(-1, 96)[:3], q), h, h.reshape(-1, 96)[:3]),
+        ("last rows", lambda a, q: quant.matmul(a[-1], q), h, h[-1]),
+    ]:
+        f = fusec.gpu_jit(fn)
+        kinds = _kinds(f.lower(arg, q))
+        assert [k for k, _ in kinds] == ["quant"], (what, kinds)
+        _check_product(np.asarray(f(arg, q)), np.ascontiguousarray(x), w)
+
+
+@pytest.mark.parametrize("target", ["cpu", "gpu"])
+def test_nan_and_inf_in_x_propagate(target: str, rng: np.random.Generator) -> None:
+    q = quant.quantize(_weights(rng, 9, 64), "q4_1")  # row 1: a block of exact zeros
+    w = quant.dequantize_numpy(q).astype(np.float64)
+    x = rng.standard_normal((4, 64)).astype(np.float32)
+    x[0, 5] = np.nan
+    x[2, 3] = np.inf
+    x[3, 40] = -np.inf
+    with np.errstate(invalid="ignore"):
+        ref = x.astype(np.float64) @ w.T
+    with forced_target(target):
+        got = np.asarray(fusec.gpu_jit(lambda x, q: quant.matmul(x, q))(x, q))
+    assert np.isnan(got[0]).all() and np.isnan(got[2, 1])  # inf * 0 in the zero block
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(ref))
+    np.testing.assert_array_equal(np.isinf(got), np.isinf(ref))
+    np.testing.assert_array_equal(np.sign(got[np.isinf(ref)]), np.sign(ref[np.isinf(ref)]))
+    fin = np.isfinite(ref)
+    np.testing.assert_allclose(got[fin], ref[fin], rtol=1e-5, atol=1e-4)
+
+
+def test_unfused_plan_keeps_dequant_and_matmul(rng: np.random.Generator) -> None:
+    q = quant.quantize(_weights(rng, 19, 32), "q8_0")
+    x = rng.standard_normal((2, 32)).astype(np.float32)
+    f = fusec.gpu_jit(lambda x, q: quant.matmul(x, q), fuse=False)
+    assert sorted(k for k, _ in _kinds(f.lower(x, q))) == ["matmul", "quant"]
+    assert _qmatmuls(f.lower(x, q)) == 0
+    _check_product(np.asarray(f(x, q)), x, quant.dequantize_numpy(q))
+
+
+def test_dequant_also_used_elsewhere_stays(rng: np.random.Generator) -> None:
+    q = quant.quantize(_weights(rng, 11, 64), "q4_1")
+    x = rng.standard_normal((1, 64)).astype(np.float32)
+    f = fusec.gpu_jit(lambda x, q: (quant.matmul(x, q), quant.dequantize(q).sum()))
+    names = sorted(name.split("_", 1)[1] for _, name in _kinds(f.lower(x, q)))
+    assert "quant_qmatmul" in names and "quant_dequant" in names
+    y, s = f(x, q)
+    w = quant.dequantize_numpy(q)
+    _check_product(np.asarray(y), x, w)
+    np.testing.assert_allclose(float(np.asarray(s)), w.astype(np.float64).sum(), rtol=1e-5,
+                               atol=1e-4)
+
+
+def test_pass_output_and_cost(rng: np.random.Generator) -> None:
+    """The rewritten program holds qmatmul (its numpy reference gives the product) and no
+    dequant; the cost counts 2 M N K flops."""
+    q = quant.quantize(_weights(rng, 23, 96), "q4_1")
+    x = rng.standard_normal((3, 96)).astype(np.float32)
+    f = fusec.gpu_jit(lambda x, q: quant.matmul(x, q))
+    traced = f.trace(x, q)
+    prog = run_pipeline(traced.ir, Options(), check=True)
+    bodies = [e.params["body"] for e in prog.eqns if e.op is Op.KERNEL]
+    ops = [be.op for b in bodies for be in b.eqns]
+    assert Op.QMATMUL in ops and Op.DEQUANT not in ops and Op.MATMUL not in ops
+    qm = next(be for b in bodies for be in b.eqns if be.op is Op.QMATMUL)
+    assert (qm.params["fmt"], qm.params["n"], qm.params["k"]) == ("q4_1", 23, 96)
+    (got,) = evaluate(prog, [x, np.asarray(q.data)])
+    _check_product(np.asarray(got), x, quant.dequantize_numpy(q))
+    cost = f.lower(x, q).cost_analysis()
+    assert cost["flops"] == 2 * 3 * 23 * 96 and cost["kernels"] == 1
+    # the traced program's printed IR names the ops
+    assert "dequant fmt=q4_1 shape=(23,96)" in str(traced.ir)
+
+
+def test_generated_code(rng: np.random.Generator) -> None:
+    """x bound as vec4s, f16 scales by unpack2x16float; the GPU target reduces in workgroup
+    memory, the CPU target has no barrier."""
+    q = quant.quantize(_weights(rng, 5, 576), "q4_1")
+    x = rng.standard_normal((2, 576)).astype(np.float32)
+    for target in ("gpu", "cpu"):
+        with forced_target(target):
+            (k,) = fusec.gpu_jit(lambda x, q: quant.matmul(x, q)).lower(x, q).kernels
+        assert "array<vec4<f32>>" in k.wgsl and "unpack2x16float" in k.wgsl
+        assert ("workgroupBarrier" in k.wgsl) == (target == "gpu")
+        assert ("16 threads per weight" in k.wgsl) == (target == "gpu")
+
+
+def test_grad_through_the_product(rng: np.random.Generator) -> None:
+    """d/dx of a quantized product is the matmul's own rule (g @ dequantize(q))."""
+    q = quant.quantize(_weights(rng, 13, 64), "q8_0")
+    w = quant.dequantize_numpy(q).astype(np.float64)
+    x = rng.standard_normal((2, 64)).astype(np.float32)
+    g = fusec.gpu_jit(fusec.grad(lambda x, q: (quant.matmul(x, q) ** 2).sum()))(x, q)
+    want = 2 * (x.astype(np.float64) @ w.T) @ w
+    np.testing.assert_allclose(np.asarray(g), want, rtol=1e-4, atol=1e-4)
+
+
+def test_in_a_loop_body(rng: np.random.Generator) -> None:
+    """A decode-like loop: the product in its body is one qmatmul kernel."""
+    # a contraction (spectral norm ~0.6), so that roundings do not grow over the steps
+    q = quant.quantize((rng.standard_normal((64, 64)) * 0.3 / 8).astype(np.float32), "q4_1")
+    w = quant.dequantize_numpy(q).astype(np.float64)
+    x = rng.standard_normal((1, 64)).astype(np.float32)
+    f = fusec.gpu_jit(lambda x, q: fusec.lax.fori_loop(
+        0, 40, lambda i, h: fnp.tanh(quant.matmul(h, q) + x), x))
+    lowered = f.lower(x, q)
+    assert any(e.op is Op.LOOP for e in lowered.ir.eqns)
+    assert _qmatmuls(lowered) == 1
+    want = x.astype(np.float64)
+    for _ in range(40):
+        want = np.tanh(want @ w.T + x)
+    np.testing.assert_allclose(np.asarray(f(x, q)), want, rtol=1e-4, atol=1e-5)
+
+
+def test_eager_calls(rng: np.random.Generator) -> None:
+    q = quant.quantize(_weights(rng, 7, 32), "q8_0")
+    x = rng.standard_normal((3, 32)).astype(np.float32)
+    y = quant.matmul(x, q)
+    assert isinstance(y, fusec.Array)
+    _check_product(np.asarray(y), x, quant.dequantize_numpy(q))
+
+
+def test_more_than_65535_workgroups(monkeypatch: pytest.MonkeyPatch,
+                                    rng: np.random.Generator) -> None:
+    """A workgroup per weight row (CPU_ROWS = 1): 70001 rows take a 2-D grid."""
+    monkeypatch.setattr(quant_kernels, "CPU_ROWS", 1)
+    q = quant.quantize(_weights(rng, 70001, 32), "q4_1")
+    x = rng.standard_normal((1, 32)).astype(np.float32)
+    with forced_target("cpu"):
+        f = fusec.gpu_jit(lambda x, q: quant.matmul(x, q))
+        (k,) = f.lower(x, q).kernels
+        assert k.grid == (65535, 2, 1)
+        got = np.asarray(f(x, q))
+    _check_product(got, x, quant.dequantize_numpy(q))
+
+
+def test_interpreter_backend(rng: np.random.Generator) -> None:
+    """FUSEC_BACKEND=cpu: the traced program (dequant, matmul) on numpy."""
+    code = textwrap.dedent("""
+        import json, numpy as np, fusec
+        from fusec import quant
+        assert fusec.default_device().backend == "cpu"
+        rng = np.random.default_rng(5)
+        out = {}
+        for fmt in ("q4_1", "q8_0"):
+            w = rng.standard_normal((9, 64)).astype(np.float32)
+            q = quant.quantize(w, fmt)
+            x = rng.standard_normal((3, 64)).astype(np.float32)
+            ref = x.astype(np.float64) @ quant.dequantize_numpy(q).astype(np.float64).T
+            f = fusec.gpu_jit(lambda x, q: quant.matmul(x, q))
+            out[fmt] = [float(np.abs(np.asarray(f(x, q)) - ref).max()),
+                        bool((np.asarray(quant.dequantize(q)) == quant.dequantize_numpy(q)).all())]
+        print(json.dumps(out))
+    """)
+    env = {**os.environ, "FUSEC_BACKEND": "cpu", "FUSEC_CACHE_DIR": "off",
+           "PYTHONPATH": str(REPO)}
+    p = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO, capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    import json
+
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    for fmt in FORMATS:
+        err, same = out[fmt]
+        assert err < 1e-4 and same, (fmt, out)
+
+
+# --- errors ---------------------------------------------------------------------------------------
+
+
+def test_errors_name_the_argument(rng: np.random.Generator) -> None:
+    words = np.zeros((4, 5), dtype=np.uint32)
+    with pytest.raises(quant.FormatError, match="unknown quantization format 'q5_0'"):
+        quant.QuantizedMatrix("q5_0", (4, 32), words)
+    with pytest.raises(ShapeError, match=r"K a positive multiple of 32"):
+        quant.QuantizedMatrix("q4_1", (4, 33), words)
+    with pytest.raises(DTypeError, match="data must hold uint32 words; got int32"):
+        quant.QuantizedMatrix("q4_1", (4, 32), words.astype(np.int32))
+    with pytest.raises(ShapeError, match=r"words of a \(4, 64\) matrix have shape \(4, 10\)"):
+        quant.QuantizedMatrix("q4_1", (4, 64), words)
+    with pytest.raises(DTypeError, match="data must be an array"):
+        quant.QuantizedMatrix("q8_0", (4, 32), [1, 2])
+    q = quant.quantize(_weights(rng, 4, 32), "q4_1")
+    f = fusec.gpu_jit(lambda x, q: quant.matmul(x, q))
+    with pytest.raises(ShapeError, match=r"x has shape \(2, 31\); its last dimension must be "
+                                         r"the matrix's K = 32"):
+        f(np.ones((2, 31), np.float32), q)
+    with pytest.raises(DTypeError, match="x must be float32; got int32"):
+        f(np.ones((2, 32), np.int32), q)
+    with pytest.raises(TypeError, match="q must be a fusec.quant.QuantizedMatrix"):
+        quant.matmul(np.ones((2, 32), np.float32), np.ones((4, 32), np.float32))
+    with pytest.raises(ShapeError, match=r"has 40 bytes \(1 blocks of 20 bytes per row\); raw "
+                                         r"has 20"):
+        quant.from_gguf(np.zeros(20, np.uint8), "q4_1", (2, 32))
+    with pytest.raises(DTypeError, match="raw must be the uint8 block bytes"):
+        quant.from_gguf(np.zeros(20, np.int8), "q4_1", (1, 32))
+    with pytest.raises(quant.FormatError, match="from_gguf: unknown"):
+        quant.from_gguf(np.zeros(20, np.uint8), "Q4_1", (1, 32))
+    with pytest.raises(ShapeError, match="NaN or infinity"):
+        quant.quantize(np.full((1, 32), np.nan, np.float32), "q8_0")
+    with pytest.raises(ShapeError, match="must be a matrix"):
+        quant.quantize(np.ones(32, np.float32), "q8_0")
+    with pytest.raises(TypeError, match="inside a jitted function use fusec.quant.dequantize"):
+        fusec.gpu_jit(lambda q: quant.dequantize_numpy(q))(q)
+
+
+def test_take_rows(rng: np.random.Generator) -> None:
+    """An embedding lookup: only the rows asked for are dequantised (a gather of words, then a
+    dequant of those rows)."""
+    q = quant.quantize(_weights(rng, 300, 64), "q8_0")
+    w = quant.dequantize_numpy(q)
+    ids = np.array([[3, 0, 299], [-1, 17, 3]], dtype=np.int32)
+    f = fusec.gpu_jit(lambda ids, q: quant.take(q, ids))
+    got = np.asarray(f(ids, q))
+    assert got.shape == (2, 3, 64)
+    np.testing.assert_array_equal(got, w[ids])
+    dq = [e for e in f.trace(ids, q).ir.eqns if e.op is Op.DEQUANT]
+    assert len(dq) == 1 and dq[0].params["shape"] == (6, 64)
+    np.testing.assert_array_equal(np.asarray(quant.take(q, 5)), w[5])
+    assert np.asarray(quant.take(q, np.zeros(0, np.int32))).shape == (0, 64)
+
+
+@pytest.mark.parametrize("target", ["gpu", "cpu"])
+def test_trusted_and_checked_kernels_agree(target: str, rng: np.random.Generator) -> None:
+    """Kernels compile as trusted modules (no bounds checks): with wgpu's checks back
+    (FUSEC_SHADER_CHECKS) the results are the same, so no index strays (partial workgroups,
+    clamped units, a view of x)."""
+    q = quant.quantize(_weights(rng, 37, 96), "q4_1")
+    x = rng.standard_normal((3, 96)).astype(np.float32)
+    got = {}
+    try:
+        with forced_target(target):
+            for on in (False, True):
+                fusec.config.set("shader_checks", 1 if on else 0)
+                f = fusec.gpu_jit(lambda x, q: (quant.matmul(x, q), quant.matmul(x[::-1], q),
+                                                quant.dequantize(q)))
+                got[on] = [np.asarray(v) for v in f(x, q)]
+    finally:
+        fusec.config.set("shader_checks", None)
+    w = quant.dequantize_numpy(q)
+    for a, b in zip(got[False], got[True]):
+        np.testing.assert_array_equal(a, b)
+    _check_product(got[False][0], x, w)
+    _check_product(got[False][1], x[::-1], w)
+    np.testing.assert_array_equal(got[False][2], w)
+
+
+def test_user_guide_snippet_runs() -> None:
+    """The first code block of the user guide's Quantized weights section runs and gives the
+    product it says, in one qmatmul kernel."""
+    import re
+
+    text = (REPO / "docs" / "user-guide.md").read_text()
+    section = text.split("\n## Quantized weights\n", 1)[1].split("\n## ", 1)[0]
+    block = re.findall(r"```python\n(.*?)```", section, re.S)[0]
+    ns: dict[str, Any] = {}
+    exec(compile(block, "user-guide.md#quantized-weights", "exec"), ns)  # noqa: S102
+    assert [k.name for k in ns["up"].lower(ns["x"], ns["q"]).kernels] == ["k0_quant_qmatmul"]
+    _check_product(np.asarray(ns["y"]), ns["x"], ns["w_back"])
+    assert np.abs(ns["w_back"] - ns["w"]).max() < 0.5  # within half a 4-bit step of N(0, 1)
