@@ -331,3 +331,25 @@ def test_unsupported_files(tmp_path: Path) -> None:
         GGUFTokenizer(["a"], [], [1], pre="gpt2", bos_id=7, eos_id=None)
     with pytest.raises(GGUFTokenizerError, match="has no chat template"):
         GGUFTokenizer(["a"], [], [1], pre="gpt2", bos_id=None, eos_id=None).apply_chat_template("x")
+
+
+def test_model_reference_json_agrees_with_the_tokenizer(tok: GGUFTokenizer) -> None:
+    # tests/data/smollm2_reference.json (bench/smollm2_reference.py, transformers on the CPU): its
+    # prompt ids are what this tokenizer makes of the chat-wrapped prompts, and its texts what it
+    # makes of the generated ids up to <|im_end|>
+    import json
+
+    ref = json.loads((Path(__file__).parent / "data" / "smollm2_reference.json").read_text("utf-8"))
+    assert ref["gguf_file"]["bytes"] == smollm2_gguf_path().stat().st_size
+    assert ref["eos_id"] == tok.eos_id and len(ref["prompts"]) == 5
+    for p in ref["prompts"]:
+        assert tok.encode(tok.apply_chat_template(p["prompt"])) == p["prompt_ids"]
+        gen = p["generated_ids"]
+        assert len(gen) == ref["tokens"] == 64 and p["generate_agrees"]
+        end = p["eos_step"]
+        assert end is None or (gen[end] == tok.eos_id and tok.eos_id not in gen[:end])
+        assert tok.decode(gen[:end]) == p["text"]
+        assert "".join(_stream(tok, gen[:end])) == p["text"]
+        # greedy: every step's token is its top logit
+        assert [t[0] for t in p["top_ids"]] == gen
+        assert all(v == sorted(v, reverse=True) for v in p["top_logits"])

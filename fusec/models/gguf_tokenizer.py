@@ -347,7 +347,11 @@ class GGUFTokenizer:
 
     def encode(self, text: str) -> list[int]:
         """The ids of ``text``. Control tokens written in the text (``<|im_start|>``) become their
-        single ids; no BOS or EOS is added."""
+        single ids; no BOS or EOS is added.
+
+        A byte with no token of its own is dropped, as HuggingFace's tokenizer does: SmolLM2's
+        vocabulary lacks U+0004, U+0006, U+0013, U+0014, U+0016, U+001D and the lead bytes of
+        the (unassigned) planes 4 to 11, so ``decode(encode(text))`` loses those."""
         if not isinstance(text, str):
             raise TypeError(f"text: expected a str, got {type(text).__name__}")
         return list(self._tk.encode(text, add_special_tokens=False).ids)
