@@ -278,14 +278,15 @@ def _byte_tokens() -> list[str]:
     return [gt._byte_alphabet()[b] for b in range(256)]
 
 
-def _write_toy_gguf(path: Path, pre: str, model: str = "gpt2") -> list[str]:
+def _write_toy_gguf(path: Path, pre: str | None, model: str = "gpt2") -> list[str]:
     import gguf
 
     tokens = ["<|end|>", *_byte_tokens(), "12", "Ġ12", "ab"]
     merges = ["1 2", "Ġ 12", "a b"]
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_tokenizer_model(model)
-    w.add_tokenizer_pre(pre)
+    if pre is not None:
+        w.add_tokenizer_pre(pre)
     w.add_token_list(tokens)
     w.add_token_merges(merges)
     w.add_token_types([3] + [1] * (len(tokens) - 1))
@@ -325,6 +326,9 @@ def test_unsupported_files(tmp_path: Path) -> None:
     _write_toy_gguf(tmp_path / "b.gguf", "gpt2", model="llama")
     with pytest.raises(GGUFTokenizerError, match="tokenizer.ggml.model: 'llama' is not supported"):
         GGUFTokenizer.from_gguf(tmp_path / "b.gguf")
+    _write_toy_gguf(tmp_path / "c.gguf", None)
+    with pytest.raises(GGUFTokenizerError, match="has no metadata field 'tokenizer.ggml.pre'"):
+        GGUFTokenizer.from_gguf(tmp_path / "c.gguf")
     with pytest.raises(GGUFTokenizerError, match="merges: 'ab' is not of the form 'left right'"):
         GGUFTokenizer(["a", "b", "ab"], ["ab"], [1, 1, 1], pre="gpt2", bos_id=None, eos_id=None)
     with pytest.raises(GGUFTokenizerError, match="bos_id: 7 is outside the vocabulary"):

@@ -279,7 +279,8 @@ class GGUFTokenizer:
         types = _field(reader, "tokenizer.ggml.token_type", required=False)
         if types is None:
             types = [TOKEN_TYPE_NORMAL] * len(tokens)
-        pre = _field(reader, "tokenizer.ggml.pre", required=False) or "gpt2"
+        # required: without it llama.cpp falls back to a split of its own, which would be a guess
+        pre = _field(reader, "tokenizer.ggml.pre")
         return cls(
             tokens,
             merges,
