@@ -1,0 +1,175 @@
+"""SmolLM2-135M-Instruct in fusec (fusec.models.llama, Q4_1/Q8_0 weights): tokens checked against
+a reference and speed, for the GPU machine.
+
+    python bench/smollm2_bench.py --check tests/data/smollm2_reference.json --out r.json
+    python bench/smollm2_bench.py --speed --out s.json [--gguf PATH]
+
+``--check``: greedy decoding of each prompt of the reference file (transformers on the same
+dequantised weights, bench/smollm2_reference.py) for its number of tokens. A step whose token
+differs is accepted only when it is a near-tie in the reference (the reference's top two logits
+within ``--tie``) and the logits agreed up to it; the report gives, per prompt, the first
+difference, the largest logit difference of the steps before it (on the reference's top-k ids)
+and the reference's margin there.
+
+``--speed``: decode tokens/s at batch 1 and 8 (greedy, after a chat prompt; each token read
+back as a streaming user would, and also back to back with the tokens left on the device),
+prefill tokens/s of a 512-token prompt (one call), wall clock, medians of ``--reps`` runs; the
+bytes a decode step reads (weights + the key/value cache it attends over) over the measured copy
+bandwidth gives the fraction of the memory-bandwidth limit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from timing import report  # noqa: E402
+
+import fusec  # noqa: E402
+from fusec.models.llama import Llama  # noqa: E402
+
+
+def check(model: Llama, ref: dict[str, Any], tie: float, n_prompts: int) -> dict[str, Any]:
+    rows = []
+    for p in ref["prompts"][:n_prompts]:
+        want = p["generated_ids"]
+        model.reset(1)
+        nxt, logits = model.step(np.asarray([p["prompt_ids"]], dtype=np.int32), want_logits=True)
+        got: list[int] = []
+        worst = 0.0
+        first_diff = None
+        for i in range(len(want)):
+            lg = np.asarray(logits)[0]
+            tok = int(np.asarray(nxt)[0])
+            ids = p["top_ids"][i]
+            diff = float(np.max(np.abs(lg[ids] - np.asarray(p["top_logits"][i]))))
+            if first_diff is None:
+                worst = max(worst, diff)
+            got.append(tok)
+            if tok != want[i] and first_diff is None:
+                first_diff = i
+                break  # the sequences part; later steps compare different contexts
+            if i + 1 < len(want):
+                nxt, logits = model.step(nxt, want_logits=True)
+        margin = None
+        if first_diff is not None:
+            top = p["top_logits"][first_diff]
+            margin = float(top[0] - top[1])
+        ok = first_diff is None or (margin is not None and margin <= tie)
+        rows.append({"prompt": p["prompt"], "tokens": len(want), "same_tokens": first_diff is None,
+                     "first_difference": first_diff, "ref_margin_there": margin,
+                     "max_logit_diff_before": worst, "ok": ok, "got": got})
+        print(json.dumps(rows[-1])[:400], flush=True)
+    return {"prompts": rows, "all_ok": all(r["ok"] for r in rows)}
+
+
+def _copy_bandwidth() -> float:
+    """Bytes/s of a device copy (read + write) of 512 MiB: fusec's own elementwise copy."""
+    n = 1 << 27
+    x = fusec.device_put(np.ones(n, np.float32))
+    f = fusec.gpu_jit(lambda a: a + 1.0)
+    f(x).block_until_ready()
+    ts = []
+    for _ in range(10):
+        t = time.perf_counter()
+        f(x).block_until_ready()
+        ts.append(time.perf_counter() - t)
+    return 2 * 4 * n / min(ts)
+
+
+def _weight_bytes(model: Llama) -> int:
+    """Bytes of weights a decode step reads: every matrix's words and the norms (the embedding
+    table's one row per token aside)."""
+    total = 0
+    for lw in model.params["layers"]:
+        for v in lw.values():
+            total += _nbytes(v)
+    return total + _nbytes(model.params["lm_head"]) + _nbytes(model.params["norm"])
+
+
+def _nbytes(v: Any) -> int:
+    data = getattr(v, "data", v)
+    return int(np.prod(data.shape)) * 4
+
+
+def speed(model: Llama, reps: int, decode_tokens: int) -> dict[str, Any]:
+    res: dict[str, Any] = {}
+    prompt = np.arange(100, 132, dtype=np.int32)  # 32 tokens
+    for batch in (1, 8):
+        ids = np.tile(prompt, (batch, 1))
+
+        def run(stream: bool) -> float:
+            model.reset(batch)
+            nxt = model.step(ids)
+            np.asarray(nxt)
+            t = time.perf_counter()
+            for _ in range(decode_tokens):
+                nxt = model.step(nxt)
+                if stream:
+                    np.asarray(nxt)
+            np.asarray(nxt)
+            return decode_tokens / (time.perf_counter() - t)
+
+        run(True)  # compiles every context bucket the run passes through
+        res[f"decode_b{batch}_tok_s_streaming"] = statistics.median(run(True) for _ in range(reps))
+        res[f"decode_b{batch}_tok_s_device"] = statistics.median(run(False) for _ in range(reps))
+        print(json.dumps(res), flush=True)
+    long = (np.arange(512, dtype=np.int32) * 7919 % 49000 + 100)[None]
+
+    def prefill() -> float:
+        model.reset(1)
+        t = time.perf_counter()
+        np.asarray(model.step(long))
+        return 512 / (time.perf_counter() - t)
+
+    prefill()
+    res["prefill_512_tok_s"] = statistics.median(prefill() for _ in range(reps))
+    bw = _copy_bandwidth()
+    wbytes = _weight_bytes(model)
+    cfg = model.cfg
+    ctx_mean = 64  # the bucket the first 32 decode tokens after a 32-token prompt attend over
+    cache_item = np.dtype(model.cache_dtype).itemsize
+    kv_bytes = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * ctx_mean * cache_item
+    per_token = wbytes + kv_bytes
+    limit_tok_s = bw / per_token
+    res.update({"copy_bandwidth_GBs": bw / 1e9, "weight_bytes": wbytes,
+                "kv_bytes_per_token_b1": kv_bytes, "bandwidth_limit_tok_s_b1": limit_tok_s,
+                "fraction_of_limit_b1_streaming": res["decode_b1_tok_s_streaming"] / limit_tok_s,
+                "fraction_of_limit_b1_device": res["decode_b1_tok_s_device"] / limit_tok_s})
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--gguf", default=None)
+    ap.add_argument("--check", default="", help="reference JSON (bench/smollm2_reference.py)")
+    ap.add_argument("--prompts", type=int, default=5)
+    ap.add_argument("--tie", type=float, default=0.05)
+    ap.add_argument("--speed", action="store_true")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--decode-tokens", type=int, default=32)
+    ap.add_argument("--cache-dtype", default="float32")
+    ap.add_argument("--max-len", type=int, default=1024)
+    ap.add_argument("--out", default="")
+    a = ap.parse_args()
+    t = time.perf_counter()
+    model = Llama.from_gguf(a.gguf, max_len=a.max_len, cache_dtype=a.cache_dtype)
+    res: dict[str, Any] = {"device": str(fusec.default_device()), "load_s":
+                           time.perf_counter() - t, "cache_dtype": a.cache_dtype}
+    if a.check:
+        res["check"] = check(model, json.loads(Path(a.check).read_text()), a.tie, a.prompts)
+    if a.speed:
+        res["speed"] = speed(model, a.reps, a.decode_tokens)
+    report(res, a.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,185 @@
+"""fusec.models.llama: SmolLM2-135M's decoding against the plain-numpy reference on the same
+dequantised weights (on lavapipe in CI), and the model's parts (prefill against step-by-step,
+batches, the float16 cache, sampling, errors) on a small random model of the same structure."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import fusec
+from fusec import quant
+from fusec.errors import FusecError
+from fusec.models.llama import Llama, LlamaConfig, Sampling, load_gguf
+from fusec.models.llama_numpy import NumpyLlama
+
+REF = Path(__file__).parent / "data" / "smollm2_reference.json"
+
+
+def _small(seed: int, n_layers: int = 2, vocab: int = 257, quantized: bool = True
+           ) -> tuple[LlamaConfig, dict, dict]:
+    """A random llama of SmolLM2's head layout (3 query heads per KV head, head dim 64) with
+    fewer layers and a small vocabulary: fusec weights (quantized matrices) and the reference's
+    (the same values, dequantised)."""
+    cfg = LlamaConfig(n_layers=n_layers, d_model=192, n_heads=3, n_kv_heads=1, d_ff=320,
+                      vocab=vocab, rope_base=10000.0, eps=1e-5, context=512)
+    rng = np.random.default_rng(seed)
+
+    def mat(o: int, i: int, fmt: str = "q4_1") -> tuple:
+        w = (rng.standard_normal((o, i)) * 0.1).astype(np.float32)
+        if not quantized:
+            return w, w
+        q = quant.quantize(w, fmt)
+        return q, quant.dequantize_numpy(q)
+
+    layers, ref_layers = [], []
+    for _ in range(n_layers):
+        lw, rw = {}, {}
+        for name, shape in {"q": (192, 192), "k": (64, 192), "v": (64, 192), "o": (192, 192),
+                            "gate": (320, 192), "up": (320, 192), "down": (192, 320)}.items():
+            lw[name], rw[name] = mat(*shape)
+        for name in ("attn_norm", "ffn_norm"):
+            lw[name] = rw[name] = (1 + 0.1 * rng.standard_normal(192)).astype(np.float32)
+        layers.append(lw)
+        ref_layers.append(rw)
+    embed = (rng.standard_normal((vocab, 192)) * 0.5).astype(np.float32)
+    head, head_ref = mat(vocab, 192, "q8_0") if quantized else (embed, embed)
+    norm = (1 + 0.1 * rng.standard_normal(192)).astype(np.float32)
+    w = {"embed": embed, "lm_head": head, "norm": norm, "layers": layers}
+    r = {"embed": embed, "lm_head": head_ref, "norm": norm, "layers": ref_layers}
+    return cfg, w, r
+
+
+def _close(got: np.ndarray, want: np.ndarray, rtol: float = 2e-4) -> None:
+    scale = float(np.max(np.abs(want)))
+    err = float(np.max(np.abs(got - want)))
+    assert err <= rtol * max(scale, 1.0), f"max |logit difference| {err} (scale {scale})"
+
+
+def test_prefill_matches_steps_and_reference() -> None:
+    """A 13-token prompt in one call, and one token at a time, give the reference's logits;
+    then greedy decoding continues from either the same way."""
+    cfg, w, r = _small(0)
+    ref = NumpyLlama(cfg, r, max_len=64)
+    prompt = [5, 17, 250, 3, 99, 101, 7, 42, 200, 11, 0, 256, 64]
+    ref.reset(1)
+    want = ref.step(np.asarray([prompt]))[0]
+    model = Llama(cfg, w, max_len=64)
+    model.reset(1)
+    nxt, logits = model.step(np.asarray([prompt]), want_logits=True)
+    _close(np.asarray(logits)[0], want)
+    assert int(np.asarray(nxt)[0]) == int(np.argmax(want))
+    for _ in range(5):  # decoding goes on from the prefilled cache
+        tok = int(np.argmax(want))
+        want = ref.step(np.asarray([[tok]]))[0]
+        nxt, logits = model.step(nxt, want_logits=True)
+        _close(np.asarray(logits)[0], want)
+    model.reset(1)
+    ref.reset(1)
+    for tok in prompt:  # the same prompt one token at a time
+        want = ref.step(np.asarray([[tok]]))[0]
+        nxt, logits = model.step(np.asarray([[tok]]), want_logits=True)
+        _close(np.asarray(logits)[0], want)
+
+
+def test_batch_of_different_prompts_and_context_buckets() -> None:
+    """Two sequences at once, each as the reference decodes it alone, across a context bucket
+    boundary (64 -> 128 positions attended)."""
+    cfg, w, r = _small(1, n_layers=1)
+    prompts = np.asarray([[3, 1, 4, 1, 5, 9, 2, 6, 5, 3] * 6,
+                          [2, 7, 1, 8, 2, 8, 1, 8, 2, 8] * 6], dtype=np.int32)  # 60 tokens
+    model = Llama(cfg, w, max_len=160)
+    toks = np.stack(list(model.generate(prompts, 8)), axis=1)  # positions 60 .. 67
+    for b in range(2):
+        ref = NumpyLlama(cfg, r, max_len=160)
+        got_ref, _ = ref.greedy(list(prompts[b]), 8)
+        assert toks[b].tolist() == got_ref
+
+
+def test_float16_cache() -> None:
+    """The key/value cache in float16 (where the adapter has shader-f16): the logits stay within
+    what rounding the cache's keys and values to float16 explains."""
+    cfg, w, r = _small(2, n_layers=1)
+    ref = NumpyLlama(cfg, r, max_len=64)
+    model = Llama(cfg, w, max_len=64, cache_dtype="float16")
+    prompt = [9, 8, 7, 6, 5, 4, 3]
+    ref.reset(1)
+    want = ref.step(np.asarray([prompt]))[0]
+    model.reset(1)
+    _, logits = model.step(np.asarray([prompt]), want_logits=True)
+    got = np.asarray(logits)[0]
+    _close(got, want, rtol=5e-3)
+    assert np.max(np.abs(got - want)) > 0  # the cache really was float16
+    assert model.cache[0][0].dtype == np.float16
+
+
+def test_sampling() -> None:
+    """top_k=1 and a tiny top_p are greedy; temperature sampling is reproducible by seed, stays
+    inside the top k, and differs between seeds."""
+    cfg, w, _ = _small(3, n_layers=1)
+    prompt = np.asarray([[1, 2, 3, 4]], dtype=np.int32)
+    greedy = np.concatenate(list(Llama(cfg, w, max_len=64).generate(prompt, 6)))
+    for how in (Sampling(temperature=1.0, top_k=1), Sampling(temperature=0.7, top_p=1e-6)):
+        got = np.concatenate(list(Llama(cfg, w, max_len=64, sampling=how).generate(prompt, 6)))
+        assert got.tolist() == greedy.tolist(), how
+    how = Sampling(temperature=1.5, top_k=5)
+    a = np.concatenate(list(Llama(cfg, w, max_len=64, sampling=how, seed=1).generate(prompt, 12)))
+    b = np.concatenate(list(Llama(cfg, w, max_len=64, sampling=how, seed=1).generate(prompt, 12)))
+    c = np.concatenate(list(Llama(cfg, w, max_len=64, sampling=how, seed=2).generate(prompt, 12)))
+    assert a.tolist() == b.tolist()
+    assert a.tolist() != c.tolist()
+    # every drawn token is among the 5 largest logits of its step
+    model = Llama(cfg, w, max_len=64, sampling=how, seed=3)
+    model.reset(1)
+    nxt, logits = model.step(prompt, want_logits=True)
+    for _ in range(6):
+        top5 = np.argsort(-np.asarray(logits)[0])[:5]
+        assert int(np.asarray(nxt)[0]) in top5
+        nxt, logits = model.step(nxt, want_logits=True)
+
+
+def test_errors() -> None:
+    cfg, w, _ = _small(4, n_layers=1)
+    model = Llama(cfg, w, max_len=16)
+    model.reset(2)
+    with pytest.raises(FusecError, match="batch=2"):
+        model.step(np.zeros((1, 3), np.int32))
+    with pytest.raises(FusecError, match="max_len=16"):
+        model.step(np.zeros((2, 17), np.int32))
+    with pytest.raises(FusecError, match="context"):
+        Llama(cfg, w, max_len=4096)
+    with pytest.raises(FusecError, match=r"\[batch, length\]"):
+        next(model.generate([1, 2, 3], 2))
+
+
+def test_smollm2_tokens_match_reference() -> None:
+    """The real SmolLM2-135M (Q4_1 weights, Q8_0 LM head) on this adapter: for the first prompt
+    of the reference file, the prompt fed one token at a time and then 3 greedy tokens; every
+    step's logits within float32's reach of the float64 numpy reference on the same dequantised
+    weights, and the tokens equal to the reference's and to transformers' (the file's)."""
+    cfg, weights = load_gguf()
+    _, dense = load_gguf(dequantize=True)
+    case = json.loads(REF.read_text())["prompts"][0]
+    prompt = case["prompt_ids"]
+    ref = NumpyLlama(cfg, dense, max_len=64)
+    model = Llama(cfg, weights, max_len=64)
+    model.reset(1)
+    ref.reset(1)
+    # one compiled step (T = 1) serves the whole test: lavapipe compiles slowly
+    for tok in prompt:
+        want = ref.step(np.asarray([[tok]]))[0]
+        nxt, logits = model.step(np.asarray([[tok]]), want_logits=True)
+    _close(np.asarray(logits)[0], want, rtol=1e-4)
+    got = []
+    for _ in range(3):
+        tok = int(np.asarray(nxt)[0])
+        assert tok == int(np.argmax(want))
+        got.append(tok)
+        want = ref.step(np.asarray([[tok]]))[0]
+        nxt, logits = model.step(nxt, want_logits=True)
+        _close(np.asarray(logits)[0], want, rtol=1e-4)
+    assert got == case["generated_ids"][:3]
+    assert fusec.default_device() is not None
