@@ -11,8 +11,11 @@ within ``--tie``) and the logits agreed up to it; the report gives, per prompt, 
 difference, the largest logit difference of the steps before it (on the reference's top-k ids)
 and the reference's margin there.
 
-``--speed``: decode tokens/s at batch 1 and 8 (greedy, after a chat prompt; each token read
-back as a streaming user would, and also back to back with the tokens left on the device),
+``--profile``: GPU time per kernel of one decode step (fusec.profile).
+
+``--speed``: decode tokens/s (batch x steps / s) at batch 1 and 8 (greedy, after a chat
+prompt; each token read back as a streaming user would, and also back to back with the tokens
+left on the device),
 prefill tokens/s of a 512-token prompt (one call), wall clock, medians of ``--reps`` runs; the
 bytes a decode step reads (weights + the key/value cache it attends over) over the measured copy
 bandwidth gives the fraction of the memory-bandwidth limit.
@@ -28,6 +31,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+try:  # (before fusec: torch's compiler stack and Mesa's LLVM collide the other way round)
+    import torch  # noqa: F401
+except ImportError:
+    pass
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -71,18 +78,33 @@ def check(model: Llama, ref: dict[str, Any], tie: float, n_prompts: int) -> dict
     return {"prompts": rows, "all_ok": all(r["ok"] for r in rows)}
 
 
-def _copy_bandwidth() -> float:
-    """Bytes/s of a device copy (read + write) of 512 MiB: fusec's own elementwise copy."""
+def _copy_bandwidth() -> tuple[float, str]:
+    """Bytes/s (read + write) of the best of 10 device copies of 512 MiB: torch's where it has
+    CUDA (the machine's reference), else fusec's elementwise copy timed by GPU timestamps."""
     n = 1 << 27
-    x = fusec.device_put(np.ones(n, np.float32))
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            x = torch.ones(n, device="cuda")
+            y = torch.empty_like(x)
+            ts = []
+            for _ in range(10):
+                torch.cuda.synchronize()
+                t = time.perf_counter()
+                y.copy_(x)
+                torch.cuda.synchronize()
+                ts.append(time.perf_counter() - t)
+            return 2 * 4 * n / min(ts), "torch copy_"
+    except ImportError:
+        pass
+    xf = fusec.device_put(np.ones(n, np.float32))
     f = fusec.gpu_jit(lambda a: a + 1.0)
-    f(x).block_until_ready()
-    ts = []
-    for _ in range(10):
-        t = time.perf_counter()
-        f(x).block_until_ready()
-        ts.append(time.perf_counter() - t)
-    return 2 * 4 * n / min(ts)
+    f(xf).block_until_ready()
+    with fusec.profile(print_report=False) as p:
+        for _ in range(10):
+            f(xf).block_until_ready()
+    return 2 * 4 * n / (min(us for _, us in p.kernels) * 1e-6), "fusec add, GPU timestamps"
 
 
 def _weight_bytes(model: Llama) -> int:
@@ -116,7 +138,7 @@ def speed(model: Llama, reps: int, decode_tokens: int) -> dict[str, Any]:
                 if stream:
                     np.asarray(nxt)
             np.asarray(nxt)
-            return decode_tokens / (time.perf_counter() - t)
+            return batch * decode_tokens / (time.perf_counter() - t)
 
         run(True)  # compiles every context bucket the run passes through
         res[f"decode_b{batch}_tok_s_streaming"] = statistics.median(run(True) for _ in range(reps))
@@ -132,7 +154,7 @@ def speed(model: Llama, reps: int, decode_tokens: int) -> dict[str, Any]:
 
     prefill()
     res["prefill_512_tok_s"] = statistics.median(prefill() for _ in range(reps))
-    bw = _copy_bandwidth()
+    bw, bw_how = _copy_bandwidth()
     wbytes = _weight_bytes(model)
     cfg = model.cfg
     ctx_mean = 64  # the bucket the first 32 decode tokens after a 32-token prompt attend over
@@ -140,7 +162,8 @@ def speed(model: Llama, reps: int, decode_tokens: int) -> dict[str, Any]:
     kv_bytes = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * ctx_mean * cache_item
     per_token = wbytes + kv_bytes
     limit_tok_s = bw / per_token
-    res.update({"copy_bandwidth_GBs": bw / 1e9, "weight_bytes": wbytes,
+    res.update({"copy_bandwidth_GBs": bw / 1e9, "copy_bandwidth_by": bw_how,
+                "weight_bytes": wbytes,
                 "kv_bytes_per_token_b1": kv_bytes, "bandwidth_limit_tok_s_b1": limit_tok_s,
                 "fraction_of_limit_b1_streaming": res["decode_b1_tok_s_streaming"] / limit_tok_s,
                 "fraction_of_limit_b1_device": res["decode_b1_tok_s_device"] / limit_tok_s})
@@ -154,6 +177,7 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=5)
     ap.add_argument("--tie", type=float, default=0.05)
     ap.add_argument("--speed", action="store_true")
+    ap.add_argument("--profile", action="store_true")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--decode-tokens", type=int, default=32)
     ap.add_argument("--cache-dtype", default="float32")
@@ -168,6 +192,21 @@ def main() -> None:
         res["check"] = check(model, json.loads(Path(a.check).read_text()), a.tie, a.prompts)
     if a.speed:
         res["speed"] = speed(model, a.reps, a.decode_tokens)
+    if a.profile:
+        model.reset(1)
+        nxt = model.step(np.arange(100, 132, dtype=np.int32)[None])
+        for _ in range(3):
+            nxt = model.step(nxt)
+        np.asarray(nxt)
+        with fusec.profile() as prof:
+            np.asarray(model.step(nxt))
+        t = time.perf_counter()
+        for _ in range(20):
+            nxt = model.step(nxt)
+        np.asarray(nxt)
+        res["profile"] = {"kernels": len(prof.kernels),
+                          "gpu_ms_sum": sum(us for _, us in prof.kernels) / 1e3,
+                          "wall_ms_per_step_back_to_back": (time.perf_counter() - t) / 20 * 1e3}
     report(res, a.out)
 
 

@@ -13,7 +13,7 @@ import pytest
 import fusec
 from fusec import quant
 from fusec.errors import FusecError
-from fusec.models.llama import Llama, LlamaConfig, Sampling, load_gguf
+from fusec.models.llama import Llama, LlamaConfig, Sampling, _merged, load_gguf
 from fusec.models.llama_numpy import NumpyLlama
 
 REF = Path(__file__).parent / "data" / "smollm2_reference.json"
@@ -43,7 +43,7 @@ def _small(seed: int, n_layers: int = 2, vocab: int = 257, quantized: bool = Tru
             lw[name], rw[name] = mat(*shape)
         for name in ("attn_norm", "ffn_norm"):
             lw[name] = rw[name] = (1 + 0.1 * rng.standard_normal(192)).astype(np.float32)
-        layers.append(lw)
+        layers.append(_merged(lw) if seed % 2 else lw)  # both forms of a block's weights
         ref_layers.append(rw)
     embed = (rng.standard_normal((vocab, 192)) * 0.5).astype(np.float32)
     head, head_ref = mat(vocab, 192, "q8_0") if quantized else (embed, embed)

@@ -119,7 +119,7 @@ def load_gguf(path: Optional[str | Path] = None, *, dequantize: bool = False
     Weights: ``embed`` [vocab, d] (a step gathers a few rows), ``lm_head`` (the same matrix
     where the file ties them, as SmolLM2's does), ``norm``, and ``layers``: a dict per block with
     ``attn_norm``, ``ffn_norm`` (float32) and the matrices ``q k v o gate up down`` as GGUF
-    stores them, [out, in]. Matrices in GGUF's Q4_1 or Q8_0 blocks stay in them, as
+    stores them, [out, in], quantized ones merged into ``qkv`` and ``gate_up`` (:func:`_merged`). Matrices in GGUF's Q4_1 or Q8_0 blocks stay in them, as
     :class:`fusec.quant.QuantizedMatrix` (the embedding too: its rows are dequantised as they
     are gathered), unless ``dequantize``: then every matrix is float32."""
     gguf = _gguf()
@@ -144,15 +144,38 @@ def load_gguf(path: Optional[str | Path] = None, *, dequantize: bool = False
 
     if "token_embd.weight" not in tensors:
         raise FusecError("GGUF file has no token_embd.weight tensor")
+    layers = [{k: (dense if k.endswith("norm") else matrix)(f"blk.{i}.{v}.weight")
+               for k, v in _LAYER_TENSORS.items()} for i in range(cfg.n_layers)]
+    if not dequantize:
+        layers = [_merged(lw) for lw in layers]
     embed = matrix("token_embd.weight")
     weights: dict[str, Any] = {
         "embed": embed,
         "lm_head": matrix("output.weight") if "output.weight" in tensors else embed,
         "norm": dense("output_norm.weight"),
-        "layers": [{k: (dense if k.endswith("norm") else matrix)(f"blk.{i}.{v}.weight")
-                    for k, v in _LAYER_TENSORS.items()} for i in range(cfg.n_layers)],
+        "layers": layers,
     }
     return cfg, weights
+
+
+def _merged(lw: dict[str, Any]) -> dict[str, Any]:
+    """A block's Q, K and V matrices as one ``qkv`` and gate and up as one ``gate_up`` (rows
+    stacked), where each group shares its quantized format: each group is then one product, one
+    kernel reading the normed activations once, instead of three or two."""
+    from .. import quant
+
+    out = dict(lw)
+    for name, parts in (("qkv", ("q", "k", "v")), ("gate_up", ("gate", "up"))):
+        ms = [lw[p] for p in parts]
+        if not all(isinstance(m, quant.QuantizedMatrix) and m.fmt == ms[0].fmt
+                   and m.shape[1] == ms[0].shape[1] for m in ms):
+            continue
+        out[name] = quant.QuantizedMatrix(
+            ms[0].fmt, (sum(m.shape[0] for m in ms), ms[0].shape[1]),
+            np.concatenate([np.asarray(m.data) for m in ms], axis=0))
+        for p in parts:
+            del out[p]
+    return out
 
 
 # --- the model, in fusec code ----------------------------------------------------------------
@@ -250,9 +273,15 @@ def forward(params: dict[str, Any], cache: list[Any], tokens: Any, pos: Any, cos
     new_cache = []
     for lw, (kc, vc) in zip(params["layers"], cache):
         h = nn.rms_norm(x, lw["attn_norm"], eps=cfg.eps)
-        q = rope(linear(h, lw["q"]).reshape(b, t, nh, hd), cos, sin)
-        k = rope(linear(h, lw["k"]).reshape(b, t, kvh, hd), cos, sin)
-        v = linear(h, lw["v"]).reshape(b, t, kvh, hd)
+        if "qkv" in lw:
+            qkv = linear(h, lw["qkv"])
+            nq, nk = nh * hd, kvh * hd
+            q, k, v = qkv[..., :nq], qkv[..., nq:nq + nk], qkv[..., nq + nk:]
+        else:
+            q, k, v = linear(h, lw["q"]), linear(h, lw["k"]), linear(h, lw["v"])
+        q = rope(q.reshape(b, t, nh, hd), cos, sin)
+        k = rope(k.reshape(b, t, kvh, hd), cos, sin)
+        v = v.reshape(b, t, kvh, hd)
         start = (0, 0, pos, 0)
         kc = lax.dynamic_update_slice(kc, k.transpose(0, 2, 1, 3).astype(kc.dtype), start)
         vc = lax.dynamic_update_slice(vc, v.transpose(0, 2, 1, 3).astype(vc.dtype), start)
@@ -266,7 +295,12 @@ def forward(params: dict[str, Any], cache: list[Any], tokens: Any, pos: Any, cos
         a = a.reshape(b, kvh, g, t, hd).transpose(0, 3, 1, 2, 4).reshape(b, t, cfg.d_model)
         x = x + linear(a, lw["o"])
         h = nn.rms_norm(x, lw["ffn_norm"], eps=cfg.eps)
-        x = x + linear(nn.silu(linear(h, lw["gate"])) * linear(h, lw["up"]), lw["down"])
+        if "gate_up" in lw:
+            gu = linear(h, lw["gate_up"])
+            gate, up = gu[..., :cfg.d_ff], gu[..., cfg.d_ff:]
+        else:
+            gate, up = linear(h, lw["gate"]), linear(h, lw["up"])
+        x = x + linear(nn.silu(gate) * up, lw["down"])
     last = nn.rms_norm(x[:, -1], params["norm"], eps=cfg.eps)  # [B, d]
     logits = linear(last, params["lm_head"])  # [B, V]
     nxt = sample(logits, frandom.fold_in(key, pos), how)
