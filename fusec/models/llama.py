@@ -119,9 +119,10 @@ def load_gguf(path: Optional[str | Path] = None, *, dequantize: bool = False
     Weights: ``embed`` [vocab, d] (a step gathers a few rows), ``lm_head`` (the same matrix
     where the file ties them, as SmolLM2's does), ``norm``, and ``layers``: a dict per block with
     ``attn_norm``, ``ffn_norm`` (float32) and the matrices ``q k v o gate up down`` as GGUF
-    stores them, [out, in], quantized ones merged into ``qkv`` and ``gate_up`` (:func:`_merged`). Matrices in GGUF's Q4_1 or Q8_0 blocks stay in them, as
+    stores them, [out, in]. Matrices in GGUF's Q4_1 or Q8_0 blocks stay in them, as
     :class:`fusec.quant.QuantizedMatrix` (the embedding too: its rows are dequantised as they
-    are gathered), unless ``dequantize``: then every matrix is float32."""
+    are gathered), with a block's ``q k v`` merged into ``qkv`` and ``gate up`` into
+    ``gate_up`` (:func:`_merged`), unless ``dequantize``: then every matrix is float32, apart."""
     gguf = _gguf()
     reader = gguf.GGUFReader(str(smollm2_path() if path is None else path))
     cfg = LlamaConfig.from_gguf(reader)
