@@ -245,7 +245,12 @@ def test_a_cast_inside_a_kernel_rounds(rng: np.random.Generator) -> None:
                                    - a * 3.0)(x))
     assert got.dtype == np.float32
     want = (x * 3).astype(F16).astype(np.float32) - x * 3
-    np.testing.assert_array_equal(got, want)
+    # WGSL leaves the rounding of a conversion to f16 to the device (lavapipe rounds to
+    # nearest-even as numpy does; NVIDIA's may differ in the last place): within one float16
+    # step of the value
+    ulp = np.spacing(np.abs(x * 3).astype(F16)).astype(np.float32)
+    assert np.all(np.abs(got) <= ulp), np.max(np.abs(got) / ulp)
+    assert np.mean(got == want) > 0.5  # mostly as numpy rounds
     assert np.any(got != 0)  # the rounding did happen
 
 
@@ -421,7 +426,11 @@ def test_odd_sizes_round_trip_and_compute(n: int, rng: np.random.Generator) -> N
         assert_f16(y, x64 * 2 - 1)
     # a float16 output next to a float32 one (buffers of 2 and 4 bytes an element)
     s, c = fusec.gpu_jit(lambda a: (a[::-1], a.astype(np.float32)))(dev)
-    np.testing.assert_array_equal(np.asarray(s).view(np.uint16), bits[::-1])
+    # every bit through a kernel too, but a NaN's payload, which GPUs may make their own
+    nan = np.isnan(x[::-1])
+    got = np.asarray(s)
+    assert np.array_equal(np.isnan(got), nan)
+    np.testing.assert_array_equal(got.view(np.uint16)[~nan], bits[::-1][~nan])
     np.testing.assert_array_equal(np.asarray(c), x.astype(np.float32))
 
 
