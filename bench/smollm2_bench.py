@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -41,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from timing import report  # noqa: E402
 
 import fusec  # noqa: E402
-from fusec.models.llama import Llama  # noqa: E402
+from fusec.models.llama import Llama, measure_speed  # noqa: E402
 
 
 def check(model: Llama, ref: dict[str, Any], tie: float, n_prompts: int) -> dict[str, Any]:
@@ -123,37 +122,7 @@ def _nbytes(v: Any) -> int:
 
 
 def speed(model: Llama, reps: int, decode_tokens: int) -> dict[str, Any]:
-    res: dict[str, Any] = {}
-    prompt = np.arange(100, 132, dtype=np.int32)  # 32 tokens
-    for batch in (1, 8):
-        ids = np.tile(prompt, (batch, 1))
-
-        def run(stream: bool) -> float:
-            model.reset(batch)
-            nxt = model.step(ids)
-            np.asarray(nxt)
-            t = time.perf_counter()
-            for _ in range(decode_tokens):
-                nxt = model.step(nxt)
-                if stream:
-                    np.asarray(nxt)
-            np.asarray(nxt)
-            return batch * decode_tokens / (time.perf_counter() - t)
-
-        run(True)  # compiles every context bucket the run passes through
-        res[f"decode_b{batch}_tok_s_streaming"] = statistics.median(run(True) for _ in range(reps))
-        res[f"decode_b{batch}_tok_s_device"] = statistics.median(run(False) for _ in range(reps))
-        print(json.dumps(res), flush=True)
-    long = (np.arange(512, dtype=np.int32) * 7919 % 49000 + 100)[None]
-
-    def prefill() -> float:
-        model.reset(1)
-        t = time.perf_counter()
-        np.asarray(model.step(long))
-        return 512 / (time.perf_counter() - t)
-
-    prefill()
-    res["prefill_512_tok_s"] = statistics.median(prefill() for _ in range(reps))
+    res: dict[str, Any] = dict(measure_speed(model, reps=reps, decode_tokens=decode_tokens))
     bw, bw_how = _copy_bandwidth()
     wbytes = _weight_bytes(model)
     cfg = model.cfg

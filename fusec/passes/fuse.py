@@ -49,9 +49,10 @@ KIND_ABBR = {"elementwise": "ew", "reduce": "red", "matmul": "mm"}
 ROW_MAX = 16384  # longest row whose elementwise pass fuses into its reductions' kernel
 REDUCING = REDUCE | {Op.PARTIAL}
 # A value read by several equations whose cone (the unmaterialised equations it is computed
-# from) exceeds this many equations is materialised before planning: a model's residual stream
-# otherwise reaches back through every layer, and planning grew with the cube of the layers.
-CONE_MAX = 16
+# from) reads more than this many materialised values is materialised before planning: a model's
+# residual stream (a matmul's result added per block) otherwise reaches back through every
+# block, and planning grew with the cube of the blocks.
+CONE_MAX = 8
 
 
 def _free_in_loads(e: Eqn) -> bool:
@@ -468,23 +469,23 @@ class _Planner:
 
 
 def _cap_cones(prog: Program, mat: set[int], producer: dict[int, Eqn]) -> None:
-    """Materialise (add to ``mat``) values read by several equations whose cones exceed
-    CONE_MAX equations (counted with repeats, a bound)."""
+    """Materialise (add to ``mat``) values read by several equations whose cones read more than
+    CONE_MAX materialised values (counted with repeats, a bound)."""
     n_readers: dict[int, int] = {}
     for e in prog.eqns:
         for v in {id(a) for a in e.inputs if isinstance(a, Var)}:
             n_readers[v] = n_readers.get(v, 0) + 1
-    size: dict[int, int] = {}  # cone size of each unmaterialised value, capped
+    leaves: dict[int, int] = {}  # materialised values each unmaterialised value's cone reads
     for e in prog.eqns:
-        n = 1 + sum(size.get(id(a), 0) for a in e.inputs
-                    if isinstance(a, Var) and id(a) not in mat)
+        n = sum(1 if id(a) in mat else leaves.get(id(a), 0) for a in e.inputs
+                if isinstance(a, Var))
         for o in e.outs:
             if id(o) in mat:
                 continue
             if n > CONE_MAX and n_readers.get(id(o), 0) > 1 and e.op not in MOVEMENT:
                 mat.add(id(o))
             else:
-                size[id(o)] = min(n, CONE_MAX + 1)
+                leaves[id(o)] = min(n, CONE_MAX + 1)
 
 
 def _reads_by_others(groups: list[_Group], aliases: list[Eqn]) -> dict[int, set[int]]:
