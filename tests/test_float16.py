@@ -241,19 +241,22 @@ def test_casts_to_and_from_every_dtype(rng: np.random.Generator) -> None:
 def test_a_cast_inside_a_kernel_rounds(rng: np.random.Generator) -> None:
     x = rng.standard_normal(513).astype(np.float32)
     # the float16 value in the middle of a float32 computation: f32(f16(v))
-    got = np.asarray(fusec.gpu_jit(lambda a: (a * 3.0).astype(np.float16).astype(np.float32)
-                                   - a * 3.0)(x))
-    assert got.dtype == np.float32
-    want = (x * 3).astype(F16).astype(np.float32) - x * 3
+    f = fusec.gpu_jit(lambda a: (lambda r: (r, r + a))(
+        (a * 3.0).astype(np.float16).astype(np.float32)))
+    assert len(f.lower(x).kernels) == 1  # the cast and its use in one kernel
+    r, s = (np.asarray(v) for v in f(x))
+    assert r.dtype == s.dtype == np.float32
+    want = (x * 3).astype(F16).astype(np.float32)
     # WGSL leaves the rounding of a conversion to f16 to the device (lavapipe rounds to
     # nearest-even as numpy does; the H100 mostly does not): a float16 value within one float16
-    # step of the product
+    # step of the product, used as such by the rest of the kernel
+    np.testing.assert_array_equal(r.astype(F16).astype(np.float32), r)
     ulp = np.spacing(np.abs(x * 3).astype(F16)).astype(np.float32)
-    assert np.all(np.abs(got) <= ulp), np.max(np.abs(got) / ulp)
-    rounded = got + x * 3
-    np.testing.assert_array_equal(rounded.astype(F16).astype(np.float32), rounded)
+    assert np.all(np.abs(r - x * 3) <= ulp), np.max(np.abs(r - x * 3) / ulp)
+    np.testing.assert_array_equal(s, r + x)
     if "llvmpipe" in fusec.default_device().adapter:
-        np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(r, want)
+    got = r - x * 3
     assert np.any(got != 0)  # the rounding did happen
 
 

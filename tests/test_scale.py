@@ -89,10 +89,12 @@ def test_trace_and_lower_time_grows_about_linearly(rng: np.random.Generator,
     _trace_and_lower_seconds(500, rng)  # warm up the runtime and imports
     # best of several: the machine is shared (CI's 2 cores; other processes): the best time is the
     # one least disturbed
-    # (2,000 against 10,000: a 1,000-op chain lowers in ~50 ms, too short to time a ratio by)
-    small = min(_trace_and_lower_seconds(2000, rng) for _ in range(5))
-    large = min(_trace_and_lower_seconds(10_000, rng) for _ in range(3))
+    # doublings from 2,000 to 8,000 ops (a 1,000-op chain lowers in ~50 ms, too short to time a
+    # ratio by): linear time doubles, quadratic quadruples
+    times = [min(_trace_and_lower_seconds(n, rng) for _ in range(3)) for n in (2000, 4000, 8000)]
+    ratios = [b / a for a, b in zip(times, times[1:])]
     with capsys.disabled():
-        print(f"\ntrace + lower: 2,000 ops {small * 1e3:.0f} ms, 10,000 ops {large * 1e3:.0f} ms "
-              f"({large / small:.1f}x)")
-    assert large / small < 7.5, (small, large)  # 5x the ops: at most 1.5x linear
+        print(f"\ntrace + lower: 2,000 / 4,000 / 8,000 ops "
+              f"{' / '.join(f'{t * 1e3:.0f}' for t in times)} ms (x{ratios[0]:.2f}, "
+              f"x{ratios[1]:.2f} per doubling)")
+    assert max(ratios) < 3.0, (times, ratios)
