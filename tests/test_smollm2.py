@@ -149,6 +149,10 @@ def test_errors() -> None:
         model.step(np.zeros((1, 3), np.int32))
     with pytest.raises(FusecError, match="max_len=16"):
         model.step(np.zeros((2, 17), np.int32))
+    with pytest.raises(FusecError, match=r"ids in \[0, 257\)"):
+        model.step(np.asarray([[1, 2], [3, 257]]))
+    with pytest.raises(FusecError, match=r"ids in \[0, 257\)"):
+        model.step(np.asarray([[1, 2], [-1, 0]]))
     with pytest.raises(FusecError, match="context"):
         Llama(cfg, w, max_len=4096)
     with pytest.raises(FusecError, match=r"\[batch, length\]"):

@@ -383,6 +383,9 @@ class Llama:
         if not isinstance(tokens, np.ndarray) and not hasattr(tokens, "block_until_ready"):
             tokens = np.asarray(tokens, dtype=np.int32)
         if isinstance(tokens, np.ndarray):
+            if tokens.size and (tokens.min() < 0 or tokens.max() >= self.cfg.vocab):
+                raise FusecError(f"tokens must be ids in [0, {self.cfg.vocab}); got values from "
+                                 f"{tokens.min()} to {tokens.max()}")
             tokens = tokens.astype(np.int32, copy=False)
         t = shape[1] if len(shape) == 2 else 1
         if self.pos + t > self.max_len:
