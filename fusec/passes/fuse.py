@@ -124,7 +124,7 @@ class _Planner:
                     if isinstance(v, Var):
                         mat.add(id(v))
         if enabled:
-            _cap_cones(prog, mat, self.producer)
+            _cap_cones(prog, mat)
         self.mat = mat
 
     # -- building blocks --
@@ -394,9 +394,7 @@ class _Planner:
 
         def related(a: _Group) -> dict[int, _Group]:
             found: dict[int, _Group] = {}
-            read_vars = {id(v): v for e in a.eqns.values() for v in e.inputs
-                         if isinstance(v, Var)}
-            read = set(read_vars)
+            read = {id(v): v for e in a.eqns.values() for v in e.inputs if isinstance(v, Var)}
             info = self.row_info(a) if a.kind == "reduce" else None
             row_size = math.prod(info[0]) if info is not None else 0
             for k in a.eqns:
@@ -417,7 +415,7 @@ class _Planner:
                 # writes. (Not through a small input broadcast into their rows, like an
                 # attention mask every layer of a model adds: siblings share their rows, and
                 # that relation made every layer's softmax try to merge with every other's.)
-                if read_vars[v].size >= row_size:
+                if read[v].size >= row_size:
                     found.update((k, g) for k, g in readers.get(v, {}).items()
                                  if g.kind == "reduce")
                 for o in (w.outs() if w is not None else ()):
@@ -468,7 +466,7 @@ class _Planner:
         return out, merged
 
 
-def _cap_cones(prog: Program, mat: set[int], producer: dict[int, Eqn]) -> None:
+def _cap_cones(prog: Program, mat: set[int]) -> None:
     """Materialise (add to ``mat``) values read by several equations whose cones read more than
     CONE_MAX materialised values (counted with repeats, a bound)."""
     n_readers: dict[int, int] = {}
