@@ -109,16 +109,8 @@ def _copy_bandwidth() -> tuple[float, str]:
 def _weight_bytes(model: Llama) -> int:
     """Bytes of weights a decode step reads: every matrix's words and the norms (the embedding
     table's one row per token aside)."""
-    total = 0
-    for lw in model.params["layers"]:
-        for v in lw.values():
-            total += _nbytes(v)
-    return total + _nbytes(model.params["lm_head"]) + _nbytes(model.params["norm"])
-
-
-def _nbytes(v: Any) -> int:
-    data = getattr(v, "data", v)
-    return int(np.prod(data.shape)) * 4
+    mats = [v for lw in model.params["layers"] for v in lw.values()]
+    return sum(int(v.nbytes) for v in mats + [model.params["lm_head"], model.params["norm"]])
 
 
 def speed(model: Llama, reps: int, decode_tokens: int) -> dict[str, Any]:
