@@ -36,6 +36,7 @@ from .errors import (
     TraceError,
     TracerBoolConversionError,
 )
+from .export import Exported, ExportError, export, load_exported
 from .jit import Compiled, JitFunction, Lowered, Traced, gpu_jit
 from .runtime import Array, DeviceInfo, default_device, device_put, profile
 from .trace import ShapeDtype
@@ -49,5 +50,6 @@ __all__ = [
     "StaticArgumentError", "TraceError", "Traced", "TracerBoolConversionError", "cache_info",
     "clear_cache", "config", "default_device", "device_put", "gpu_jit", "lax", "nn", "numpy",
     "quant", "random", "tree_util", "vmap", "warmup_from", "grad", "value_and_grad", "vjp", "jvp",
-    "jacrev", "jacfwd", "custom_vjp", "stop_gradient", "profile",
+    "jacrev", "jacfwd", "custom_vjp", "stop_gradient", "profile", "export", "load_exported",
+    "Exported", "ExportError",
 ]

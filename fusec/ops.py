@@ -59,7 +59,7 @@ def wgsl_literal(value: Any, dtype: str) -> str:
         text = repr(f)
         return text + ("f" if ("." in text or "e" in text) else ".0f")
     bits = int(np.array(f, dtype=np.float32).view(np.uint32))
-    return f"bitcast<f32>({bits:#x}u)"  # inf and nan have no WGSL literal
+    return f"fusec_f32_bits({bits:#x}u)"  # inf and nan have no WGSL literal (see HELPERS)
 
 
 # --- elementwise ----------------------------------------------------------------------------------
@@ -70,11 +70,21 @@ def wgsl_literal(value: Any, dtype: str) -> str:
 # Special values: WGSL lets an implementation assume that no NaN or infinity occurs, and GPU
 # compilers do (``x != x`` may fold to false), so NaN and infinity are recognised by testing the
 # bits and produced as bit patterns, never by comparisons or 0/0.
-_NAN = "bitcast<f32>(0x7fc00000u)"
-_INF = "bitcast<f32>(0x7f800000u)"
-_NEG_INF = "bitcast<f32>(0xff800000u)"
+#
+# They come from fusec_f32_bits, not from bitcast<f32> of a constant: that is a constant
+# expression, and WGSL's constant evaluation must reject a non-finite result (Tint, the compiler
+# of Chrome's WebGPU, does: "value -inf cannot be represented as 'f32'"); a function's result is
+# not one.
+_NAN = "fusec_f32_bits(0x7fc00000u)"
+_INF = "fusec_f32_bits(0x7f800000u)"
+_NEG_INF = "fusec_f32_bits(0xff800000u)"
 
 HELPERS = {
+    "fusec_f32_bits": """
+fn fusec_f32_bits(b: u32) -> f32 {
+    return bitcast<f32>(b);
+}
+""",
     "fusec_isnan": """
 fn fusec_isnan(x: f32) -> bool {
     return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;
@@ -507,8 +517,8 @@ def _div(a: Sequence[str], dt: str) -> str:
     ``x / 0.0f`` to 0 (lavapipe gave 0 for 1 / 0.0), where numpy gives +-inf, or nan for 0 / 0,
     as x * inf does."""
     if a[1] in ("0.0f", "-0.0f"):
-        inf = "0xff800000u" if a[1].startswith("-") else "0x7f800000u"
-        return f"({a[0]} * bitcast<f32>({inf}))"
+        inf = _NEG_INF if a[1].startswith("-") else _INF
+        return f"({a[0]} * {inf})"
     return f"({a[0]} / {a[1]})"
 
 
