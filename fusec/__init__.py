@@ -36,7 +36,7 @@ from .errors import (
     TraceError,
     TracerBoolConversionError,
 )
-from .export import Exported, ExportError, export, load_exported
+from .exported import Exported, ExportError, export, load_exported
 from .jit import Compiled, JitFunction, Lowered, Traced, gpu_jit
 from .runtime import Array, DeviceInfo, default_device, device_put, profile
 from .trace import ShapeDtype

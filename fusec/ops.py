@@ -102,6 +102,17 @@ fn fusec_isfinite(x: f32) -> bool {
     # compiler removed that round trip (the value came out unrounded; tests/test_float16.py).
     # Beyond f16's range (from 65520 up) infinity, as numpy; NaN and the infinities as they are;
     # below 2^-14, multiples of 2^-24 (f16's subnormals).
+    # exp and log with numpy's special values: WGSL lets an implementation assume no NaN, and
+    # SwiftShader (Chrome's WebGPU without a GPU) gave exp(NaN) = inf, log(NaN) = 89, and
+    # log(x) = log|x| for negative x (numpy: NaN for all three)
+    "fusec_exp": """
+fn fusec_exp(x: f32) -> f32 {
+    return select(exp(x), x, fusec_isnan(x));
+}""",
+    "fusec_log": """
+fn fusec_log(x: f32) -> f32 {
+    return select(log(x), fusec_f32_bits(0x7fc00000u), x < 0.0 || fusec_isnan(x));
+}""",
     "fusec_round_f16": """
 fn fusec_round_f16(x: f32) -> f32 {
     let b = bitcast<u32>(x);
@@ -158,7 +169,8 @@ fn fusec_erf(x: f32) -> f32 {
     let t = 1.0 / (1.0 + 0.3275911 * abs(x));
     let p = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741
             + t * (-1.453152027 + t * 1.061405429))));
-    return sign(x) * (1.0 - p * exp(-x * x));
+    let r = sign(x) * (1.0 - p * exp(-x * x));
+    return select(r, x, fusec_isnan(x));  // (exp(NaN) may be anything: see fusec_exp)
 }""",
     "fusec_tanh": """
 fn fusec_tanh(x: f32) -> f32 {
@@ -174,7 +186,8 @@ fn fusec_tanh(x: f32) -> f32 {
     let small = ax * (1.0 + x2 * (-0.33333334 + x2 * (0.13333334 + x2 * (-0.053968254
                 + x2 * 0.021869488))));
     let r = select(big, small, ax < 0.25);
-    return bitcast<f32>(bitcast<u32>(r) | (bitcast<u32>(x) & 0x80000000u));
+    let t = bitcast<f32>(bitcast<u32>(r) | (bitcast<u32>(x) & 0x80000000u));
+    return select(t, x, fusec_isnan(x));  // (exp2(NaN) may be anything: see fusec_exp)
 }""",
     # written out over the exponent's 32 bits: software adapters end a shader's loops after
     # 65535 iterations in all (see codegen.SOFTWARE_LOOP_LIMIT), and a loop here, run for every
@@ -200,8 +213,11 @@ fn fusec_ipow_i32(x: i32, n: i32) -> i32 {
 }""",
     "fusec_pow": """
 fn fusec_pow(x: f32, y: f32) -> f32 {
-    // WGSL pow(x, y) is undefined for x < 0 and for x == 0; numpy is not.
-    if (y == 0.0) { return 1.0; }
+    // WGSL pow(x, y) is undefined for x < 0 and for x == 0; numpy is not. Nor does WGSL say what
+    // pow of NaN is (lavapipe gave pow(NaN, 2.5) = 0, SwiftShader inf); numpy: NaN, except
+    // x ** 0 = 1 ** y = 1.
+    if (y == 0.0 || x == 1.0) { return 1.0; }
+    if (fusec_isnan(x) || fusec_isnan(y)) { return fusec_f32_bits(0x7fc00000u); }
     let r = pow(abs(x), y);
     if (x == 0.0) { return select(0.0, 1.0 / x, y < 0.0); }
     if (x < 0.0) {
@@ -292,6 +308,32 @@ fn fusec_sinh(x: f32) -> f32 {
     }
     return fusec_copysign(r, x);
 }""",
+    # sin and cos: WGSL promises only 2^-11 absolute on [-pi, pi], and SwiftShader (Chrome's
+    # WebGPU without a GPU) is that coarse: sin(1) off by 2e-5 relative, sin(1e-30) = 0. Below
+    # |x| = 4096: x - q pi/2 in three steps (q c1 and q c2 exact: c1 has 8 significant bits, c2
+    # 12, q < 2^12), then the quadrant's sine or cosine polynomial on [-pi/4, pi/4] (Cephes'
+    # single-precision coefficients); beyond, the builtin.
+    "fusec_sin_cos": """
+fn fusec_sin_cos(x: f32, quadrant: i32) -> f32 {
+    let q = round(x * 0.63661975);
+    let r = ((x - q * 1.5703125) - q * 0.0004838705062866211) - q * -4.371138828673793e-08;
+    let z = r * r;
+    let sn = r + r * z * (-0.16666655 + z * (0.0083321609 + z * -0.00019515296));
+    let cs = 1.0 - 0.5 * z + z * z * (0.041666646 + z * (-0.0013887316 + z * 2.4433157e-05));
+    let n = (i32(q) + quadrant) & 3;
+    let v = select(cs, sn, (n & 1) == 0);
+    return select(v, -v, n >= 2);
+}""",
+    "fusec_sin": """
+fn fusec_sin(x: f32) -> f32 {
+    if (abs(x) < 4096.0) { return fusec_sin_cos(x, 0); }
+    return select(sin(x), fusec_f32_bits(0x7fc00000u), !fusec_isfinite(x));
+}""",
+    "fusec_cos": """
+fn fusec_cos(x: f32) -> f32 {
+    if (abs(x) < 4096.0) { return fusec_sin_cos(x, 1); }
+    return select(cos(x), fusec_f32_bits(0x7fc00000u), !fusec_isfinite(x));
+}""",
     "fusec_tan": """
 fn fusec_tan(x: f32) -> f32 {
     // NVIDIA's tan (sin / cos at the hardware's absolute accuracy) lost all relative accuracy
@@ -300,11 +342,12 @@ fn fusec_tan(x: f32) -> f32 {
     if (abs(x) < 0.0625) {
         return x + x * x2 * (0.33333334 + x2 * (0.13333334 + x2 * 0.053968254));
     }
-    return tan(x);
+    return fusec_sin(x) / fusec_cos(x);
 }""",
     "fusec_cosh": """
 fn fusec_cosh(x: f32) -> f32 {
     // as fusec_sinh for large |x| (the builtin overflows from 88.7); below, a sum of positives
+    if (fusec_isnan(x)) { return x; }
     let a = abs(x);
     if (a < 9.0) {
         let e = exp(a);
@@ -827,9 +870,9 @@ ELEMENTWISE: dict[Op, Elementwise] = {
                     deriv=_D_NONE),
         Elementwise(Op.NEG, np.negative, _neg, bool_ok=False, tol=(0.0, 0.0), deriv=_D_NEG),
         Elementwise(Op.ABS, np.abs, _abs, tol=(0.0, 0.0), deriv=_D_ABS),
-        Elementwise(Op.EXP, np.exp, _call("exp"), float_only=True, tol=_TRANSCENDENTAL,
+        Elementwise(Op.EXP, np.exp, _call("fusec_exp"), float_only=True, tol=_TRANSCENDENTAL,
                     deriv=_D_EXP),
-        Elementwise(Op.LOG, np.log, _call("log"), float_only=True, tol=_TRANSCENDENTAL,
+        Elementwise(Op.LOG, np.log, _call("fusec_log"), float_only=True, tol=_TRANSCENDENTAL,
                     deriv=_D_LOG),
         Elementwise(Op.SQRT, np.sqrt, _call("sqrt"), float_only=True, tol=(1e-6, 0.0),
                     deriv=_D_SQRT),
@@ -837,9 +880,11 @@ ELEMENTWISE: dict[Op, Elementwise] = {
                     float_only=True, tol=(1e-6, 0.0), deriv=_D_RSQRT),
         Elementwise(Op.TANH, np.tanh, _call("fusec_tanh"), float_only=True, tol=_TRANSCENDENTAL,
                     deriv=_D_TANH),
-        # WGSL promises sin/cos only to 2^-11 absolute on [-pi, pi]; real adapters do far better.
-        Elementwise(Op.SIN, np.sin, _call("sin"), float_only=True, tol=(1e-5, 2e-6), deriv=_D_SIN),
-        Elementwise(Op.COS, np.cos, _call("cos"), float_only=True, tol=(1e-5, 2e-6), deriv=_D_COS),
+        # (fusec_sin_cos: WGSL promises the builtins only to 2^-11 absolute on [-pi, pi])
+        Elementwise(Op.SIN, np.sin, _call("fusec_sin"), float_only=True, tol=(1e-5, 2e-6),
+                    deriv=_D_SIN),
+        Elementwise(Op.COS, np.cos, _call("fusec_cos"), float_only=True, tol=(1e-5, 2e-6),
+                    deriv=_D_COS),
         Elementwise(Op.ERF, _np_erf, _call("fusec_erf"), float_only=True, tol=(1e-5, 1e-6),
                     deriv=_D_ERF),
         Elementwise(Op.ADD, _np_bool_safe(np.add, np.logical_or), _bin("+", "||"), tol=(1e-7, 0.0),

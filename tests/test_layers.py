@@ -23,7 +23,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("runtime",),
     ("record", "jit"),
     ("warmup", "transforms", "autodiff", "vmap", "control_flow_ad"),
-    ("models", "export", "web"),
+    ("models", "exported", "web"),
     ("bench", "cli", "demo", "__main__", "__init__"),
 ]
 
