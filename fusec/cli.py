@@ -2,13 +2,21 @@
 
     fusec info                                        adapters, the chosen device, its limits
     fusec show MODULE:FUNCTION --arg 64x512:float32 [--arg ...] [--ir | --wgsl]
+    fusec export MODULE:FUNCTION --arg 64x512:float32 [--arg ...] --out DIR [--target python|web]
+                 [--tuning gpu|cpu]                   a saved artifact (fusec.export), or a web page
+    fusec warmup MANIFEST [--threads N] [--quiet]     compile recorded signatures ahead of time
+    fusec cache info|clear                            the persistent cache of lowered programs
     fusec bench [--quick] [--out DIR] [--only NAME,...]   fused/unfused vs numpy/torch/JAX report
 
 ``show`` imports MODULE (a dotted module name or a path to a .py file), takes FUNCTION from it (a
 ``@fusec.gpu_jit`` function, or a plain one, which is wrapped with ``fusec.gpu_jit``), lowers it for
 the given argument shapes and dtypes without running it, and prints the lowered IR and the WGSL.
+``export`` takes MODULE:FUNCTION and ``--arg`` the same way, exports the function for those
+arguments (``fusec.export``) and saves the artifact into DIR (``Exported.save``): for Python
+(``fusec.load_exported``), or with ``--target web`` also as an ES module and a demo page for WebGPU.
 Errors the user can fix (a bad ``--arg``, a module or function that cannot be found, a function that
-does not trace for those arguments) print one line on stderr and exit with status 2.
+does not trace for those arguments, a program the target cannot run) print one line on stderr and
+exit with status 2.
 """
 
 from __future__ import annotations
@@ -16,8 +24,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import json
 import os
 import re
+import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -154,6 +164,17 @@ def load_function(ref: str) -> Any:
     return fusec.gpu_jit(obj)
 
 
+def _compile_errors(ref: str, arg_texts: Sequence[str], exc: Exception) -> UsageError:
+    """The one-line error for a function that does not trace or lower for these ``--arg``s."""
+    import fusec
+
+    if isinstance(exc, fusec.FusecError):
+        return UsageError(f"{ref} does not compile for ({', '.join(arg_texts)}): "
+                          f"{type(exc).__name__}: {exc}")
+    # a TypeError: the wrong number of arguments, mostly
+    return UsageError(f"cannot call {ref} with {len(arg_texts)} argument(s): {exc}")
+
+
 def _cmd_show(args: argparse.Namespace) -> int:
     import fusec
 
@@ -161,12 +182,8 @@ def _cmd_show(args: argparse.Namespace) -> int:
     fn = load_function(args.function)
     try:
         lowered = fn.lower(*specs)
-    except fusec.FusecError as exc:
-        raise UsageError(f"{args.function} does not compile for ({', '.join(args.arg)}): "
-                         f"{type(exc).__name__}: {exc}") from None
-    except TypeError as exc:  # wrong number of arguments, mostly
-        raise UsageError(f"cannot call {args.function} with {len(specs)} argument(s): "
-                         f"{exc}") from None
+    except (fusec.FusecError, TypeError) as exc:
+        raise _compile_errors(args.function, args.arg, exc) from None
     show_ir = args.ir or not args.wgsl
     show_wgsl = args.wgsl or not args.ir
     if show_ir:
@@ -177,6 +194,87 @@ def _cmd_show(args: argparse.Namespace) -> int:
     if show_wgsl:
         print(f"# WGSL of {args.function}")
         print(lowered.as_text("wgsl"))
+    return 0
+
+
+# --- fusec export ---------------------------------------------------------------------------------
+
+
+def _shape_text(shape: Sequence[int]) -> str:
+    """A shape as ``--arg`` writes it: ``17x33``, or ``scalar``."""
+    return "x".join(map(str, shape)) if len(shape) else "scalar"
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    import fusec
+    from fusec.tree import flatten_with_paths, num_leaves, unflatten
+
+    # checked before anything is imported or traced: a missing --out is a one-line error too
+    if not args.out:
+        raise UsageError("export: --out DIR is required (the directory the artifact is "
+                         "written into)")
+    specs = [parse_spec(s) for s in args.arg]
+    fn = load_function(args.function)
+    try:
+        exported = fusec.export(fn, *specs, tuning=args.tuning)
+    except fusec.ExportError as exc:  # static arguments, an output structure it cannot save
+        msg = str(exc).removeprefix("export: ")
+        raise UsageError(f"cannot export {args.function}: {msg}") from None
+    except (fusec.FusecError, TypeError) as exc:
+        raise _compile_errors(args.function, args.arg, exc) from None
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {args.out}: exists and is not a directory")
+    try:
+        exported.save(out, target=args.target)
+    except fusec.ExportError as exc:  # a compiled loop for the web target, no safetensors, ...
+        raise UsageError(str(exc)) from None  # these messages name the function and the target
+    except OSError as exc:
+        raise UsageError(f"cannot write the artifact into {args.out}: {exc}") from None
+
+    manifest = json.loads((out / "manifest.json").read_text())
+    print(f"exported {exported.name} to {out}/ (target {args.target}, kernels tuned for "
+          f"{exported.tuning})")
+    n = len(manifest["kernels"])
+    files = [("manifest.json", "what to run: inputs, outputs, buffers, dispatches"),
+             ("kernels/", f"{n} WGSL kernel{'' if n == 1 else 's'}")]
+    if manifest["weights"]:
+        nbytes = (out / manifest["weights"]).stat().st_size
+        k = len(manifest["constants"])
+        files.append((manifest["weights"],
+                      f"{k} constant tensor{'' if k == 1 else 's'}, {nbytes} bytes"))
+    if args.target == "web":
+        files += [("model.js", "the ES module (WebGPU, no dependencies)"),
+                  ("model.d.ts", "its TypeScript types"),
+                  ("index.html", "a demo page running the model")]
+    print("files:")
+    width = max(len(f) for f, _ in files)
+    for f, what in files:
+        print(f"  {f:<{width}}  {what}")
+    print("inputs:")
+    rows = [(i["name"], _shape_text(i["shape"]), i["dtype"]
+             + ("" if i["used"] else "  (unused: the program does not read it)"))
+            for i in manifest["inputs"]]
+    outs = manifest["outputs"]
+    paths = [p for p, _ in flatten_with_paths(
+        unflatten(exported.out_tree, range(num_leaves(exported.out_tree))), "out")[0]]
+    out_rows = [(p, _shape_text(o["shape"]), o["dtype"]) for p, o in zip(paths, outs)]
+    w0 = max((len(r[0]) for r in rows + out_rows), default=0)
+    w1 = max((len(r[1]) for r in rows + out_rows), default=0)
+    for r in rows or [("(none)", "", "")]:
+        print(f"  {r[0]:<{w0}}  {r[1]:<{w1}}  {r[2]}".rstrip())
+    print("outputs:")
+    for r in out_rows or [("(none)", "", "")]:
+        print(f"  {r[0]:<{w0}}  {r[1]:<{w1}}  {r[2]}".rstrip())
+    req = manifest["requires"]
+    if req["features"] or req["limits"]:
+        needs = req["features"] + [f"{k}={v}" for k, v in sorted(req["limits"].items())]
+        print(f"needs beyond WebGPU's defaults: {', '.join(needs)}")
+    if args.target == "web":
+        print(f"view it: python -m http.server -d {shlex.quote(str(out))}")
+        print("         then open http://localhost:8000/ in a browser with WebGPU")
+    else:
+        print(f"run it: fusec.load_exported({str(out)!r})(...)")
     return 0
 
 
@@ -260,6 +358,29 @@ def _parser() -> argparse.ArgumentParser:
     what.add_argument("--ir", action="store_true", help="only the lowered IR")
     what.add_argument("--wgsl", action="store_true", help="only the WGSL")
     show.set_defaults(run=_cmd_show)
+
+    exp = sub.add_parser(
+        "export", help="export a function for given argument shapes: a saved artifact for "
+        "Python, or an ES module and demo page for WebGPU",
+        description="Export MODULE:FUNCTION for these arguments (fusec.export) and save it into "
+        "DIR: manifest.json, kernels/*.wgsl and the captured arrays in weights.safetensors, "
+        "which fusec.load_exported(DIR) runs again; --target web also writes model.js (an ES "
+        "module), model.d.ts and index.html (a demo page). MODULE is a dotted module name or a "
+        "path to a .py file.")
+    exp.add_argument("function", metavar="MODULE:FUNCTION")
+    exp.add_argument("--arg", action="append", default=[], metavar="SHAPE:DTYPE",
+                     help="one per positional argument, in order: 64x512:float32, "
+                          "64,512:int32, scalar:float32")
+    exp.add_argument("--out", default=None, metavar="DIR",
+                     help="the directory the artifact is written into (required; created, files "
+                          "of an earlier export there are replaced)")
+    exp.add_argument("--target", choices=["python", "web"], default="python",
+                     help="python (default): for fusec.load_exported; web: also the ES module "
+                          "and a demo page")
+    exp.add_argument("--tuning", choices=["gpu", "cpu"], default=None,
+                     help="the kind of device the kernels are tuned for (default: that of "
+                          "fusec's device)")
+    exp.set_defaults(run=_cmd_export)
 
     warm = sub.add_parser(
         "warmup", help="compile every signature recorded in a warm-up manifest",
