@@ -366,6 +366,10 @@ class Exported:
         if kdir.exists():
             shutil.rmtree(kdir)
         kdir.mkdir()
+        # an earlier export's files that this one may not write again
+        for name in ("weights.safetensors", "samples.safetensors", "model.js", "model.d.ts",
+                     "index.html"):
+            (out / name).unlink(missing_ok=True)
         for i, k in enumerate(self.kernels):
             (out / _kernel_file(i, k)).write_text(k.wgsl)
         if self.constants:

@@ -15,7 +15,7 @@ import pytest
 
 import fusec
 from fusec.cli import load_function, main
-from fusec.export import VERSION as EXPORT_VERSION
+from fusec.exported import VERSION as EXPORT_VERSION
 from fusec.ir import Op
 
 REPO = Path(__file__).resolve().parent.parent

@@ -173,3 +173,12 @@ def test_load_errors(tmp_path: Path) -> None:
     (tmp_path / "manifest.json").write_text(json.dumps(m))
     with pytest.raises(fusec.ExportError, match="not a fusec export"):
         fusec.load_exported(tmp_path)
+
+
+def test_saving_again_replaces_an_earlier_export(tmp_path: Path) -> None:
+    w = np.arange(3, dtype=np.float32)
+    fusec.export(lambda x: x * w, S((3,))).save(tmp_path, target="web", sample_inputs=(w,))
+    fusec.export(lambda x: x + 1.0, S((4,))).save(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kernels", "manifest.json"]
+    np.testing.assert_array_equal(
+        np.asarray(fusec.load_exported(tmp_path)(np.ones(4, np.float32))), np.full(4, 2.0))
