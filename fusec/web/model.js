@@ -172,11 +172,14 @@ export async function load(base, options = {}) {
   }
   let device = options.device;
   if (!device) {
-    const gpu = options.gpu ?? globalThis.navigator?.gpu;
-    if (!gpu) fail("WebGPU is not available here (navigator.gpu is undefined)");
-    const adapter = options.adapter ?? await gpu.requestAdapter(
-      options.powerPreference ? { powerPreference: options.powerPreference } : undefined);
-    if (!adapter) fail("no WebGPU adapter is available (requestAdapter returned null)");
+    let adapter = options.adapter;
+    if (!adapter) {
+      const gpu = options.gpu ?? globalThis.navigator?.gpu;
+      if (!gpu) fail("WebGPU is not available here (navigator.gpu is undefined)");
+      adapter = await gpu.requestAdapter(
+        options.powerPreference ? { powerPreference: options.powerPreference } : undefined);
+      if (!adapter) fail("no WebGPU adapter is available (requestAdapter returned null)");
+    }
     checkAdapter(adapter, manifest.requires, adapterLabel(adapter));
     device = await adapter.requestDevice({
       requiredFeatures: manifest.requires.features,
