@@ -412,7 +412,8 @@ def _safetensors() -> Any:
 
 def _save_tensors(path: Path, tensors: dict[str, np.ndarray]) -> None:
     # 0-d tensors are saved as shape () (safetensors supports them); data as stored on the GPU
-    _safetensors().save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(path))
+    # (np.asarray, not np.ascontiguousarray: that would make 0-d tensors 1-d)
+    _safetensors().save_file({k: np.asarray(v, order="C") for k, v in tensors.items()}, str(path))
 
 
 def _fusec_version() -> str:
