@@ -380,6 +380,9 @@ class Exported:
         if demo is not None:
             manifest["demo"] = dict(demo)
         (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+        for name in ("weights.safetensors", "samples.safetensors"):
+            if (out / name).exists():  # (the safetensors writer makes them private: 0600)
+                (out / name).chmod(0o644)
         if target == "web":
             for name in ("model.js", "model.d.ts", "index.html"):
                 shutil.copyfile(_WEB_DIR / name, out / name)
@@ -416,7 +419,8 @@ def _safetensors() -> Any:
 
 def _save_tensors(path: Path, tensors: dict[str, np.ndarray]) -> None:
     # 0-d tensors are saved as shape () (safetensors supports them); data as stored on the GPU
-    _safetensors().save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(path))
+    # (np.asarray, not np.ascontiguousarray: that would make 0-d tensors 1-d)
+    _safetensors().save_file({k: np.asarray(v, order="C") for k, v in tensors.items()}, str(path))
 
 
 def _fusec_version() -> str:

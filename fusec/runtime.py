@@ -891,7 +891,9 @@ def _device_array(shape: tuple[int, ...], dtype: str, buffer: DeviceBuffer,
 
 
 def to_storage(host: np.ndarray, dtype: str) -> np.ndarray:
-    return np.ascontiguousarray(host, dtype=dtypes.NUMPY_STORAGE[dtype])
+    """``host`` as the device stores ``dtype``: C-contiguous, same shape (0-d stays 0-d, which
+    ``np.ascontiguousarray`` would make 1-d: exports save constants with their shapes)."""
+    return np.asarray(host, dtype=dtypes.NUMPY_STORAGE[dtype], order="C")
 
 
 def device_put(x: Any, dtype: Any = None) -> Array:

@@ -182,3 +182,76 @@ def test_smollm2_example_streams_the_reference_reply(capsys: pytest.CaptureFixtu
     captured = capsys.readouterr()
     assert captured.out.strip() == "The", captured.out
     assert "1 generated" in captured.err and "prompt tokens" in captured.err
+
+
+@pytest.fixture(scope="module")
+def export_web() -> ModuleType:
+    return _load_example("export_web")
+
+
+def test_export_web_example_writes_a_demo_that_loads_back(export_web: ModuleType,
+                                                          tmp_path: Path) -> None:
+    """examples/export_web.py with one encoder layer: the web directory holds the demo page, its
+    settings and the sentences' tokens; the export, loaded back, gives unit embeddings that match
+    the float64 numpy network of examples/minilm_encoder.py and their similarity matrix."""
+    from safetensors.numpy import load_file
+
+    assert not fusec.default_device().is_cpu_fallback
+    out = export_web.build(tmp_path / "demo", layers=1)
+    assert out == tmp_path / "demo"
+    for name in ("manifest.json", "weights.safetensors", "samples.safetensors", "model.js",
+                 "model.d.ts", "index.html"):
+        assert (out / name).is_file(), name
+    m = json.loads((out / "manifest.json").read_text())
+    assert all((out / k["file"]).is_file() for k in m["kernels"]) and m["kernels"]
+    sentences = list(export_web.SENTENCES)
+    b = len(sentences)
+    assert [i["dtype"] for i in m["inputs"]] == ["int32", "int32"]
+    # outputs: the dict's leaves in sorted key order, embeddings then similarity
+    assert [o["shape"] for o in m["outputs"]] == [[b, 384], [b, b]]
+    demo = m["demo"]
+    assert demo["heatmap"] == 1 and demo["labels"] == sentences
+    assert demo["cell"] >= 32 and demo["title"] and "first" in demo["description"]
+    assert m["samples"] == "samples.safetensors"
+
+    samples = load_file(str(out / "samples.safetensors"))
+    ids, mask = samples["in0"], samples["in1"]
+    # [CLS] tokens [SEP] [PAD]...: padded to the longest sentence, not to the file's 128
+    lengths = mask.sum(1)
+    assert ids.shape == mask.shape and ids.shape[1] == lengths.max() < 40
+    assert len(set(lengths.tolist())) > 1  # sentences of different lengths: padding is tested
+    assert (ids[:, 0] == 101).all() and (ids[np.arange(b), lengths - 1] == 102).all()
+    assert (ids[mask == 0] == 0).all()
+
+    exported = fusec.load_exported(out)
+    res = exported(ids, mask)
+    emb, sim = np.asarray(res["embeddings"]), np.asarray(res["similarity"])
+    np.testing.assert_allclose(np.linalg.norm(emb, axis=-1), 1.0, rtol=1e-5)
+    minilm = _load_example("minilm_encoder")
+    w, config = minilm.load_weights()
+    want = minilm.reference(w, ids, mask, float(config["layer_norm_eps"]), layers=1)
+    # float32 through one layer and pooling (test_minilm.py measures a few 1e-7 over six)
+    np.testing.assert_allclose(emb, want, atol=3e-6)
+    np.testing.assert_allclose(sim, want @ want.T, atol=1e-5)
+    # what the demo page compares the browser's outputs with: what Python computed at export
+    np.testing.assert_allclose(samples["out0"], emb, atol=1e-6)
+    np.testing.assert_allclose(samples["out1"], sim, atol=1e-6)
+
+
+def test_export_web_sentences_make_a_structured_matrix(export_web: ModuleType) -> None:
+    """The demo's sentences (two pairs of paraphrases, two unrelated ones) through the full
+    6-layer network in float64 numpy: each pair is clearly more similar than any two sentences
+    of different pairs, so the heatmap shows two bright blocks."""
+    minilm = _load_example("minilm_encoder")
+    w, config = minilm.load_weights()
+    ids, mask = export_web.tokenize(export_web.SENTENCES)
+    emb = minilm.reference(w, ids, mask, float(config["layer_norm_eps"]))
+    sim = emb @ emb.T
+    pairs = {(0, 1), (2, 3)}
+    inside = [sim[i, j] for i, j in pairs]
+    outside = [sim[i, j] for i in range(len(sim)) for j in range(i) if (j, i) not in pairs]
+    assert min(inside) > 0.5 and max(outside) < 0.2, (inside, outside)
+    with pytest.raises(ValueError, match="layers"):
+        export_web.build("/nonexistent", layers=7)
+    with pytest.raises(ValueError, match="sentences"):
+        export_web.build("/nonexistent", sentences="one string")

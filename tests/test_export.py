@@ -182,3 +182,17 @@ def test_saving_again_replaces_an_earlier_export(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["kernels", "manifest.json"]
     np.testing.assert_array_equal(
         np.asarray(fusec.load_exported(tmp_path)(np.ones(4, np.float32))), np.full(4, 2.0))
+
+
+def test_scalar_constant_and_readable_files(rng: np.random.Generator, tmp_path: Path) -> None:
+    c = np.float32(rng.standard_normal())  # a captured numpy scalar: a 0-d constant
+
+    def f(x):  # type: ignore[no-untyped-def]
+        return fnp.where(x > 0, x, c) * np.arange(5, dtype=np.float32)
+
+    fusec.export(f, S((5,))).save(tmp_path, sample_inputs=(np.ones(5, np.float32),))
+    x = rng.standard_normal(5).astype(np.float32)
+    np.testing.assert_allclose(np.asarray(fusec.load_exported(tmp_path)(x)),
+                               np.where(x > 0, x, c) * np.arange(5), rtol=1e-6)
+    for name in ("weights.safetensors", "samples.safetensors"):
+        assert (tmp_path / name).stat().st_mode & 0o044 == 0o044  # a web server may read them
