@@ -143,3 +143,34 @@ def test_served_files_are_what_python_wrote(site: Site) -> None:
     with urllib.request.urlopen(f"{site.url}files/manifest.json") as r:
         assert json.loads(r.read())["format"] == "fusec-export"
     assert Path(site.root / "files" / "model.js").read_text().startswith("// fusec web runtime")
+
+
+def test_sentence_embedding_demo_page(site: Site, page: Any) -> None:
+    """examples/export_web.py's page (MiniLM's first layer, to keep it quick on SwiftShader):
+    the browser's embeddings and similarity matrix match Python's, and the page draws the
+    matrix, its diagonal (each sentence with itself) at the top of the colour scale."""
+    import importlib.util
+
+    from PIL import Image
+
+    path = Path(__file__).resolve().parent.parent / "examples" / "export_web.py"
+    spec = importlib.util.spec_from_file_location("export_web_example", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    mod.build(site.root / "minilm", layers=1, runs=1)
+    page.goto(f"{site.url}minilm/index.html")
+    page.wait_for_function("window.fusecDemo && window.fusecDemo.done", timeout=300_000)
+    res = page.evaluate("({ok: fusecDemo.ok, maxDiff: fusecDemo.maxDiff, error: fusecDemo.error,"
+                        " heatmap: fusecDemo.heatmap, errors: fusecDemo.errors})")
+    assert res["ok"] is True, (res, page.console)
+    assert res["maxDiff"] < 1e-5 and res["errors"] == []
+    n = len(mod.SENTENCES)
+    assert (res["heatmap"]["rows"], res["heatmap"]["cols"]) == (n, n)
+    cell = res["heatmap"]["cell"]
+    img = np.asarray(Image.open(io.BytesIO(page.locator("#heatmap").screenshot())).convert("RGB"))
+    top = np.array([253, 231, 37])
+    for i in range(n):
+        px = img[i * cell + cell // 2, i * cell + cell // 2].astype(int)
+        assert np.abs(px - top).max() <= 3, (i, px)
+    assert page.inner_text("#labels").startswith(f"0: {mod.SENTENCES[0]}")
