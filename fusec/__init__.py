@@ -38,7 +38,7 @@ from .errors import (
 )
 from .exported import Exported, ExportError, export, load_exported
 from .jit import Compiled, JitFunction, Lowered, Traced, gpu_jit
-from .runtime import Array, DeviceInfo, default_device, device_put, profile
+from .runtime import Array, DeviceInfo, default_device, device_put, devices, profile
 from .trace import ShapeDtype
 from .vmap import vmap
 from .warmup import warmup_from
@@ -48,7 +48,8 @@ __all__ = [
     "FusecError",
     "IndexingError", "JitFunction", "Lowered", "ShapeDtype", "ShapeError", "SignatureError",
     "StaticArgumentError", "TraceError", "Traced", "TracerBoolConversionError", "cache_info",
-    "clear_cache", "config", "default_device", "device_put", "gpu_jit", "lax", "nn", "numpy",
+    "clear_cache", "config", "default_device", "device_put", "devices", "gpu_jit", "lax", "nn",
+    "numpy",
     "quant", "random", "tree_util", "vmap", "warmup_from", "grad", "value_and_grad", "vjp", "jvp",
     "jacrev", "jacfwd", "custom_vjp", "stop_gradient", "profile", "export", "load_exported",
     "Exported", "ExportError",

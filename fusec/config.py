@@ -33,6 +33,8 @@ _overrides: dict[str, Any] = {}
 _ENV = {
     "debug": ("FUSEC_DEBUG", 0),
     "backend": ("FUSEC_BACKEND", ""),
+    # an index into fusec.devices(): the adapter the default device uses ("": fusec chooses)
+    "adapter": ("FUSEC_ADAPTER", ""),
     "verify": ("FUSEC_VERIFY", 0),
     "log_compiles": ("FUSEC_LOG_COMPILES", 0),
     "target": ("FUSEC_TARGET", ""),

@@ -48,6 +48,7 @@ class DeviceInfo:
     # why this device was chosen, where it is not the obvious one (the interpreter with an
     # adapter present, or a software adapter asked for): "" otherwise
     reason: str = ""
+    index: int = -1  # its position in fusec.devices() (-1: the numpy interpreter)
 
     @property
     def is_cpu_fallback(self) -> bool:
@@ -56,6 +57,10 @@ class DeviceInfo:
 
     def __str__(self) -> str:
         return f"{self.adapter} ({self.adapter_type}, {self.backend})"
+
+    @property
+    def name(self) -> str:
+        return self.adapter
 
 
 F16_FEATURE = "shader-f16"  # the WebGPU feature float16 storage needs
@@ -577,13 +582,14 @@ def _choose_adapter() -> tuple[Any, str]:
     if want not in _BACKENDS and want not in ("auto", "gpu"):
         raise FusecError(f"FUSEC_BACKEND={want!r} is not one of auto, gpu, cpu, "
                          f"{', '.join(_BACKENDS)}")
-    try:
-        import wgpu
-
-        adapters = list(wgpu.gpu.enumerate_adapters_sync())
-    except Exception as exc:  # no wgpu-native library, no loader, ...
-        config.debug(1, f"wgpu unavailable: {exc}")
-        adapters = []
+    adapters = _adapters()
+    pick = str(config.get("adapter") or "").strip()
+    if pick:
+        if not pick.isdigit() or int(pick) >= len(adapters):
+            raise FusecError(f"FUSEC_ADAPTER={pick!r} is not an index of fusec.devices() "
+                             f"(0 to {len(adapters) - 1}: "
+                             f"{', '.join(_adapter_label(a) for a in adapters) or 'none'})")
+        return adapters[int(pick)], f"FUSEC_ADAPTER={pick}"
     if want in _BACKENDS:
         found = [a for a in adapters if a.info["backend_type"] == _BACKENDS[want]]
         if not found:
@@ -620,6 +626,36 @@ def _user_stacklevel() -> int:
     return level
 
 
+_ADAPTERS: Optional[list[Any]] = None
+
+
+def _adapters() -> list[Any]:
+    """wgpu's adapters, enumerated once: their positions are the devices' indices."""
+    global _ADAPTERS
+    if _ADAPTERS is None:
+        os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")  # quiets Mesa on headless Linux
+        try:
+            import wgpu
+
+            _ADAPTERS = list(wgpu.gpu.enumerate_adapters_sync())
+        except Exception as exc:  # no wgpu-native library, no loader, ...
+            config.debug(1, f"wgpu unavailable: {exc}")
+            _ADAPTERS = []
+    return _ADAPTERS
+
+
+def devices() -> list[DeviceInfo]:
+    """Every adapter wgpu finds, in a fixed order: ``index`` (what ``FUSEC_ADAPTER`` names),
+    name, backend, type, limits and features. The numpy interpreter is not among them."""
+    out = []
+    for i, a in enumerate(_adapters()):
+        info = a.info
+        out.append(DeviceInfo(backend=str(info["backend_type"]), adapter=str(info["device"]),
+                              adapter_type=str(info["adapter_type"]), limits=dict(a.limits),
+                              features=tuple(sorted(a.features)), index=i))
+    return out
+
+
 def get_runtime() -> Optional[Runtime]:
     """The process's runtime, created on first use; None means the numpy interpreter runs the
     programs (see :func:`_choose_adapter` for when)."""
@@ -637,6 +673,7 @@ def get_runtime() -> Optional[Runtime]:
         else:
             _RUNTIME = Runtime(adapter)
             _RUNTIME.info.reason = _REASON
+            _RUNTIME.info.index = next(i for i, a in enumerate(_adapters()) if a is adapter)
             config.debug(1, f"device: {_RUNTIME.info}" + (f" ({_REASON})" if _REASON else ""))
     return _RUNTIME
 
