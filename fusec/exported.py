@@ -240,6 +240,10 @@ class Exported:
         self._exe: Optional[GpuExecutable] = None
         self._consts: Optional[list[Array]] = None
         self._used = used_inputs(program)
+        # arguments whose buffers the program writes its results into (donated ones): a caller's
+        # Array passed there is used up, as with a jitted call
+        self.donated = sorted({int(sl[2:]) for e in program.eqns if e.op is Op.KERNEL
+                               for sl in e.params.get("slots", ()) if sl.startswith("in")})
 
     def __repr__(self) -> str:
         ins = ", ".join(f"{p}: {_spec_str(s)}" for p, s in zip(self.in_paths, self.in_specs))
@@ -274,7 +278,15 @@ class Exported:
         assert self._consts is not None
         arrays += [c if used else None
                    for c, used in zip(self._consts, self._used[len(leaves):])]
+        for i in self.donated:
+            x = arrays[i]
+            if x is not None and x is leaves[i] and x._shared:
+                arrays[i] = x.donation_copy(rt)  # another Array views its buffer: keep that one
         outs = self._exe.run(arrays)
+        for i in self.donated:
+            x = leaves[i]
+            if isinstance(x, Array) and not any(o is x for o in outs):
+                x.donate(self.name)
         return unflatten(self.out_tree, outs)
 
     def _const_specs(self) -> list[tuple[tuple[int, ...], str]]:
@@ -327,6 +339,7 @@ class Exported:
             "name": self.name,
             "tuning": self.tuning,
             "args": self.arg_names,
+            "donated": [self.in_paths[i] for i in self.donated],
             "inputs": [{"name": p, "shape": list(s), "dtype": d, "buffer": b, "used": u}
                        for p, (s, d), b, u in zip(self.in_paths, self.in_specs,
                                                    self.plan.inputs, self._used)],

@@ -104,14 +104,15 @@ fn fusec_isfinite(x: f32) -> bool {
     # below 2^-14, multiples of 2^-24 (f16's subnormals).
     # exp and log with numpy's special values: WGSL lets an implementation assume no NaN, and
     # SwiftShader (Chrome's WebGPU without a GPU) gave exp(NaN) = inf, log(NaN) = 89, and
-    # log(x) = log|x| for negative x (numpy: NaN for all three)
+    # log(x) = log|x| for negative x (numpy: NaN for all three), and log(0) = -88 (numpy: -inf)
     "fusec_exp": """
 fn fusec_exp(x: f32) -> f32 {
     return select(exp(x), x, fusec_isnan(x));
 }""",
     "fusec_log": """
 fn fusec_log(x: f32) -> f32 {
-    return select(log(x), fusec_f32_bits(0x7fc00000u), x < 0.0 || fusec_isnan(x));
+    let r = select(log(x), fusec_f32_bits(0x7fc00000u), x < 0.0 || fusec_isnan(x));
+    return select(r, fusec_f32_bits(0xff800000u), x == 0.0);  // (SwiftShader: log(0) = -88)
 }""",
     "fusec_round_f16": """
 fn fusec_round_f16(x: f32) -> f32 {
@@ -214,15 +215,23 @@ fn fusec_ipow_i32(x: i32, n: i32) -> i32 {
     "fusec_pow": """
 fn fusec_pow(x: f32, y: f32) -> f32 {
     // WGSL pow(x, y) is undefined for x < 0 and for x == 0; numpy is not. Nor does WGSL say what
-    // pow of NaN is (lavapipe gave pow(NaN, 2.5) = 0, SwiftShader inf); numpy: NaN, except
-    // x ** 0 = 1 ** y = 1.
-    if (y == 0.0 || x == 1.0) { return 1.0; }
-    if (fusec_isnan(x) || fusec_isnan(y)) { return fusec_f32_bits(0x7fc00000u); }
+    // pow of NaN or of an infinity is (lavapipe gave pow(NaN, 2.5) = 0, SwiftShader inf); numpy:
+    // NaN, except x ** 0 = 1 ** y = (-1) ** +-inf = 1; +-0 and +-inf give 0 or inf, negative
+    // where y is an odd integer and x negative.
+    if (y == 0.0 || x == 1.0 || (x == -1.0 && fusec_isinf(y))) { return 1.0; }
+    let nan = fusec_f32_bits(0x7fc00000u);
+    if (fusec_isnan(x) || fusec_isnan(y)) { return nan; }
+    let whole = floor(y) == y;
+    let odd = whole && floor(y * 0.5) != y * 0.5;
+    if (x == 0.0 || fusec_isinf(x)) {
+        let big = (x == 0.0) == (y < 0.0);
+        let m = select(0.0, fusec_f32_bits(0x7f800000u), big);
+        return select(m, fusec_copysign(m, x), odd);
+    }
     let r = pow(abs(x), y);
-    if (x == 0.0) { return select(0.0, 1.0 / x, y < 0.0); }
     if (x < 0.0) {
-        if (floor(y) != y) { return (x - x) / (x - x); }
-        if (floor(y * 0.5) != y * 0.5) { return -r; }
+        if (!whole) { return nan; }
+        if (odd) { return -r; }
     }
     return r;
 }""",
@@ -326,6 +335,7 @@ fn fusec_sin_cos(x: f32, quadrant: i32) -> f32 {
 }""",
     "fusec_sin": """
 fn fusec_sin(x: f32) -> f32 {
+    if (x == 0.0) { return x; }  // sin(-0) = -0 (the reduction's x - 0 q gives +0)
     if (abs(x) < 4096.0) { return fusec_sin_cos(x, 0); }
     return select(sin(x), fusec_f32_bits(0x7fc00000u), !fusec_isfinite(x));
 }""",

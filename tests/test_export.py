@@ -106,6 +106,15 @@ def test_donated_argument(rng: np.random.Generator, tmp_path: Path) -> None:
     for _ in range(2):  # the buffers are reused
         np.testing.assert_allclose(np.asarray(loaded(x, y)), x.astype(np.float64) * 3 + y,
                                    rtol=1e-6, atol=1e-6)  # (one rounding of x*3 + y)
+    assert loaded.manifest()["donated"] == ["x"]
+    # a device array given for the donated argument is used up, as with the jitted call
+    xd = fusec.device_put(x)
+    out = loaded(xd, y)
+    np.testing.assert_allclose(np.asarray(out), x.astype(np.float64) * 3 + y, rtol=1e-6,
+                               atol=1e-6)
+    assert xd.is_deleted
+    with pytest.raises(fusec.FusecError, match="donated"):
+        np.asarray(xd)
 
 
 def test_loop_exports_for_python_not_for_the_web(rng: np.random.Generator, tmp_path: Path
