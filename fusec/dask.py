@@ -28,6 +28,7 @@ reads ``FUSEC_DASK_ADAPTERS`` (see :func:`dask_setup`).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import re
@@ -42,11 +43,12 @@ from dask import array as da
 from distributed import WorkerPlugin
 
 from . import config, runtime
+from . import dtypes as _dtypes
 from .cache import cache_info
 from .errors import FusecError
 from .jit import JitFunction, gpu_jit
-from .trace import ShapeDtype
-from .tree import LEAF
+from .trace import Aval, trace_function
+from .tree import LEAF, flatten_with_paths
 
 __all__ = ["FusecPlugin", "setup", "dask_setup", "map_blocks", "reduction", "worker_info"]
 
@@ -274,14 +276,14 @@ class _Kernel:
         self.name = str(getattr(fun, "__name__", "f"))
         self.payload = cloudpickle.dumps((fun, static, fuse))
         self.key = hashlib.sha256(self.payload).hexdigest()
-        # the client's own jitted form, for shape inference by tracing (nothing is compiled)
-        self._local = f if isinstance(f, JitFunction) else None
+        # the client's own function (not pickled), traced for its output's shape and dtype
+        self._fun: Optional[Callable[..., Any]] = fun
 
     def __getstate__(self) -> dict[str, Any]:
         return {"name": self.name, "payload": self.payload, "key": self.key}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state, _local=None)
+        self.__dict__.update(state, _fun=None)
 
     def __dask_tokenize__(self) -> tuple[str, str]:
         return ("fusec.dask", self.key)
@@ -302,22 +304,18 @@ class _Kernel:
                     _REGISTRY[self.key] = jf
         return jf
 
-    def local(self) -> JitFunction:
-        """A JitFunction in the client for tracing (not registered: the client compiles
-        nothing)."""
-        if self._local is None:
-            fun, static, fuse = cloudpickle.loads(self.payload)
-            self._local = gpu_jit(fun, static_argnames=static, fuse=fuse)
-        return self._local
-
     def out_aval(self, shapes: Sequence[tuple[int, ...]], dtypes: Sequence[Any],
                  kwargs: Mapping[str, Any]) -> tuple[tuple[int, ...], np.dtype[Any]]:
-        """The shape and dtype of the one array the function returns for blocks of these shapes
-        (a trace on the client; nothing is compiled)."""
-        args = [ShapeDtype(s, d) for s, d in zip(shapes, dtypes)]
-        tr = self.local().trace(*args, **kwargs)
-        outs = tr.program.outputs
-        if tr.out_tree != LEAF:
+        """The shape and dtype of the one array the function returns for blocks of these shapes:
+        a trace on the client, which compiles nothing and needs no device (fusec's runtime is
+        not created in the client process)."""
+        avals = [Aval(tuple(int(d) for d in s), _dtypes.canonicalize(dt, "a Dask array's dtype"))
+                 for s, dt in zip(shapes, dtypes)]
+        _, in_tree = flatten_with_paths(tuple(range(len(avals))))
+        fun = self._fun if self._fun is not None else cloudpickle.loads(self.payload)[0]
+        closed = trace_function(functools.partial(fun, **kwargs), in_tree, avals, self.name)
+        outs = closed.program.outputs
+        if closed.out_tree != LEAF:
             raise FusecError(f"fusec.dask: {self.name} must return one array per block; it "
                              f"returns {len(outs)} in a container")
         return tuple(outs[0].shape), np.dtype(outs[0].dtype)
@@ -347,12 +345,13 @@ class _PerBlock:
         return out.reshape((1,) * self.ndim + out.shape)
 
 
-def _dask_arrays(arrays: Sequence[Any], what: str) -> list[Any]:
+def _dask_arrays(arrays: Sequence[Any], what: str, names: Sequence[str] = ()) -> list[Any]:
     if not arrays:
         raise TypeError(f"{what}: give at least one Dask array")
     for i, a in enumerate(arrays):
         if not isinstance(a, da.Array):
-            raise TypeError(f"{what}: argument {i} is a {type(a).__name__}, expected a "
+            arg = names[i] if i < len(names) else f"array argument {i}"
+            raise TypeError(f"{what}: {arg} is a {type(a).__name__}, expected a "
                             "dask.array.Array (da.from_array(x, chunks=...) makes one)")
     return list(arrays)
 
@@ -371,7 +370,8 @@ def map_blocks(f: Union[JitFunction, Callable[..., Any]], *arrays: Any, dtype: A
     reused by every later task and ``map_blocks`` over the same function (a per-process registry
     keyed by a hash of the cloudpickled function). It must return one array. ``dtype``: the
     output dtype; None finds it by tracing ``f`` on the client for the first block's shapes
-    (nothing is compiled there). ``block_info``/``block_id`` are not passed to ``f``.
+    (nothing is compiled, no device opened there). ``block_info``/``block_id`` are not passed
+    to ``f``.
     """
     xs = _dask_arrays(arrays, "fusec.dask.map_blocks")
     kern = _Kernel(f)
@@ -401,8 +401,8 @@ def reduction(f: Union[JitFunction, Callable[..., Any]], x: Any, combine: str = 
     For example the sum of ``exp(x) * x`` over every element:
     ``fusec.dask.reduction(lambda b: fnp.sum(fnp.exp(b) * b), x).compute()``. ``f`` is compiled
     once per worker process as with :func:`map_blocks`; the client traces it once per distinct
-    block shape to learn its output shape (nothing is compiled there)."""
-    (x,) = _dask_arrays([x], "fusec.dask.reduction")
+    block shape to learn its output shape (nothing is compiled, no device opened there)."""
+    (x,) = _dask_arrays([x], "fusec.dask.reduction", ["x"])
     if combine not in _COMBINE:
         raise FusecError(f"fusec.dask.reduction: combine={combine!r} is not one of "
                          f"{', '.join(_COMBINE)}")

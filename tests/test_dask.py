@@ -135,7 +135,8 @@ def test_reduction_on_two_workers_pinned_to_two_adapters(client: Client,
                                                      fusec.devices()[1].backend}
 
 
-def test_map_blocks_compiles_once_per_worker(client: Client, rng: np.random.Generator) -> None:
+def test_map_blocks_compiles_once_per_worker(client: Client, rng: np.random.Generator,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
     chunks = ((31, 31, 31, 7), (23, 23))  # 8 blocks of 4 shapes
 
     @fusec.gpu_jit(static_argnames=("power",))
@@ -145,10 +146,18 @@ def test_map_blocks_compiles_once_per_worker(client: Client, rng: np.random.Gene
     offset = float(rng.uniform(0.5, 1.5))
     shifted = lambda a, b: a * b - offset  # noqa: E731  (a closure: pickled by value)
 
+    def no_device() -> None:
+        raise AssertionError("the client opened fusec's device")
+
     def run(x: np.ndarray, y: np.ndarray, workers: Any = None) -> tuple[np.ndarray, np.ndarray]:
         dx, dy = (da.from_array(v, chunks=chunks) for v in (x, y))
-        out1 = fusec.dask.map_blocks(squash, dx, power=3)
-        out2 = fusec.dask.map_blocks(shifted, dx, dy, dtype=np.float32)
+        with monkeypatch.context() as m:  # building the graph (a trace for the dtype) in the
+            for mod in (fusec.runtime, fusec.jit):  # client needs no device there
+                m.setattr(mod, "get_runtime", no_device)
+            out1 = fusec.dask.map_blocks(squash, dx, power=3)
+            out2 = fusec.dask.map_blocks(shifted, dx, dy, dtype=np.float32)
+            red = fusec.dask.reduction(moments, dx)
+        assert red.shape == (3,) and red.dtype == np.float32
         assert out1.dtype == np.float32 and out1.chunks == dx.chunks
         r1, r2 = client.compute([out1, out2], workers=workers, sync=True)
         return r1, r2
@@ -217,6 +226,22 @@ def test_bad_adapter_indices(client: Client, monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("FUSEC_DASK_ADAPTERS", "5")
     with pytest.raises(FusecError, match="adapter index 5"):
         fusec.dask.dask_setup(SimpleNamespace(name="0"))
+
+
+def test_errors_building_graphs() -> None:
+    """Found in the client, before anything runs: a function returning several arrays, results of
+    different shapes per block, a numpy array for a Dask one, an unknown combine."""
+    x = da.from_array(np.ones((10, 7), np.float32), chunks=(5, 4))
+    with pytest.raises(FusecError, match="must return one array per block; it returns 2"):
+        fusec.dask.map_blocks(lambda b: (b, b * 2.0), x)
+    with pytest.raises(FusecError, match=r"different shapes .*\(3,\) float32; \(4,\) float32"):
+        fusec.dask.reduction(lambda b: fnp.sum(b, axis=0), x)
+    with pytest.raises(TypeError, match="x is a ndarray, expected a dask.array.Array"):
+        fusec.dask.reduction(moments, np.ones(3, np.float32))
+    with pytest.raises(TypeError, match="array argument 1 is a list"):
+        fusec.dask.map_blocks(block_max, x, [1.0])
+    with pytest.raises(FusecError, match="combine='mean' is not one of sum, max, min"):
+        fusec.dask.reduction(moments, x, combine="mean")
 
 
 def test_worker_order_without_numbered_names() -> None:
