@@ -45,7 +45,7 @@ fi
 #    pyproject.toml and every requirement imports, so repeated runs do not touch the network.
 stamp=.venv/.fusec-installed
 if [ -f "$stamp" ] && [ "$stamp" -nt pyproject.toml ] \
-        && .venv/bin/python -I -c "import fusec, wgpu, numpy, jinja2, pytest, hypothesis, tokenizers, gguf, playwright, PIL" \
+        && .venv/bin/python -I -c "import fusec, wgpu, numpy, jinja2, pytest, hypothesis, tokenizers, gguf, playwright, PIL, dask, distributed" \
             2>/dev/null; then
     :
 else

@@ -24,7 +24,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("record", "jit"),
     ("warmup", "transforms", "autodiff", "vmap", "control_flow_ad"),
     ("models", "exported", "web"),
-    ("bench", "cli", "demo", "__main__", "__init__"),
+    ("bench", "cli", "demo", "dask", "__main__", "__init__"),
 ]
 
 
