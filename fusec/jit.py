@@ -82,10 +82,6 @@ def _aval(path: str, x: Any, fname: str) -> Aval:
         return Aval(x.shape, dtypes.canonicalize(x.dtype, f"argument '{path}' of {fname}"))
     if isinstance(x, complex) or (hasattr(x, "dtype") and np.dtype(x.dtype).kind == "c"):
         dtypes.canonicalize(np.complex64, f"argument '{path}' of {fname}")
-    if isinstance(x, Sharded):
-        raise TraceError(f"argument '{path}' of {fname} is a fusec.Sharded: calling the jitted "
-                         "function runs it on every device; trace, lower and warmup take the "
-                         f"arrays of one device ({path}.shards[i])")
     if hasattr(x, "__array__"):
         return _aval(path, np.asarray(x), fname)
     raise TraceError(
@@ -698,8 +694,9 @@ class JitFunction:
             avals, rt = self._placed(leaves)
         except _ShardedArgs:
             p = next(p for p, x in leaves if type(x) is Sharded)
-            _aval(p, dict(leaves)[p], self.name)  # raises the error for a Sharded argument
-            raise
+            raise TraceError(f"argument '{p}' of {self.name} is a fusec.Sharded: calling the "
+                             "jitted function runs it on every device; trace, lower and warmup "
+                             f"take the arrays of one device ({p}.shards[i])") from None
         return (td, avals, static, rt), leaves, td, static
 
     def trace(self, *args: Any, **kwargs: Any) -> Traced:
