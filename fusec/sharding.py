@@ -116,6 +116,9 @@ class Sharded:
     def block_until_ready(self) -> Sharded:
         """Wait until every shard's computation has finished; returns self."""
         for s in self.shards:
+            if s._rt is not None:
+                s._rt.flush()  # every device's batch starts before any device is waited for
+        for s in self.shards:
             s.block_until_ready()
         return self
 
