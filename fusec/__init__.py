@@ -39,6 +39,7 @@ from .errors import (
 from .exported import Exported, ExportError, export, load_exported
 from .jit import Compiled, JitFunction, Lowered, Traced, gpu_jit
 from .runtime import Array, DeviceInfo, default_device, device_put, devices, profile
+from .sharding import Sharded, all_reduce, replicate, shard
 from .trace import ShapeDtype
 from .vmap import vmap
 from .warmup import warmup_from
@@ -52,5 +53,5 @@ __all__ = [
     "numpy",
     "quant", "random", "tree_util", "vmap", "warmup_from", "grad", "value_and_grad", "vjp", "jvp",
     "jacrev", "jacfwd", "custom_vjp", "stop_gradient", "profile", "export", "load_exported",
-    "Exported", "ExportError",
+    "Exported", "ExportError", "Sharded", "shard", "replicate", "all_reduce",
 ]

@@ -50,20 +50,22 @@ def _cmd_info(args: argparse.Namespace) -> int:
         import wgpu
 
         print(f"wgpu {wgpu.__version__}")
-        adapters = list(wgpu.gpu.enumerate_adapters_sync())
+        from .runtime import _adapters
+
+        adapters = _adapters()  # (fusec.devices()'s order)
     except Exception as exc:  # no wgpu-native library, no loader, ...
         print(f"wgpu unavailable: {exc}")
         adapters = []
-    print(f"adapters found: {len(adapters)}")
-    for a in adapters:
+    print(f"adapters found: {len(adapters)} (fusec.devices(), by index)")
+    for i, a in enumerate(adapters):
         info = a.info
-        print(f"  - {info['device']}  [{info['backend_type']}, {info['adapter_type']}]"
+        print(f"  {i}: {info['device']}  [{info['backend_type']}, {info['adapter_type']}]"
               + (f"  {info['description']}" if info.get("description") else ""))
     backend = os.environ.get("FUSEC_BACKEND")
     if backend:
         print(f"FUSEC_BACKEND={backend}")
     dev = fusec.default_device()
-    print(f"chosen device: {dev}")
+    print(f"chosen device: {dev}" + (f" (index {dev.index})" if dev.index >= 0 else ""))
     if dev.reason:
         print(f"  {dev.reason}")
     if dev.is_cpu_fallback:

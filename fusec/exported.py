@@ -28,7 +28,7 @@ from .errors import FusecError, SignatureError
 from .ir import Lit, Op, Program, Var, from_json, to_json
 from .jit import JitFunction, Traced, _aval, _to_array, gpu_jit, lower
 from .passes.dce import used_inputs
-from .runtime import Array, GpuExecutable, get_runtime, to_storage
+from .runtime import Array, GpuExecutable, device_label, get_runtime, to_storage
 from .trace import Aval
 from .tree import LEAF, NONE, TreeDef, flatten_with_paths, unflatten
 
@@ -266,6 +266,11 @@ class Exported:
                               "fusec's device is its numpy interpreter (set FUSEC_BACKEND=gpu to "
                               "use a software adapter)")
         leaves = self._bind(args, kwargs)
+        for path, x in zip(self.in_paths, leaves):
+            if isinstance(x, Array) and x._rt is not None and x._rt is not rt:
+                raise ExportError(f"{self.name}: argument '{path}' is on {device_label(x._rt)}; an "
+                                  f"exported program runs on {device_label(rt)}: copy it there "
+                                  f"with .to(fusec.devices()[{rt.info.index}])")
         if self._exe is None:
             self._exe = GpuExecutable(rt, self.program, self.kernels)
             self._consts = [

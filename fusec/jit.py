@@ -1,8 +1,10 @@
 """``gpu_jit`` and its stages: trace -> lower (passes + codegen) -> compile (pipelines) -> run.
 
 One executable is cached per *signature*: the pytree structure of the dynamic arguments, each leaf's
-shape and dtype (Python scalars are weakly typed, so their values do not matter), and the values of
-static arguments. A repeated signature neither traces nor compiles.
+shape and dtype (Python scalars are weakly typed, so their values do not matter), the values of
+static arguments, and the device the call runs on (that of its Array arguments; see
+``_placement``). A repeated signature neither traces nor compiles. Devices whose lowering is the
+same (two GPUs of one model) share one trace and lowering; each compiles its own pipelines.
 """
 
 from __future__ import annotations
@@ -36,9 +38,23 @@ from .interpret import evaluate
 from .ir import MOVEMENT, REDUCE, Lit, Op, Program, Var, from_json, kernel_eqns, to_json
 from .passes import MemoryAnalysis, Options, analyse, run_pipeline, used_inputs
 from .record import record
-from .runtime import Array, CpuExecutable, GpuExecutable, check_float16, get_runtime
+from .runtime import (
+    Array,
+    CpuExecutable,
+    DeviceInfo,
+    GpuExecutable,
+    Runtime,
+    _user_stacklevel,
+    check_float16,
+    device_label,
+    get_runtime,
+    on_devices,
+    on_runtime,
+    resolve_device,
+)
+from .sharding import Sharded
 from .trace import Aval, Builder, ShapeDtype, Tracer, current_builder, set_eager_runner, tracing
-from .tree import TreeDef, describe, flatten_with_paths, unflatten
+from .tree import TreeDef, describe, flatten, flatten_with_paths, unflatten
 
 Signature = tuple[Any, ...]
 
@@ -82,6 +98,50 @@ def _to_array(x: Any, aval: Aval) -> Array:
         value -= 2**32  # a weak int in [2**31, 2**32) only ever meets uint32 arrays: same bits
     host = np.asarray(value, dtype=aval.dtype)
     return Array(aval.shape, aval.dtype, host=host)
+
+
+class _ShardedArgs(Exception):
+    """A call has Sharded arguments: it runs once per device (JitFunction._call_sharded)."""
+
+
+def _placement(name: str, leaves: Sequence[tuple[str, Any]], where: Optional[Runtime] = None,
+               why: str = "") -> tuple[tuple[Aval, ...], Optional[Runtime]]:
+    """The leaves' avals, and the device (runtime) the call runs on: ``where`` if given (a
+    pinned device, a shard's device, a Compiled's: ``why`` says which), else that of the Array
+    arguments, else the current default. Arrays on two devices are an error (a call runs on
+    one); host data (numpy, scalars, Arrays not uploaded yet) goes to the call's device.
+    Raises _ShardedArgs for a Sharded argument."""
+    avals = []
+    found: Optional[Runtime] = None
+    for p, x in leaves:
+        if type(x) is Sharded:
+            raise _ShardedArgs
+        avals.append(_aval(p, x, name))
+        if isinstance(x, Array):
+            r = x._rt
+            if r is not None and r is not found:
+                if found is not None:
+                    raise _mixed_devices(name, leaves)
+                found = r
+    if where is not None:
+        if found is not None and found is not where:
+            p = next(p for p, x in leaves if isinstance(x, Array) and x._rt is found)
+            raise FusecError(f"{name} runs on {device_label(where)} ({why}), but argument '{p}' "
+                             f"is on {device_label(found)}; copy it there first: "
+                             f"{p}.to(fusec.devices()[{where.info.index}])")
+        return tuple(avals), where
+    return tuple(avals), found if found is not None else get_runtime()
+
+
+def _mixed_devices(name: str, leaves: Sequence[tuple[str, Any]]) -> FusecError:
+    by: dict[Runtime, list[str]] = {}
+    for p, x in leaves:
+        if isinstance(x, Array) and x._rt is not None:
+            by.setdefault(x._rt, []).append(f"'{p}'")
+    parts = "; ".join(f"{', '.join(ps)} on {device_label(rt)}" for rt, ps in by.items())
+    return FusecError(f"{name}: its array arguments are on different devices: {parts}. A call "
+                      "runs on one device: copy the arguments to one with x.to(device), or "
+                      "use fusec.shard / fusec.replicate to run on several")
 
 
 class _Binder:
@@ -222,7 +282,8 @@ class Traced:
         return self.program
 
     def lower(self) -> Lowered:
-        return lower(self)
+        with on_runtime(_key_runtime(self.key)):
+            return lower(self)
 
 
 class Lowered:
@@ -239,7 +300,8 @@ class Lowered:
 
     def _lowered(self) -> tuple[Program, list[codegen.KernelCode]]:
         if self._ir is None or self._kernels is None:
-            self._ir, self._kernels = _lower_program(self.traced)
+            with on_runtime(_key_runtime(self.traced.key)):
+                self._ir, self._kernels = _lower_program(self.traced)
         return self._ir, self._kernels
 
     @property
@@ -287,6 +349,8 @@ class Compiled:
         self.key = key
         self.traced = lowered.traced
         self.executable = executable
+        # the device it runs on (None: the numpy interpreter)
+        self.rt: Optional[Runtime] = getattr(executable, "rt", None)
         self.used = (executable.used if isinstance(executable, CpuExecutable)
                      else used_inputs(lowered.ir))
         self._consts: Optional[list[Array]] = None
@@ -301,8 +365,18 @@ class Compiled:
 
     def _const_arrays(self) -> list[Array]:
         if self._consts is None:
-            self._consts = [v if isinstance(v, Array) else Array(np.shape(v), str(np.asarray(
-                v).dtype), host=np.asarray(v)) for v in self.traced.const_values]
+            consts = []
+            for v in self.traced.const_values:
+                if not isinstance(v, Array):
+                    v = Array(np.shape(v), str(np.asarray(v).dtype), host=np.asarray(v))
+                elif v._buffer is None and v._host is not None:
+                    # host data: an Array of its own per executable (devices may share the
+                    # lowering, and uploading commits an Array to one device)
+                    v = Array(v._shape, v._dtype, host=v._host)
+                elif self.rt is not None and v._rt is not self.rt:
+                    v = v.to(self.rt.info)  # captured from another device: a copy here, once
+                consts.append(v)
+            self._consts = consts
         return self._consts
 
     def run_arrays(self, arrays: Sequence[Array]) -> Any:
@@ -333,7 +407,7 @@ class Compiled:
             if isinstance(x, Array) and sum(y is x for y in leaves) > 1:
                 raise FusecError(f"{t.name}: argument '{t.in_paths[i]}' is donated but the same "
                                  "array is also passed as another argument")
-        rt = get_runtime()
+        rt = self.rt
         for i in donated:
             x = inputs[i]
             if x is not None and x._shared and rt is not None:
@@ -355,8 +429,12 @@ class Compiled:
                                  "its jitted function")
         dyn, static = self.binder.split(args, kwargs)
         leaves, td = _flatten_args(dyn)
-        avals = tuple(_aval(p, x, self.traced.name) for p, x in leaves)
-        if (td, avals, static) != self.key:
+        try:
+            avals, rt = _placement(self.traced.name, leaves, self.rt, "compiled for it")
+        except _ShardedArgs:
+            raise SignatureError(f"{self.traced.name}: a Compiled runs on one device; call the "
+                                 "jitted function with Sharded arguments") from None
+        if (td, avals, static, rt) != self.key:
             # a Compiled with a binder always has a key (both come from the same Traced)
             want = cast(Signature, self.key)
             raise SignatureError(_explain_mismatch(self.traced.name, want,
@@ -505,17 +583,28 @@ def _explain_mismatch(name: str, want: Signature, got: Signature, paths: list[st
         if a != b:
             return (f"{name} was compiled for argument '{p}' as {a}, but was called with {b}; "
                     "call the jitted function instead to compile the new signature")
+    if want[2] == got[2]:
+        return (f"{name} was compiled for {device_label(want[3])}, but its arguments are on "
+                f"{device_label(got[3])}; call the jitted function instead (it compiles for "
+                "each device)")
     return f"{name} was compiled for static arguments {want[2]}, but was called with {got[2]}"
+
+
+def _key_runtime(key: Optional[Signature]) -> Optional[Runtime]:
+    """The device of a signature (its last element); None where there is no key."""
+    return key[3] if key is not None else None
 
 
 def compile_lowered(lowered: Lowered, binder: Optional[_Binder] = None,
                     key: Optional[Signature] = None) -> Compiled:
-    rt = get_runtime()
-    t0 = time.perf_counter()
-    if rt is None:
-        exe: Any = CpuExecutable(lowered.traced.program)
-    else:
-        exe = GpuExecutable(rt, lowered.ir, lowered.kernels)
+    """The executable of ``lowered`` on the device of ``key`` (else the current device)."""
+    with on_runtime(_key_runtime(key)):
+        rt = get_runtime()
+        t0 = time.perf_counter()
+        if rt is None:
+            exe: Any = CpuExecutable(lowered.traced.program)
+        else:
+            exe = GpuExecutable(rt, lowered.ir, lowered.kernels)
     config.debug(2, f"{lowered.traced.name}: compiled in {1e3 * (time.perf_counter() - t0):.1f} ms")
     return Compiled(lowered, exe, binder, key)
 
@@ -529,11 +618,20 @@ class JitFunction:
 
     def __init__(self, fun: Callable[..., Any], static_argnums: Sequence[int] = (),
                  static_argnames: Sequence[str] = (), donate_argnums: Sequence[int] = (),
-                 fuse: bool = True, donate_argnames: Sequence[str] = ()) -> None:
+                 fuse: bool = True, donate_argnames: Sequence[str] = (), device: Any = None
+                 ) -> None:
         if not callable(fun):
             raise TypeError(f"gpu_jit needs a callable; got {type(fun).__name__}")
         self.fun = fun
         self.name = getattr(fun, "__qualname__", getattr(fun, "__name__", repr(fun)))
+        if device is not None and not (
+                isinstance(device, DeviceInfo) and device.index >= 0
+                or isinstance(device, (int, np.integer)) and not isinstance(device, bool)):
+            raise FusecError(f"gpu_jit(device=...) of {self.name}: expected a device of "
+                             "fusec.devices() (a DeviceInfo) or its index; got "
+                             f"{type(device).__name__} {device!r}")
+        self.device = device  # the device the function is pinned to (None: its arguments')
+        self._pin: Optional[Runtime] = None
         if isinstance(static_argnums, int):
             static_argnums = (static_argnums,)
         if isinstance(static_argnames, str):
@@ -545,8 +643,12 @@ class JitFunction:
         self._donated_names = self._binder.names_of(self.donate_argnums, donate_argnames)
         self.fuse = fuse
         self._cache: dict[Signature, Compiled] = {}
+        # the lowering of a signature (without its device) per kind of device (lowering_key):
+        # another device of the same kind compiles it without tracing again
+        self._lowerings: dict[tuple[Any, ...], Lowered] = {}
         # calls whose arguments are all device Arrays, positional, with no static arguments: the
-        # signature is just their shapes and dtypes (the common cached call; skips binding)
+        # signature is just their shapes, dtypes and devices (the common cached call; skips
+        # binding)
         self._fast: dict[tuple[Any, ...], Compiled] = {}
         self._positional = not self._binder.static_names
         self._traces = 0
@@ -561,6 +663,18 @@ class JitFunction:
     def clear(self) -> None:
         self._cache.clear()
         self._fast.clear()
+        self._lowerings.clear()
+
+    def _pinned(self) -> Optional[Runtime]:
+        """The runtime of ``device`` (resolved on first use: no device opens at decoration)."""
+        if self.device is not None and self._pin is None:
+            self._pin = resolve_device(self.device, f"gpu_jit(device=...) of {self.name}")
+        return self._pin
+
+    def _placed(self, leaves: Sequence[tuple[str, Any]]) -> tuple[tuple[Aval, ...],
+                                                                   Optional[Runtime]]:
+        pin = self._pinned()
+        return _placement(self.name, leaves, pin, "gpu_jit(device=...)")
 
     def _options(self, paths: Sequence[str] = ()) -> Options:
         rt = get_runtime()
@@ -573,15 +687,23 @@ class JitFunction:
 
     def _signature(self, args: tuple[Any, ...], kwargs: dict[str, Any]
                    ) -> tuple[Signature, list[tuple[str, Any]], TreeDef, tuple[Any, ...]]:
+        """(td, avals, static, runtime): the cache key; and the leaves, td and static parts."""
         dyn, static = self._binder.split(args, kwargs)
         leaves, td = _flatten_args(dyn)
-        avals = tuple(_aval(p, x, self.name) for p, x in leaves)
-        return (td, avals, static), leaves, td, static
+        try:
+            avals, rt = self._placed(leaves)
+        except _ShardedArgs:
+            p = next(p for p, x in leaves if type(x) is Sharded)
+            raise TraceError(f"argument '{p}' of {self.name} is a fusec.Sharded: calling the "
+                             "jitted function runs it on every device; trace, lower and warmup "
+                             f"take the arrays of one device ({p}.shards[i])") from None
+        return (td, avals, static, rt), leaves, td, static
 
     def trace(self, *args: Any, **kwargs: Any) -> Traced:
         """Trace for these arguments (arrays or :class:`ShapeDtype`); nothing is compiled."""
         key, leaves, td, static = self._signature(args, kwargs)
-        return self._trace(key, leaves, td, static)
+        with on_runtime(key[3]):
+            return self._trace(key, leaves, td, static)
 
     def _trace(self, key: Signature, leaves: list[tuple[str, Any]], td: TreeDef,
                static: tuple[Any, ...]) -> Traced:
@@ -620,10 +742,12 @@ class JitFunction:
 
     def lower(self, *args: Any, **kwargs: Any) -> Lowered:
         """Trace and run the pass pipeline and codegen; no pipeline is compiled."""
-        return lower(self.trace(*args, **kwargs))
+        traced = self.trace(*args, **kwargs)
+        with on_runtime(_key_runtime(traced.key)):
+            return lower(traced)
 
-    def _on_miss(self, key: Signature, paths: list[str], args: tuple[Any, ...],
-                 kwargs: dict[str, Any]) -> None:
+    def _on_miss(self, key: Signature, paths: list[str], leaves: list[tuple[str, Any]],
+                 td: TreeDef, static: tuple[Any, ...]) -> None:
         if config.get("explain_cache_misses"):
             config.log(explain_miss(self, key, paths))
         limit = int(config.get("retrace_warn"))
@@ -632,47 +756,118 @@ class JitFunction:
             warnings.warn(
                 f"fusec: {self.name} has been traced {self._traces + 1} times (one per new "
                 "signature). Set FUSEC_EXPLAIN_CACHE_MISSES=1 to see what changes between calls; "
-                "make varying values static or keep shapes fixed.", RuntimeWarning, stacklevel=3)
+                "make varying values static or keep shapes fixed.", RuntimeWarning,
+                stacklevel=_user_stacklevel())
         if config.get("record_signatures"):
-            dyn, static = self._binder.split(args, kwargs)
-            record(self, dyn, static)
+            record(self, _unflatten_args(td, [x for _, x in leaves]), static)
 
     def warmup(self, *args: Any, **kwargs: Any) -> Compiled:
         """Compile every pipeline of this signature (arrays or ShapeDtype) without running it."""
         key, leaves, td, static = self._signature(args, kwargs)
         compiled = self._cache.get(key)
         if compiled is None:
-            compiled = lower(self._trace(key, leaves, td, static), lazy=True).compile()
+            with on_runtime(key[3]):
+                compiled = lower(self._trace(key, leaves, td, static), lazy=True).compile()
             self._cache[key] = compiled
         return compiled
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         fast = None
         if not kwargs and self._positional:
-            fast = tuple([(a._shape, a._dtype) if type(a) is Array else None for a in args])
+            # (the device is part of the key: the executable is compiled for one)
+            fast = tuple([(a._shape, a._dtype, a._rt) if type(a) is Array else None
+                          for a in args])
             hit = self._fast.get(fast)
             if hit is not None:  # (only keys of all-Array calls are stored)
                 cache.STATS.hits += 1
                 return hit.run_arrays(args)
         if current_builder() is not None:
             return self.fun(*args, **kwargs)  # nested jit: inline into the outer trace
-        key, leaves, td, static = self._signature(args, kwargs)
+        dyn, static = self._binder.split(args, kwargs)
+        leaves, td = _flatten_args(dyn)
+        try:
+            avals, rt = self._placed(leaves)
+        except _ShardedArgs:
+            return self._call_sharded(leaves, td, static)
+        key = (td, avals, static, rt)
         compiled = self._cache.get(key)
         if compiled is None:
-            cache.STATS.misses += 1
-            for p, x in leaves:
-                if isinstance(x, ShapeDtype):
-                    raise TraceError(f"{self.name}: argument '{p}' is a ShapeDtype; it has no "
-                                     "values to compute with (use it with trace/lower/warmup)")
-            self._on_miss(key, [p for p, _ in leaves], args, kwargs)
-            self._traces += 1  # retraces of calls (not of trace/lower/warmup) count for the warning
-            compiled = lower(self._trace(key, leaves, td, static), lazy=True).compile()
-            self._cache[key] = compiled
+            compiled = self._compile(key, leaves, td, static)
         else:
             cache.STATS.hits += 1
         if fast is not None and None not in fast and len(leaves) == len(args):
             self._fast[fast] = compiled
         return compiled.run_leaves([x for _, x in leaves])
+
+    def _compile(self, key: Signature, leaves: list[tuple[str, Any]], td: TreeDef,
+                 static: tuple[Any, ...]) -> Compiled:
+        """A call's cache miss: trace and lower (unless a device of the same kind did), compile
+        for the call's device."""
+        cache.STATS.misses += 1
+        for p, x in leaves:
+            if isinstance(x, ShapeDtype):
+                raise TraceError(f"{self.name}: argument '{p}' is a ShapeDtype; it has no "
+                                 "values to compute with (use it with trace/lower/warmup)")
+        rt = key[3]
+        with on_runtime(rt):
+            lkey = (key[:3], rt.lowering_key if rt is not None else None)
+            lowered = self._lowerings.get(lkey)
+            if lowered is None:
+                self._on_miss(key, [p for p, _ in leaves], leaves, td, static)
+                self._traces += 1  # (calls' traces, not trace/lower/warmup's, count for warning)
+                lowered = lower(self._trace(key, leaves, td, static), lazy=True)
+                self._lowerings[lkey] = lowered
+            compiled = compile_lowered(lowered, self._binder, key)
+        self._cache[key] = compiled
+        return compiled
+
+    def _call_sharded(self, leaves: list[tuple[str, Any]], td: TreeDef,
+                      static: tuple[Any, ...]) -> Any:
+        """A call with Sharded arguments: once per device, each on its shards (and on the other
+        arguments, replicated), the devices at the same time; the outputs as Sharded."""
+        name = self.name
+        if self.device is not None:
+            raise FusecError(f"{name} is pinned to one device (gpu_jit(device=...)); it cannot "
+                             "take Sharded arguments, which run on several")
+        sharded: list[tuple[str, Sharded]] = [(p, x) for p, x in leaves if type(x) is Sharded]
+        p0, s0 = sharded[0]
+        rts = s0._rts
+        for p, s in sharded[1:]:
+            if s._rts != rts:
+                raise FusecError(
+                    f"{name}: Sharded arguments '{p0}' and '{p}' are on different devices "
+                    f"({[rt.info.index for rt in rts]} and {[rt.info.index for rt in s._rts]}); "
+                    "shard them over the same devices")
+        calls = []
+        for i, rt in enumerate(rts):
+            row: list[tuple[str, Any]] = []
+            for p, v in leaves:
+                x: Any = v
+                if type(x) is Sharded:
+                    x = x.shards[i]
+                elif isinstance(x, Array):
+                    if x._rt is None and x._host is not None:
+                        x = Array(x._shape, x._dtype, host=x._host)  # uploaded by each device
+                    elif x._rt is not rt:
+                        # a plain device array is replicated: copied on every call (replicate()
+                        # it once instead)
+                        x = x.to(rt.info)
+                row.append((p, x))
+            avals, _ = _placement(name, row, rt, "the device of its Sharded arguments' shard")
+            key = (td, avals, static, rt)
+            compiled = self._cache.get(key)
+            if compiled is None:
+                compiled = self._compile(key, row, td, static)
+            else:
+                cache.STATS.hits += 1
+            if compiled.traced.const_values:
+                compiled._const_arrays()  # here, not in the devices' threads (copies between them)
+            calls.append(functools.partial(compiled.run_leaves, [x for _, x in row]))
+        outs = on_devices(rts, calls)
+        flat = [flatten(o) for o in outs]
+        axis = 0 if any(s.axis is not None for _, s in sharded) else None
+        return unflatten(flat[0][1], [Sharded([f[0][j] for f in flat], rts, axis)
+                                      for j in range(len(flat[0][0]))])
 
     def __repr__(self) -> str:
         return f"<gpu_jit {self.name}>"
@@ -700,6 +895,9 @@ def explain_miss(jf: JitFunction, key: Signature, paths: list[str]) -> str:
             return [f"the arguments' pytree structure changed from {_describe_args(old[0])} to "
                     f"{_describe_args(key[0])}"]
         out = []
+        if old[3] is not key[3]:
+            out.append(f"the device changed from {device_label(old[3])} to "
+                       f"{device_label(key[3])} (one compiled program per device)")
         for p, a, b in zip(paths, old[1], key[1]):
             if a.shape != b.shape:
                 out.append(f"argument '{p}' changed shape from {a.shape} to {b.shape}")
@@ -733,7 +931,7 @@ def _describe_args(td: TreeDef) -> str:
 
 def gpu_jit(fun: Optional[Callable[..., Any]] = None, *, static_argnums: Sequence[int] = (),
             static_argnames: Sequence[str] = (), donate_argnums: Sequence[int] = (),
-            donate_argnames: Sequence[str] = (), fuse: bool = True) -> Any:
+            donate_argnames: Sequence[str] = (), fuse: bool = True, device: Any = None) -> Any:
     """Compile ``fun`` to fused GPU kernels, once per argument signature.
 
     Use bare (``@gpu_jit``) or with options (``@gpu_jit(static_argnames=("axis",))``).
@@ -743,11 +941,19 @@ def gpu_jit(fun: Optional[Callable[..., Any]] = None, *, static_argnums: Sequenc
     donated :class:`fusec.Array` raises an error if used afterwards). Calls take numpy arrays,
     :class:`fusec.Array`, Python scalars or pytrees of them and return :class:`fusec.Array`
     outputs that stay on the device.
+
+    A call runs on the device of its Array arguments (arrays on two devices are an error; host
+    data goes to that device, or to the default one where no argument is on a device), and is
+    compiled once per device. ``device`` (a DeviceInfo from ``fusec.devices()`` or its index)
+    pins the function to one device: host data goes there, Arrays elsewhere are an error. Called
+    with :class:`fusec.Sharded` arguments (``fusec.shard``, ``fusec.replicate``) it runs once per
+    device, the devices at the same time, and returns Sharded outputs.
     """
     if fun is None:
         return lambda f: JitFunction(f, static_argnums, static_argnames, donate_argnums, fuse,
-                                     donate_argnames)
-    return JitFunction(fun, static_argnums, static_argnames, donate_argnums, fuse, donate_argnames)
+                                     donate_argnames, device)
+    return JitFunction(fun, static_argnums, static_argnames, donate_argnums, fuse,
+                       donate_argnames, device)
 
 
 # --- eager execution of fusec.numpy functions ----------------------------------------------------

@@ -13,7 +13,9 @@ import os
 import threading
 import time
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any, Optional, cast
@@ -38,7 +40,9 @@ _BACKEND_RANK = {"Vulkan": 0, "Metal": 0, "D3D12": 1, "OpenGL": 2}
 
 @dataclass
 class DeviceInfo:
-    """What ``fusec.default_device()`` reports."""
+    """A device: what ``fusec.devices()`` lists and ``fusec.default_device()`` reports. Pass one
+    (or its ``index``) wherever fusec takes a device (``device_put``, ``Array.to``,
+    ``gpu_jit(device=...)``, ``fusec.shard``)."""
 
     backend: str  # "Vulkan", "Metal", ..., or "cpu" for the numpy fallback
     adapter: str
@@ -61,6 +65,12 @@ class DeviceInfo:
     @property
     def name(self) -> str:
         return self.adapter
+
+    def label(self) -> str:
+        """How error messages name it: "device 1 (llvmpipe (CPU, OpenGL))"."""
+        if self.index < 0:
+            return "the numpy interpreter"
+        return f"device {self.index} ({self})"
 
 
 F16_FEATURE = "shader-f16"  # the WebGPU feature float16 storage needs
@@ -159,6 +169,9 @@ class Runtime:
         self._batch_t0 = 0.0  # when the pending batch's first call began recording
         self.submitted = 0  # submission counter; arrays remember theirs
         self.completed = 0  # every submission up to this one has finished
+        # the thread that runs this device's share of multi-device work (see on_device)
+        self._worker: Optional[ThreadPoolExecutor] = None
+        self._worker_ident: Optional[int] = None
         cache.register(self)
 
     def clear(self) -> None:
@@ -171,6 +184,13 @@ class Runtime:
         if forced in ("cpu", "gpu"):
             return forced
         return "cpu" if self.info.adapter_type == "CPU" else "gpu"
+
+    @property
+    def lowering_key(self) -> tuple[Any, ...]:
+        """Everything about this device that the lowering of a program depends on: devices with
+        equal keys (two GPUs of one model) share one lowering, each compiles its own pipelines."""
+        return (self.info.backend, self.info.adapter, self.max_binding_size, self.max_bindings,
+                self.target, self.max_workgroup_storage, F16_FEATURE in self.info.features)
 
     # -- limits --
     @property
@@ -397,6 +417,46 @@ class Runtime:
         self.completed = self.submitted
         cache.STATS.readbacks += 1
         return data[:nbytes]
+
+    def read_pieces(self, pieces: Sequence[tuple[Any, int, int]]) -> memoryview:
+        """Byte ranges of device buffers, one after another in one host buffer: one submit and one
+        mapped read for all of them (multi-device copies and all_reduce read in chunks made of
+        pieces). Each piece is (buffer, offset, nbytes), offsets and sizes whole 32-bit words."""
+        with self.lock:
+            total = max(4, sum(n for _, _, n in pieces))
+            stage = self._staging_buffer(total)
+            enc = self.take_batch()  # after the calls that wrote the buffers
+            pos = 0
+            for buf, off, n in pieces:
+                raw = buf.raw if isinstance(buf, DeviceBuffer) else buf
+                enc.copy_buffer_to_buffer(raw, off, stage, pos, n)
+                pos += n
+            self.submit(enc)
+            self.submitted_batch()
+            self.submitted += 1
+            self._map_read(stage, total)
+            try:
+                data = stage.read_mapped(0, total)  # (a copy)
+            finally:
+                stage.unmap()
+            self.completed = self.submitted
+            cache.STATS.readbacks += 1
+            return cast(memoryview, data)
+
+    def write_pieces(self, pieces: Sequence[tuple[DeviceBuffer, int, Any]]) -> int:
+        """Write host bytes into device buffers, each piece (buffer, offset, bytes) a whole
+        number of 32-bit words, and submit at once so that the transfers start while the caller
+        goes on: wgpu copies the data into its own staging memory before ``write_buffer``
+        returns. Returns the submission number after which the bytes are there."""
+        with self.lock:
+            # the batch recorded so far may use the buffers' old contents (pooled buffers): it
+            # goes first
+            self.flush()
+            for buf, offset, data in pieces:
+                self.device.queue.write_buffer(buf.raw, offset, data)
+            self.device.queue.submit([])  # (an empty submit carries the queued writes)
+            self.submitted += 1
+            return self.submitted
 
     def _map_read(self, stage: Any, nbytes: int) -> None:
         """Map ``stage`` for reading once the queue is done with it.
@@ -656,32 +716,181 @@ def devices() -> list[DeviceInfo]:
     return out
 
 
+# The runtime the calls of this thread (context) run on, where it is not the default device's: a
+# jitted call on another device's arrays sets it while it traces, lowers and runs (the many
+# get_runtime() callers then see that device), and each device's worker thread has its own.
+_CURRENT: ContextVar[Optional[Runtime]] = ContextVar("fusec_runtime", default=None)
+_RUNTIMES: dict[int, Runtime] = {}  # by index into fusec.devices(), created on first use
+_CREATE_LOCK = threading.RLock()
+
+
 def get_runtime() -> Optional[Runtime]:
-    """The process's runtime, created on first use; None means the numpy interpreter runs the
-    programs (see :func:`_choose_adapter` for when)."""
+    """The runtime calls run on: the current one where a call on another device set it (see
+    :func:`on_runtime`), else the default device's, created on first use; None means the numpy
+    interpreter runs the programs (see :func:`_choose_adapter` for when)."""
+    rt = _CURRENT.get()
+    if rt is not None:
+        return rt
+    if _RESOLVED:
+        return _RUNTIME
+    return _default_runtime()
+
+
+def _default_runtime() -> Optional[Runtime]:
+    """The default device's runtime (FUSEC_BACKEND, FUSEC_ADAPTER), whatever the context."""
     global _RUNTIME, _RESOLVED, _REASON
-    if not _RESOLVED:
-        os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")  # quiets Mesa's warnings on headless Linux
-        adapter, _REASON = _choose_adapter()
-        _RESOLVED = True
-        if adapter is None:
-            if _REASON == _NO_ADAPTER:
-                warnings.warn("fusec: no GPU adapter found; running on the numpy interpreter. "
-                              "Install a Vulkan driver (e.g. mesa-vulkan-drivers).",
-                              RuntimeWarning, stacklevel=_user_stacklevel())
-            config.debug(1, f"device: numpy interpreter ({_REASON})")
-        else:
-            _RUNTIME = Runtime(adapter)
-            _RUNTIME.info.reason = _REASON
-            _RUNTIME.info.index = next(i for i, a in enumerate(_adapters()) if a is adapter)
-            config.debug(1, f"device: {_RUNTIME.info}" + (f" ({_REASON})" if _REASON else ""))
+    with _CREATE_LOCK:
+        if not _RESOLVED:
+            os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")  # quiets Mesa on headless Linux
+            adapter, _REASON = _choose_adapter()
+            _RESOLVED = True
+            if adapter is None:
+                if _REASON == _NO_ADAPTER:
+                    warnings.warn("fusec: no GPU adapter found; running on the numpy interpreter. "
+                                  "Install a Vulkan driver (e.g. mesa-vulkan-drivers).",
+                                  RuntimeWarning, stacklevel=_user_stacklevel())
+                config.debug(1, f"device: numpy interpreter ({_REASON})")
+            else:
+                index = next(i for i, a in enumerate(_adapters()) if a is adapter)
+                _RUNTIME = _RUNTIMES.get(index) or Runtime(adapter)
+                _RUNTIME.info.reason = _REASON
+                _RUNTIME.info.index = index
+                _RUNTIMES[index] = _RUNTIME
+                config.debug(1, f"device: {_RUNTIME.info}" + (f" ({_REASON})" if _REASON else ""))
     return _RUNTIME
+
+
+def runtime_for(index: int) -> Runtime:
+    """The runtime of device ``index`` of :func:`devices`, created on first use (the default
+    device's is the one :func:`get_runtime` returns: one wgpu device per adapter)."""
+    rt = _RUNTIMES.get(index)
+    if rt is not None:
+        return rt
+    with _CREATE_LOCK:
+        _default_runtime()  # first, so that the default adapter is not opened twice
+        rt = _RUNTIMES.get(index)
+        if rt is None:
+            rt = Runtime(_adapters()[index])
+            rt.info.index = index
+            _RUNTIMES[index] = rt
+            config.debug(1, f"device {index}: {rt.info}")
+    return rt
+
+
+def resolve_device(device: Any, what: str) -> Optional[Runtime]:
+    """The runtime of ``device``: a :class:`DeviceInfo` (from :func:`devices` or
+    :func:`default_device`) or an index into :func:`devices`. None: the numpy interpreter (its
+    DeviceInfo, which ``default_device()`` reports where it is the backend). ``what`` names the
+    caller in the error message."""
+    if isinstance(device, DeviceInfo):
+        if device.index < 0:
+            if device.backend == "cpu":
+                return None
+            raise FusecError(f"{what}: {device} has no index into fusec.devices(); pass a device "
+                             "from fusec.devices()")
+        index = device.index
+    elif isinstance(device, (int, np.integer)) and not isinstance(device, (bool, np.bool_)):
+        index = int(device)
+    else:
+        hint = ""
+        if isinstance(device, (str, type, np.dtype)):
+            try:
+                np.dtype(device)
+                hint = " (a dtype? device_put takes it as dtype=...)"
+            except TypeError:
+                pass
+        raise FusecError(f"{what}: device must be a fusec.DeviceInfo (from fusec.devices()) or an "
+                         f"index into fusec.devices(); got {type(device).__name__} {device!r}"
+                         f"{hint}")
+    found = _adapters()
+    if not 0 <= index < len(found):
+        have = ", ".join(f"{i}: {_adapter_label(a)}" for i, a in enumerate(found)) or "none"
+        raise FusecError(f"{what}: device {index} is not one of fusec.devices() ({have})")
+    return runtime_for(index)
+
+
+def device_label(rt: Optional[Runtime]) -> str:
+    """How messages name a runtime's device: "device 1 (llvmpipe (CPU, OpenGL))"."""
+    return "the numpy interpreter" if rt is None else rt.info.label()
+
+
+class on_runtime:
+    """``with on_runtime(rt):`` calls in this thread run on ``rt`` (get_runtime() returns it);
+    None, or the runtime already current, changes nothing."""
+
+    __slots__ = ("rt", "token")
+
+    def __init__(self, rt: Optional[Runtime]) -> None:
+        self.rt = rt
+        self.token: Any = None
+
+    def __enter__(self) -> None:
+        if self.rt is not None and self.rt is not get_runtime():
+            self.token = _CURRENT.set(self.rt)
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.token is not None:
+            _CURRENT.reset(self.token)
+            self.token = None
+
+
+def on_device(rt: Runtime, fn: Callable[..., Any], *args: Any) -> Future[Any]:
+    """Run ``fn(*args)`` on ``rt``'s worker thread (one per device, started on first use; work
+    for one device runs in the order it was given), with ``rt`` current there. Called from that
+    worker itself, it runs at once (a task waiting on its own thread would never finish)."""
+    def task() -> Any:
+        token = _CURRENT.set(rt)
+        try:
+            return fn(*args)
+        finally:
+            _CURRENT.reset(token)
+
+    if rt._worker_ident == threading.get_ident():
+        fut: Future[Any] = Future()
+        try:
+            fut.set_result(task())
+        except BaseException as exc:  # handed to whoever waits on it, as from a worker
+            fut.set_exception(exc)
+        return fut
+    if rt._worker is None:
+        with _CREATE_LOCK:
+            if rt._worker is None:
+                pool = ThreadPoolExecutor(1, thread_name_prefix=f"fusec-device-{rt.info.index}")
+                # the worker's thread id, so that work it gives itself runs inline
+                pool.submit(lambda: setattr(rt, "_worker_ident", threading.get_ident())).result()
+                rt._worker = pool
+    return rt._worker.submit(task)
+
+
+def on_devices(rts: Sequence[Runtime], fns: Sequence[Callable[[], Any]]) -> list[Any]:
+    """``fns[i]()`` on device ``rts[i]``, all at the same time: the first on the calling thread,
+    the others on their devices' worker threads. The results in order; the first error raised
+    (after every function has finished)."""
+    futs = [on_device(rt, fn) for rt, fn in zip(rts[1:], fns[1:])]
+    first: list[Any] = []
+    err: Optional[BaseException] = None
+    if rts:
+        try:
+            with on_runtime(rts[0]):
+                first.append(fns[0]())
+        except BaseException as exc:  # the others still finish before it is raised
+            err = exc
+    rest = []
+    for f in futs:
+        try:
+            rest.append(f.result())
+        except BaseException as exc:
+            err = err or exc
+    if err is not None:
+        raise err
+    return first + rest
 
 
 def default_device() -> DeviceInfo:
     """The device fusec runs on: backend, adapter name and type, limits, features, and (in
     ``reason``) why, where it is not simply the best GPU: the numpy interpreter reports backend
-    "cpu" with the reason it was chosen."""
+    "cpu" with the reason it was chosen. Inside a call on another device's arrays (and on a
+    device's worker thread) that device."""
     rt = get_runtime()
     if rt is None:
         return DeviceInfo(backend="cpu", adapter="numpy interpreter", adapter_type="CPU",
@@ -693,14 +902,14 @@ def default_device() -> DeviceInfo:
 
 
 class Array:
-    """An immutable array that lives on the device. Outputs of jitted functions are Arrays; feed
-    them back in and nothing is copied. ``np.asarray(a)``, ``a.numpy()`` read it back (and
-    wait)."""
+    """An immutable array that lives on a device (``a.device``). Outputs of jitted functions are
+    Arrays; feed them back in and nothing is copied. ``np.asarray(a)``, ``a.numpy()`` read it
+    back (and wait); ``a.to(device)`` copies it to another device."""
 
     __array_priority__ = 100  # ndarray + Array -> Array.__radd__ (runs on the device)
     # slots: every call makes one Array per output, so creating one is on the hot path
     __slots__ = ("_shape", "_dtype", "_buffer", "_host", "_submission", "_donated_to",
-                 "_shared", "__weakref__")
+                 "_shared", "_rt", "__weakref__")
 
     def __init__(self, shape: Sequence[int], dtype: str, buffer: Any = None,
                  host: Optional[np.ndarray] = None, submission: int = 0) -> None:
@@ -709,6 +918,9 @@ class Array:
         self._buffer = buffer
         self._host = host
         self._submission = submission
+        # the runtime (device) holding the buffer; None: host data not yet uploaded anywhere,
+        # which goes to whatever device a call runs on (and then lives there)
+        self._rt: Optional[Runtime] = buffer.rt if buffer is not None else None
         self._donated_to: Optional[str] = None
         # another Array views the same buffer (an output returned twice, a reshape of an input):
         # donating this one must not overwrite what the other holds (see donation_copy)
@@ -767,17 +979,45 @@ class Array:
         return self.size * itemsize(self._dtype)
 
     def device_buffer(self, rt: Runtime) -> Any:
-        """The wgpu buffer, uploading host data on first use."""
+        """The wgpu buffer on ``rt``, uploading host data on first use (the array then lives on
+        ``rt``)."""
         self._check_alive()
         if self._buffer is None:
             assert self._host is not None
             self._buffer = rt.upload(to_storage(self._host, self._dtype))
+            self._rt = rt
+        elif self._rt is not rt:
+            raise FusecError(f"this array is on {device_label(self._rt)}, not on "
+                             f"{device_label(rt)}; copy it there with .to(device)")
         return self._buffer
+
+    @property
+    def device(self) -> DeviceInfo:
+        """The device the array lives on (an array of host data not yet used on a device: the
+        default device, where a call would upload it)."""
+        return self._rt.info if self._rt is not None else default_device()
+
+    def to(self, device: Any) -> Array:
+        """A copy on ``device`` (a :class:`DeviceInfo` from ``fusec.devices()`` or an index);
+        the array itself where it is there already. WebGPU devices share no memory and have no
+        peer copies: the copy goes through the host, in chunks (see :func:`copy_array`)."""
+        rt = resolve_device(device, "Array.to")
+        self._check_alive()
+        if rt is not None and rt is self._rt:
+            return self
+        if rt is None:  # the numpy interpreter: host data
+            host = np.array(self._host_value())
+            host.flags.writeable = False
+            return Array(self._shape, self._dtype, host=host)
+        if self._host is not None or self._buffer is None:
+            return Array(self._shape, self._dtype, buffer=rt.upload(
+                to_storage(self._host_value(), self._dtype)))
+        return copy_array(self, rt)
 
     def _host_value(self) -> np.ndarray:
         self._check_alive()
         if self._host is None:
-            rt = get_runtime()
+            rt = self._rt
             assert rt is not None and self._buffer is not None
             raw = rt.read(self._buffer, self.nbytes)
             st = np.frombuffer(raw, dtype=dtypes.NUMPY_STORAGE[self._dtype],
@@ -799,13 +1039,13 @@ class Array:
 
     def block_until_ready(self) -> Array:
         """Wait until the computation producing this array has finished; returns self."""
-        rt = get_runtime()
+        rt = self._rt
         if rt is not None and self._host is None and rt.completed < self._submission:
             rt.sync()
         return self
 
     def is_ready(self) -> bool:
-        rt = get_runtime()
+        rt = self._rt
         ready = rt is None or self._host is not None or rt.completed >= self._submission
         if not ready and rt is not None:
             rt.flush()  # a call still in the batch: send it, so that it does get ready
@@ -913,7 +1153,7 @@ register_array_type(Array)
 
 
 def _device_array(shape: tuple[int, ...], dtype: str, buffer: DeviceBuffer,
-                  submission: int) -> Array:
+                  submission: int, rt: Runtime) -> Array:
     """An Array over a call's output buffer: ``Array(...)`` without re-checking the shape (the
     executable's shapes are tuples of ints already); a jitted call makes one per output."""
     a = Array.__new__(Array)
@@ -924,7 +1164,47 @@ def _device_array(shape: tuple[int, ...], dtype: str, buffer: DeviceBuffer,
     a._submission = submission
     a._donated_to = None
     a._shared = False
+    a._rt = rt  # (the buffer's)
     return a
+
+
+# Copies between devices (and all_reduce) go through the host in chunks of this many bytes (a
+# whole number of 32-bit words): large enough that a chunk's fixed costs (a submit, a map, a
+# wait: tens of microseconds) are small against its transfer (8 MiB: about 0.4 ms at 20 GB/s),
+# small enough that the pipeline fills at once and the host holds little at a time.
+COPY_CHUNK = 8 << 20
+
+
+def _chunks(nbytes: int) -> list[tuple[int, int]]:
+    """(offset, size) of the chunks covering ``nbytes`` rounded up to whole 32-bit words."""
+    chunk = COPY_CHUNK
+    words = max(4, -(-nbytes // 4) * 4)
+    return [(off, min(chunk, words - off)) for off in range(0, words, chunk)]
+
+
+def copy_array(a: Array, dst: Runtime) -> Array:
+    """``a`` (in a buffer on another device) copied to ``dst`` through the host, pipelined: the
+    source device's worker thread reads chunk k + 1 back (a copy into its staging buffer, a map,
+    a copy out) while this thread hands chunk k to the destination (``write_buffer`` copies it
+    into wgpu's staging memory and returns; the submit after it starts the transfer to the
+    device). So the readback from the source overlaps the upload to the destination, and at most
+    two chunks are held on the host at a time."""
+    src, buf = a._rt, a._buffer
+    assert src is not None and buf is not None
+    out = dst.buffer(a.nbytes)
+    chunks = _chunks(a.nbytes)
+
+    def read(off: int, n: int) -> memoryview:
+        return src.read_pieces([(buf, off, n)])
+
+    nxt = on_device(src, read, *chunks[0])
+    sub = 0
+    for k, (off, _) in enumerate(chunks):
+        cur = nxt
+        if k + 1 < len(chunks):
+            nxt = on_device(src, read, *chunks[k + 1])  # read while chunk k is uploaded
+        sub = dst.write_pieces([(out, off, cur.result())])
+    return Array(a._shape, a._dtype, buffer=out, submission=sub)
 
 
 def to_storage(host: np.ndarray, dtype: str) -> np.ndarray:
@@ -933,14 +1213,20 @@ def to_storage(host: np.ndarray, dtype: str) -> np.ndarray:
     return np.asarray(host, dtype=dtypes.NUMPY_STORAGE[dtype], order="C")
 
 
-def device_put(x: Any, dtype: Any = None) -> Array:
-    """Upload ``x`` (a numpy array or scalar) once; pass the result to jitted functions."""
+def device_put(x: Any, device: Any = None, dtype: Any = None) -> Array:
+    """Upload ``x`` (a numpy array or scalar) once; pass the result to jitted functions.
+
+    ``device``: a :class:`DeviceInfo` from ``fusec.devices()`` or an index into it (default: the
+    default device). An Array ``x`` is copied there (``x.to(device)``), or returned as it is
+    where ``device`` is None or its own. ``dtype`` converts (on the array's device)."""
     if isinstance(x, Array):
-        return x if dtype is None else x.astype(dtype)
+        if dtype is not None:
+            x = x.astype(dtype)
+        return x if device is None else x.to(device)
+    rt = get_runtime() if device is None else resolve_device(device, "device_put")
     arr = np.asarray(x)
     dt = dtypes.canonicalize(dtype if dtype is not None else arr.dtype, "device_put argument")
     host = np.asarray(arr, dtype=dt, order="C")  # (ascontiguousarray would make 0-d 1-d)
-    rt = get_runtime()
     if rt is None:  # the interpreter: a copy of its own, which later changes to x do not reach
         host = np.array(host, copy=True)
         host.flags.writeable = False
@@ -1493,7 +1779,7 @@ class GpuExecutable(_Steps):
                 rt.flush()
             fresh = self.out_fresh
             if fresh is not None and not self.out_shared:
-                return [_device_array(shape, dtype, bufs[s], sub) for s, shape, dtype in fresh]
+                return [_device_array(shape, dtype, bufs[s], sub, rt) for s, shape, dtype in fresh]
             return self._outputs(inputs, bufs, sub)
         cpass.end()
         if rt.profile:
@@ -1508,7 +1794,7 @@ class GpuExecutable(_Steps):
             rt.kernel_profile.extend(zip(timed, ((t[1::2] - t[0::2]) / 1e3).tolist()))
         fresh = self.out_fresh
         if fresh is not None and not self.out_shared:
-            return [_device_array(shape, dtype, bufs[s], sub) for s, shape, dtype in fresh]
+            return [_device_array(shape, dtype, bufs[s], sub, rt) for s, shape, dtype in fresh]
         return self._outputs(inputs, bufs, sub)
 
     def _run_loops(self, inputs: Sequence[Optional[Array]], bufs: list[Any], raws: list[Any]
@@ -1537,7 +1823,7 @@ class GpuExecutable(_Steps):
         for kind, arg in self.out_plan:
             if kind == 2:
                 s, shape, dtype = arg
-                outs.append(_device_array(shape, dtype, bufs[s], sub))
+                outs.append(_device_array(shape, dtype, bufs[s], sub, self.rt))
             elif kind == 1:
                 outs.append(inputs[arg])
             else:

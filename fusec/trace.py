@@ -7,6 +7,7 @@ value to look at, so it raises :class:`TracerBoolConversionError` with advice.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Union
@@ -83,7 +84,7 @@ class Builder:
         """``x`` as a value of this trace: itself, or captured from an enclosing trace."""
         if x.builder is self:
             return x
-        if not x.builder.closed and x.builder in _STACK and x.builder is not self:
+        if not x.builder.closed and x.builder in _STACK.builders and x.builder is not self:
             return self.capture(x)
         if x.builder.closed:
             raise TraceError("a traced value from a finished trace was used; return values from "
@@ -161,7 +162,15 @@ class Builder:
         return Program(self.inputs + self.const_vars + self.capture_vars, self.eqns, outs)
 
 
-_STACK: list[Builder] = []
+class _Stack(threading.local):
+    """The traces in progress, innermost last: one stack per thread, so that threads driving
+    different devices trace independently."""
+
+    def __init__(self) -> None:
+        self.builders: list[Builder] = []
+
+
+_STACK = _Stack()
 
 
 @dataclass
@@ -274,7 +283,8 @@ def _inlined_entry(entry: Any, env: dict[int, Union[Tracer, Lit]]) -> Any:
 
 
 def current_builder() -> Builder | None:
-    return _STACK[-1] if _STACK else None
+    stack = _STACK.builders
+    return stack[-1] if stack else None
 
 
 class _Tracing:
@@ -282,11 +292,11 @@ class _Tracing:
         self.b = b
 
     def __enter__(self) -> Builder:
-        _STACK.append(self.b)
+        _STACK.builders.append(self.b)
         return self.b
 
     def __exit__(self, *exc: Any) -> None:
-        _STACK.pop()
+        _STACK.builders.pop()
         self.b.closed = True
 
 

@@ -21,6 +21,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("emit", "kernels", "codegen"),
     ("passes",),
     ("runtime",),
+    ("sharding",),
     ("record", "jit"),
     ("warmup", "transforms", "autodiff", "vmap", "control_flow_ad"),
     ("models", "exported", "web"),
