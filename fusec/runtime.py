@@ -128,7 +128,16 @@ class Runtime:
         self.adapter = adapter
         # shader-f16: float16 arrays (kernels declare array<f16>; see check_float16)
         feats = [f for f in ("timestamp-query", F16_FEATURE) if f in adapter.features]
-        self.device = adapter.request_device_sync(required_features=feats)
+        try:
+            self.device = adapter.request_device_sync(required_features=feats)
+        except Exception as exc:
+            # an adapter wgpu lists but cannot compute on: the H100 machine's NVIDIA OpenGL
+            # adapter failed here ("The selected version doesn't support ... COMPUTE_SHADER")
+            why = "; ".join(ln.strip() for ln in str(exc).splitlines() if ln.strip())[:300]
+            raise FusecError(
+                f"the adapter {_adapter_label(adapter)} cannot be used for compute: opening it "
+                f"failed ({why}). "
+                "Choose another device of fusec.devices()") from exc
         self._poll = poll_function()
         # the calls' recording and submits through wgpu-native directly (fusec.native)
         self.native = open_native(self.device) if config.get("native") else None

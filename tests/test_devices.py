@@ -22,11 +22,24 @@ from fusec import runtime
 from fusec.runtime import runtime_for
 
 
+def _usable() -> list[fusec.DeviceInfo]:
+    """The devices that open for compute (wgpu may list an adapter that cannot: an NVIDIA
+    OpenGL adapter beside the Vulkan one on the H100 machine)."""
+    out = []
+    for d in fusec.devices():
+        try:
+            runtime_for(d.index)
+        except fusec.FusecError:
+            continue
+        out.append(d)
+    return out
+
+
 @pytest.fixture
 def two() -> tuple[fusec.DeviceInfo, fusec.DeviceInfo]:
-    devs = fusec.devices()
+    devs = _usable()
     if len(devs) < 2:
-        msg = (f"this test needs two devices; fusec.devices() lists {len(devs)} "
+        msg = (f"this test needs two devices; {len(devs)} of fusec.devices() open for compute "
                f"({', '.join(map(str, devs)) or 'none'}). On CI both lavapipe (Vulkan) and "
                "llvmpipe (OpenGL) are present (mesa-vulkan-drivers, libgl1-mesa-dri); set "
                "FUSEC_SINGLE_DEVICE_OK=1 where one device is expected")
@@ -413,3 +426,21 @@ def test_all_reduce_on_one_device_is_the_value(rng: np.random.Generator) -> None
     out = fusec.all_reduce(s, "mean")
     assert out.shards[0] is s.shards[0] and out.axis is None
     assert math.isclose(float(np.asarray(out).sum()), float(x.sum()), rel_tol=1e-6, abs_tol=1e-6)
+
+
+def test_an_adapter_that_cannot_compute_is_a_clear_error() -> None:
+    """wgpu may list an adapter whose device cannot run compute shaders (the H100 machine's
+    NVIDIA OpenGL adapter: "The selected version doesn't support ... COMPUTE_SHADER"): opening
+    it is a FusecError naming the adapter, not a crash inside wgpu."""
+
+    class NoCompute:
+        info = {"device": "Some GPU", "backend_type": "OpenGL", "adapter_type": "Unknown"}
+        features: set[str] = set()
+
+        def request_device_sync(self, **kw: object) -> None:
+            raise RuntimeError("Validation Error\n\nThe selected version doesn't support "
+                               "Features(COMPUTE_SHADER)")
+
+    with pytest.raises(fusec.FusecError, match=r"Some GPU.*cannot be used for compute.*"
+                                               r"COMPUTE_SHADER.*fusec.devices\(\)"):
+        runtime.Runtime(NoCompute())
