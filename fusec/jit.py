@@ -789,15 +789,20 @@ class JitFunction:
             avals, rt = self._placed(leaves)
         except _ShardedArgs:
             return self._call_sharded(leaves, td, static)
-        key = (td, avals, static, rt)
-        compiled = self._cache.get(key)
-        if compiled is None:
-            compiled = self._compile(key, leaves, td, static)
-        else:
-            cache.STATS.hits += 1
+        compiled = self._cached(leaves, td, static, avals, rt)
         if fast is not None and None not in fast and len(leaves) == len(args):
             self._fast[fast] = compiled
         return compiled.run_leaves([x for _, x in leaves])
+
+    def _cached(self, leaves: list[tuple[str, Any]], td: TreeDef, static: tuple[Any, ...],
+                avals: tuple[Aval, ...], rt: Optional[Runtime]) -> Compiled:
+        """The executable of this signature on ``rt``: from the cache, else compiled."""
+        key = (td, avals, static, rt)
+        compiled = self._cache.get(key)
+        if compiled is None:
+            return self._compile(key, leaves, td, static)
+        cache.STATS.hits += 1
+        return compiled
 
     def _compile(self, key: Signature, leaves: list[tuple[str, Any]], td: TreeDef,
                  static: tuple[Any, ...]) -> Compiled:
@@ -854,12 +859,7 @@ class JitFunction:
                         x = x.to(rt.info)
                 row.append((p, x))
             avals, _ = _placement(name, row, rt, "the device of its Sharded arguments' shard")
-            key = (td, avals, static, rt)
-            compiled = self._cache.get(key)
-            if compiled is None:
-                compiled = self._compile(key, row, td, static)
-            else:
-                cache.STATS.hits += 1
+            compiled = self._cached(row, td, static, avals, rt)
             if compiled.traced.const_values:
                 compiled._const_arrays()  # here, not in the devices' threads (copies between them)
             calls.append(functools.partial(compiled.run_leaves, [x for _, x in row]))
