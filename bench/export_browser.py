@@ -20,23 +20,25 @@ Prints one JSON object (and writes it to DIR/timings.json).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import http.server
 import json
 import os
 import shutil
-import statistics
 import sys
 import tempfile
 import threading
-import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from export_cases import block_weights, transformer  # noqa: E402  (the tests' block)
+from timing import median_wall  # noqa: E402
 
 import fusec  # noqa: E402
 import fusec.numpy as fnp  # noqa: E402
@@ -48,28 +50,32 @@ GPU_ARGS = ["--no-sandbox", "--enable-unsafe-webgpu", "--enable-features=Vulkan"
 
 
 def _median_ms(fn: Any, runs: int) -> float:
-    fn()  # warm
-    ts = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return 1e3 * statistics.median(ts)
+    return 1e3 * median_wall(fn, runs, warmup=1)
+
+
+class _Quiet(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def _serving(d: Path) -> Iterator[str]:
+    """``d`` served over HTTP on localhost while the block runs; yields its URL."""
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0),
+                                          functools.partial(_Quiet, directory=str(d)))
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{srv.server_address[1]}/"
+    finally:
+        srv.shutdown()
 
 
 def browser_time(d: Path, name: str, x: np.ndarray, runs: int, chromium: str, args: list[str]
                  ) -> dict[str, Any]:
     from playwright.sync_api import sync_playwright
 
-    class Quiet(http.server.SimpleHTTPRequestHandler):
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    handler = functools.partial(Quiet, directory=str(d))
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{srv.server_address[1]}/{name}/"
-    try:
+    with _serving(d) as root:
+        url = f"{root}{name}/"
         with sync_playwright() as p:
             b = p.chromium.launch(executable_path=chromium, headless=True, args=args)
             pg = b.new_page()
@@ -94,32 +100,20 @@ def browser_time(d: Path, name: str, x: np.ndarray, runs: int, chromium: str, ar
             }""", [url, x.ravel().tolist(), runs])
             b.close()
         return r  # type: ignore[no-any-return]
-    finally:
-        srv.shutdown()
 
 
 def node_time(d: Path, name: str, x: np.ndarray, runs: int, node: str) -> dict[str, Any]:
     import subprocess
 
-    class Quiet(http.server.SimpleHTTPRequestHandler):
-        def log_message(self, *args: Any) -> None:
-            pass
-
     (d / name / "x.bin").write_bytes(x.astype("<f4").tobytes())
-    srv = http.server.ThreadingHTTPServer(
-        ("127.0.0.1", 0), functools.partial(Quiet, directory=str(d)))
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    try:
+    with _serving(d) as root:
         p = subprocess.run([node, str(Path(__file__).with_name("export_node.mjs")),
-                            f"http://127.0.0.1:{srv.server_address[1]}/{name}/", str(d / name),
-                            str(runs)],
+                            f"{root}{name}/", str(d / name), str(runs)],
                            capture_output=True, text=True, timeout=300)
-        lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
-        if not lines:
-            return {"error": f"node exited {p.returncode}: {p.stderr[-1500:]}"}
-        return json.loads(lines[-1])  # type: ignore[no-any-return]
-    finally:
-        srv.shutdown()
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
+    if not lines:
+        return {"error": f"node exited {p.returncode}: {p.stderr[-1500:]}"}
+    return json.loads(lines[-1])  # type: ignore[no-any-return]
 
 
 def main() -> None:

@@ -27,10 +27,8 @@ to check the script on a software adapter.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +37,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from export_cases import block_weights, transformer  # noqa: E402  (the tests' block)
-from timing import report  # noqa: E402
+from timing import median_wall, report  # noqa: E402
 
 import fusec  # noqa: E402
 import fusec.numpy as fnp  # noqa: E402
@@ -68,17 +66,6 @@ def choose_devices(spec: str) -> list[fusec.DeviceInfo]:
         return devs
     best = min(_BACKEND_RANK.get(d.backend, 3) for d in gpus)
     return [d for d in gpus if _BACKEND_RANK.get(d.backend, 3) == best]
-
-
-def median_s(fn: Callable[[], Any], runs: int, warmup: int = 2) -> float:
-    for _ in range(warmup):
-        fn()
-    ts = []
-    for _ in range(runs):
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return statistics.median(ts)
 
 
 def rel_diff(a: Any, b: Any) -> float:
@@ -129,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     out1 = fwd(ws1, x1).block_until_ready()
     compile1 = time.perf_counter() - t0
-    t_one = median_s(lambda: fwd(ws1, x1).block_until_ready(), a.runs)
+    t_one = median_wall(lambda: fwd(ws1, x1).block_until_ready(), a.runs)
     fw: dict[str, Any] = {"one_device_ms": 1e3 * t_one, "first_call_s": compile1}
     if n > 1:
         wsr = tree_util.tree_map(lambda w: fusec.replicate(w, devs), ws)
@@ -137,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         outn = fwd(wsr, xs).block_until_ready()
         fw["first_call_all_devices_s"] = time.perf_counter() - t0
-        t_all = median_s(lambda: fwd(wsr, xs).block_until_ready(), a.runs)
+        t_all = median_wall(lambda: fwd(wsr, xs).block_until_ready(), a.runs)
         fw.update(all_devices_ms=1e3 * t_all, speedup=t_one / t_all,
                   max_rel_diff_vs_one_device=rel_diff(outn, out1))
     else:
@@ -167,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     step_one()
     tr: dict[str, Any] = {"first_step_s": time.perf_counter() - t0}
-    t_one = median_s(step_one, a.runs)
+    t_one = median_wall(step_one, a.runs)
     tr["one_device_ms"] = 1e3 * t_one
     if n > 1:
         xs, ys = fusec.shard(x, devs), fusec.shard(y, devs)
@@ -185,13 +172,13 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         step_all()
         tr["first_step_all_devices_s"] = time.perf_counter() - t0
-        t_all = median_s(step_all, a.runs)
+        t_all = median_wall(step_all, a.runs)
         tr.update(all_devices_ms=1e3 * t_all, speedup=t_one / t_all)
         # the all_reduce's share of a step: the gradients' bytes and their all_reduce alone
         gsh = grad_step(staten["ws"], xs, ys, scale)
         ready(gsh)
         tr["grad_bytes"] = sum(leaf.shards[0].nbytes for leaf in tree_util.tree_leaves(gsh))
-        tr["all_reduce_ms"] = 1e3 * median_s(lambda: ready(fusec.all_reduce(gsh, "mean")),
+        tr["all_reduce_ms"] = 1e3 * median_wall(lambda: ready(fusec.all_reduce(gsh, "mean")),
                                              a.runs)
     else:
         tr.update(all_devices_ms=1e3 * t_one, speedup=1.0, grad_max_rel_diff_vs_one_device=0.0)
@@ -204,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     if n > 1:
         rep = fusec.replicate(big, devs)
         ready(rep)
-        t = median_s(lambda: ready(fusec.all_reduce(rep, "sum")), max(3, a.runs // 2))
+        t = median_wall(lambda: ready(fusec.all_reduce(rep, "sum")), max(3, a.runs // 2))
         check = fusec.all_reduce(rep, "sum")
         ok = all(np.array_equal(np.asarray(s), big * n) for s in check.shards) if n == 2 else \
             all(np.allclose(np.asarray(s), big * n, rtol=1e-6) for s in check.shards)
@@ -213,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
                        "and receives the result (2 x bytes per device through the host)")
         src = fusec.device_put(big, first)
         src.block_until_ready()
-        t = median_s(lambda: src.to(devs[1]).block_until_ready(), max(3, a.runs // 2))
+        t = median_wall(lambda: src.to(devs[1]).block_until_ready(), max(3, a.runs // 2))
         res["copy"] = {"bytes": nbytes, "from": first.index, "to": devs[1].index, "ms": 1e3 * t,
                        "gbps": nbytes / t / 1e9}
     else:
