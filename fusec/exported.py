@@ -82,9 +82,12 @@ def make_plan(prog: Program, kernels: Sequence[KernelCode], n_args: int) -> Plan
     buf_of: dict[int, int] = {}  # id(var) -> buffer
     pools: dict[str, int] = {}
 
-    def new(nbytes: int, role: str, zero: bool = False) -> int:
+    def padded(nbytes: int) -> int:
         # at least 16 bytes, whole 16-byte units: vec4 access never reads past the end
-        buffers.append({"size": max(16, -(-nbytes // 16) * 16), "role": role, "zero": zero})
+        return max(16, -(-nbytes // 16) * 16)
+
+    def new(nbytes: int, role: str, zero: bool = False) -> int:
+        buffers.append({"size": padded(nbytes), "role": role, "zero": zero})
         return len(buffers) - 1
 
     inputs = []
@@ -120,7 +123,7 @@ def make_plan(prog: Program, kernels: Sequence[KernelCode], n_args: int) -> Plan
                 b = pools.get(sl[1:], -1)
                 if b < 0:
                     b = pools[sl[1:]] = new(o.nbytes, "work", zero=sl[0] == "z")
-                buffers[b]["size"] = max(buffers[b]["size"], -(-o.nbytes // 16) * 16)
+                buffers[b]["size"] = max(buffers[b]["size"], padded(o.nbytes))
             elif sl.startswith("="):
                 b = buf_of[id(e.inputs[int(sl[1:])])]
             else:  # "inK": a donated input's buffer
@@ -143,7 +146,6 @@ def make_plan(prog: Program, kernels: Sequence[KernelCode], n_args: int) -> Plan
 
 _WG = re.compile(r"@workgroup_size\(\s*([0-9]+)\s*(?:,\s*([0-9]+)\s*)?(?:,\s*([0-9]+)\s*)?\)")
 _WG_CONST = re.compile(r"const\s+(\w+)\s*(?::\s*\w+)?\s*=\s*([0-9]+)u?\s*;")
-_SHARED = re.compile(r"var<workgroup>\s+\w+\s*:\s*array<\s*(\w+)\s*,\s*([0-9A-Za-z_]+)u?\s*>")
 
 
 def workgroup_size(wgsl: str) -> tuple[int, int, int]:
@@ -158,7 +160,7 @@ def workgroup_size(wgsl: str) -> tuple[int, int, int]:
     return (dims[0], dims[1], dims[2])
 
 
-def requirements(prog: Program, kernels: Sequence[KernelCode], plan: Plan) -> dict[str, Any]:
+def requirements(kernels: Sequence[KernelCode], plan: Plan) -> dict[str, Any]:
     """The WebGPU features and limits the artifact needs beyond WebGPU's defaults."""
     features = ["shader-f16"] if any("enable f16;" in k.wgsl for k in kernels) else []
     largest = max((b["size"] for b in plan.buffers), default=16)
@@ -336,7 +338,7 @@ class Exported:
         if target == "web" and self.plan.unsupported is not None:
             raise ExportError(f"{self.name} cannot be exported to the web target: "
                               f"{self.plan.unsupported}")
-        req = requirements(self.program, self.kernels, self.plan)
+        req = requirements(self.kernels, self.plan)
         return {
             "format": FORMAT,
             "version": VERSION,
