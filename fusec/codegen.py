@@ -40,6 +40,7 @@ from .ir import MOVEMENT, REDUCE, Eqn, Lit, Op, Program, Shape, Var, reduced_end
 from .kernels import GENERATORS
 from .kernels import attention as _attention
 from .kernels import quant as _quant
+from .kernels import sort as _sort
 from .ops import REDUCTIONS, wgsl_literal
 
 TILE = 16  # matmul tile edge
@@ -148,9 +149,13 @@ def tuning() -> dict[str, Any]:
             "gemv": (GEMV, GEMV_M, GEMV_K_TILE, GEMV_UNROLL),
             "fewcol": (FEWCOL, FEWCOL_M, FEWCOL_K_TILE),
             "matmul": (MATMUL_BLOCK, MATMUL_LARGE, MATMUL_MEDIUM, MATMUL_SMALL, MATMUL_EPILOGUE),
-            "attention": (_attention.ROWS, _attention.MAX_TILE, _attention.MAX_HEAD),
+            "attention": (_attention.ROWS, _attention.MAX_TILE, _attention.MAX_HEAD,
+                          _attention.FEW_ROWS, _attention.FEW_HEAD, _attention.FEW_KEYS,
+                          _attention.FEW_THREADS, _attention.FEW_UNROLL),
             "quant": (_quant.QMATMUL_M, _quant.WORKGROUP, _quant.MAX_TEAM, _quant.UNROLL,
-                      _quant.CPU_ROWS)}
+                      _quant.CPU_ROWS),
+            "sort": (_sort.LOCAL_MAX, _sort.RADIX_PER_THREAD, _sort.RADIX_BLOCKS,
+                     _sort.HIST_UNROLL)}
 
 
 def generate(kernel: Eqn, target: str = "gpu",

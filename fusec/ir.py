@@ -192,6 +192,13 @@ class Op(Enum):
     # params run: the state sorted in runs of ``run`` -> in runs of 2 * run, each element moved to
     # its place in its own run plus the count of the other run's elements before it
     SORT_MERGE = "sort_merge"
+    # GPUs, a float sort of keys alone: params block, descending: inputs (sorted values, x) ->
+    # uint32[R, 2, blocks], per block of x its zeros and its NaNs (all zero where the sorted row
+    # holds none: no need to count)
+    SORT_SPECIALS = "sort_specials"
+    # inputs (sorted values, x, their counts): the runs of the zeros' key and the NaNs' key in the
+    # sorted values receive x's zeros and NaNs in input order (their own bits), in place
+    SORT_FIXUP = "sort_fixup"
     # params side ("left" | "right"): inputs sorted a[n], queries v[...] -> int32[...]: the
     # binary search of each query in a, comparing order keys as argsort does
     SEARCHSORTED = "searchsorted"
@@ -243,6 +250,7 @@ KERNEL_KIND[Op.SCATTER_ADD] = "scatter"
 KERNEL_KIND[Op.SCATTER_INTO] = "scatter"
 KERNEL_KIND.update({op: "sort" for op in (Op.ARGSORT, Op.SORT, Op.RADIX_HIST, Op.RADIX_SCAN,
                                           Op.RADIX_SCATTER, Op.SORT_BLOCKS, Op.SORT_MERGE,
+                                          Op.SORT_SPECIALS, Op.SORT_FIXUP,
                                           Op.SEARCHSORTED)})
 
 

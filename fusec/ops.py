@@ -1509,6 +1509,14 @@ NUMPY_RULES[Op.SCATTER_ADD] = _scatter_add_rule
 # values=True, the elements' own words (sort: every value keeps its bits, -0.0 and NaN payloads
 # included). The last stage writes the payloads alone: int32 indices, or the values in the
 # sorted array's dtype (param dtype).
+#
+# A radix sort of values (GPUs) carries the keys alone (params planes=1: a state uint32[1, rows,
+# n], half the memory traffic) and its last pass writes each key's value (sort_value_words). A
+# key gives back its value's bits, except that every zero has one key and every NaN one key
+# (-0.0 equal to 0.0, NaNs last): a float sort then ends with two stages that put the original
+# words of the zeros and of the NaNs, in input order, over the runs those keys fill
+# (sort_specials counts them per block; sort_fixup moves them). Where a row holds neither, both
+# stages stop at once.
 
 SORT_RADIX_BITS = 8  # bits of the key each radix pass sorts by
 SORT_DIGITS = 1 << SORT_RADIX_BITS
@@ -1533,6 +1541,25 @@ def sort_keys(x: np.ndarray, descending: bool = False) -> np.ndarray:
         k = x.astype(np.uint32)
     k = np.asarray(k, dtype=np.uint32)
     return ~k if descending else k
+
+
+def sort_value_words(keys: np.ndarray, dtype: str, descending: bool = False) -> np.ndarray:
+    """The words of the values whose order keys are ``keys`` (the inverse of sort_keys, where
+    one exists): a zero's key gives +0.0, a NaN's the NaN 0x7fffffff."""
+    k = np.asarray(keys, dtype=np.uint32)
+    if descending:
+        k = ~k
+    if dtype == "float32":
+        return np.where(k >> np.uint32(31) != 0, k ^ np.uint32(0x80000000), ~k).astype(np.uint32)
+    if dtype == "int32":
+        return k ^ np.uint32(0x80000000)
+    return k
+
+
+def sort_special_keys(descending: bool = False) -> tuple[int, int]:
+    """The order keys of float32 zeros and NaNs (see sort_keys)."""
+    zero, nan = 0x80000000, 0xFFFFFFFF
+    return (zero ^ 0xFFFFFFFF, nan ^ 0xFFFFFFFF) if descending else (zero, nan)
 
 
 def sort_key_bits(dtype: str) -> int:
@@ -1587,10 +1614,15 @@ def _sort_type(values: bool) -> Callable[[Sequence[tuple[Shape, str]], dict[str,
     return rule
 
 
-def _state_shape(shape: Shape, dt: str) -> tuple[int, int]:
-    if len(shape) != 3 or shape[0] != 2 or dt != "uint32":
-        raise ShapeError(f"a sort stage reads the state uint32[2, rows, n]; got {dt}{shape}")
+def _state_shape(shape: Shape, dt: str, planes: int = 2) -> tuple[int, int]:
+    if len(shape) != 3 or shape[0] != planes or dt != "uint32":
+        raise ShapeError(f"a sort stage reads the state uint32[{planes}, rows, n]; got "
+                         f"{dt}{shape}")
     return shape[1], shape[2]
+
+
+def _planes(p: dict[str, Any]) -> int:
+    return int(p.get("planes", 2))
 
 
 def _rows_shape(shape: Shape, dt: str, p: dict[str, Any]) -> tuple[int, int]:
@@ -1599,7 +1631,7 @@ def _rows_shape(shape: Shape, dt: str, p: dict[str, Any]) -> tuple[int, int]:
         if len(shape) != 2:
             raise ShapeError(f"a first sort stage reads x[rows, n]; got shape {shape}")
         return shape[0], shape[1]
-    return _state_shape(shape, dt)
+    return _state_shape(shape, dt, _planes(p))
 
 
 def _final_type(rows: int, n: int, p: dict[str, Any]) -> tuple[Shape, str]:
@@ -1610,17 +1642,23 @@ def _rows_of(src: np.ndarray, p: dict[str, Any]) -> tuple[np.ndarray, np.ndarray
     """(keys, payloads) of a stage's source: x itself (first stage) or the state."""
     if p.get("first", False):
         keys = sort_keys(src, bool(p["descending"]))
+        if _planes(p) == 1:
+            return keys, keys
         if p.get("values", False):
             return keys, _words(src)
         return keys, np.broadcast_to(np.arange(src.shape[-1], dtype=np.uint32), src.shape)
-    return src[0].astype(np.uint32), src[1].astype(np.uint32)
+    keys = src[0].astype(np.uint32)
+    return keys, (keys if _planes(p) == 1 else src[1].astype(np.uint32))
 
 
 def _stage_out(keys: np.ndarray, pay: np.ndarray, p: dict[str, Any]) -> np.ndarray:
     """The state, or (last stage) the payloads as indices or values."""
+    keys_only = _planes(p) == 1
     if p.get("last", False):
+        if keys_only:
+            pay = sort_value_words(keys, p["dtype"], bool(p["descending"]))
         return _from_words(pay, p["dtype"]) if p["values"] else pay.astype(np.int32)
-    return np.stack([keys, pay]).astype(np.uint32)
+    return (keys[None] if keys_only else np.stack([keys, pay])).astype(np.uint32)
 
 
 def _blocks_of(n: int, block: int) -> int:
@@ -1671,7 +1709,7 @@ def _radix_scatter_type(ins: Sequence[tuple[Shape, str]], p: dict[str, Any]
     want = (rows, SORT_DIGITS, _blocks_of(n, int(p["block"])) + 1)
     if tuple(ins[1]) != (want, "uint32"):
         raise ShapeError(f"radix_scatter's offsets must be uint32{want}; got {ins[1]}")
-    return _final_type(rows, n, p) if p["last"] else ((2, rows, n), "uint32")
+    return _final_type(rows, n, p) if p["last"] else ((_planes(p), rows, n), "uint32")
 
 
 def _radix_scatter_numpy(args: Sequence[np.ndarray], p: dict[str, Any],
@@ -1705,6 +1743,64 @@ def _radix_scatter_numpy(args: Sequence[np.ndarray], p: dict[str, Any],
     return _stage_out(new_keys, new_pay, p)
 
 
+def _sorted_and_x(ins: Sequence[tuple[Shape, str]], p: dict[str, Any]) -> tuple[int, int, int]:
+    """(rows, n, blocks) of sort_specials' and sort_fixup's first inputs, sorted values and x."""
+    (s_shape, s_dt), (x_shape, x_dt) = ins[:2]
+    if len(x_shape) != 2 or s_shape != x_shape or s_dt != x_dt or x_dt != "float32":
+        raise ShapeError(f"sort_specials and sort_fixup read float32 sorted[rows, n] and "
+                         f"x[rows, n]; got {s_dt}{s_shape}, {x_dt}{x_shape}")
+    return x_shape[0], x_shape[1], _blocks_of(x_shape[1], int(p["block"]))
+
+
+# sort_specials: inputs (sorted values[rows, n] float32, x[rows, n], the last radix pass's scanned
+# histogram) -> uint32[rows, 2, blocks]: per block of x, how many zeros and how many NaNs
+def _sort_specials_type(ins: Sequence[tuple[Shape, str]], p: dict[str, Any]
+                        ) -> tuple[Shape, str]:
+    rows, _, nb = _sorted_and_x(ins, p)
+    want = ((rows, SORT_DIGITS, nb + 1), "uint32")
+    if tuple(ins[2]) != want:
+        raise ShapeError(f"sort_specials reads the last pass's scanned histogram uint32{want[0]}; "
+                         f"got {ins[2]}")
+    return (rows, 2, nb), "uint32"
+
+
+def _special_masks(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    return x == 0, np.isnan(x)
+
+
+def _sort_specials_numpy(args: Sequence[np.ndarray], p: dict[str, Any],
+                         out: tuple[Shape, str]) -> np.ndarray:
+    x = args[1]
+    rows, n = x.shape
+    nb = out[0][2]
+    pad = nb * int(p["block"]) - n
+    counts = [np.pad(m, ((0, 0), (0, pad))).reshape(rows, nb, -1).sum(axis=2)
+              for m in _special_masks(x)]
+    return np.stack(counts, axis=1).astype(np.uint32)
+
+
+# sort_fixup: inputs (sorted values, x, specials) -> the sorted values with the runs of zeros and of
+# NaNs replaced by x's zeros and NaNs in input order (written into the sorted values' buffer)
+def _sort_fixup_type(ins: Sequence[tuple[Shape, str]], p: dict[str, Any]) -> tuple[Shape, str]:
+    rows, _, nb = _sorted_and_x(ins, p)
+    if tuple(ins[2]) != ((rows, 2, nb), "uint32"):
+        raise ShapeError(f"sort_fixup's counts must be uint32{(rows, 2, nb)}; got {ins[2]}")
+    return ins[0]
+
+
+def _sort_fixup_numpy(args: Sequence[np.ndarray], p: dict[str, Any],
+                      out: tuple[Shape, str]) -> np.ndarray:
+    srt, x = args[0].copy(), args[1]
+    zk, nk = sort_special_keys(bool(p["descending"]))
+    keys = sort_keys(srt, bool(p["descending"]))
+    for r in range(x.shape[0]):
+        for mask, key in zip(_special_masks(x[r]), (zk, nk)):
+            start = int(np.searchsorted(keys[r], np.uint32(key), side="left"))
+            vals = x[r][mask]
+            srt[r, start:start + vals.size] = vals
+    return srt
+
+
 # sort_blocks: x[rows, n] -> state, each aligned block of ``block`` elements of a row sorted
 def _sort_blocks_type(ins: Sequence[tuple[Shape, str]], p: dict[str, Any]) -> tuple[Shape, str]:
     rows, n = _rows_shape(*ins[0], {"first": True})
@@ -1723,7 +1819,7 @@ def _sort_blocks_numpy(args: Sequence[np.ndarray], p: dict[str, Any],
 # sort_merge: state sorted in runs of ``run`` -> runs of 2 * run (or, last, the final payloads)
 def _sort_merge_type(ins: Sequence[tuple[Shape, str]], p: dict[str, Any]) -> tuple[Shape, str]:
     rows, n = _state_shape(*ins[0])
-    return _final_type(rows, n, p) if p["last"] else ((2, rows, n), "uint32")
+    return _final_type(rows, n, p) if p["last"] else ((_planes(p), rows, n), "uint32")
 
 
 def _sort_merge_numpy(args: Sequence[np.ndarray], p: dict[str, Any],
@@ -1795,6 +1891,8 @@ TYPE_RULES.update({
     Op.RADIX_SCATTER: _radix_scatter_type,
     Op.SORT_BLOCKS: _sort_blocks_type,
     Op.SORT_MERGE: _sort_merge_type,
+    Op.SORT_SPECIALS: _sort_specials_type,
+    Op.SORT_FIXUP: _sort_fixup_type,
     Op.SEARCHSORTED: _searchsorted_type,
 })
 NUMPY_RULES.update({
@@ -1805,6 +1903,8 @@ NUMPY_RULES.update({
     Op.RADIX_SCATTER: _radix_scatter_numpy,
     Op.SORT_BLOCKS: _sort_blocks_numpy,
     Op.SORT_MERGE: _sort_merge_numpy,
+    Op.SORT_SPECIALS: _sort_specials_numpy,
+    Op.SORT_FIXUP: _sort_fixup_numpy,
     Op.SEARCHSORTED: lambda args, p, out: searchsorted_numpy(args[0], args[1], p["side"]),
 })
 
@@ -2374,7 +2474,8 @@ NO_DERIVATIVE = frozenset({Op.IOTA, Op.ARGSORT, Op.SEARCHSORTED})
 # ops that only exist after the lowering passes; autodiff runs on traced programs, before them
 LOWERED_ONLY = frozenset({Op.PARTIAL, Op.ATTENTION, Op.QMATMUL, Op.SCATTER_ADD,
                           Op.SCATTER_INTO, Op.SCAN_REDUCE, Op.SCAN, Op.RADIX_HIST, Op.RADIX_SCAN,
-                          Op.RADIX_SCATTER, Op.SORT_BLOCKS, Op.SORT_MERGE, Op.KERNEL})
+                          Op.RADIX_SCATTER, Op.SORT_BLOCKS, Op.SORT_MERGE, Op.SORT_SPECIALS,
+                          Op.SORT_FIXUP, Op.KERNEL})
 # the custom_vjp marker's reverse rule is fusec.autodiff's (it calls the user's function)
 TYPE_RULES[Op.CUSTOM_VJP] = lambda ins, p: ins[0]
 NUMPY_RULES[Op.CUSTOM_VJP] = lambda a, p, t: a[0]

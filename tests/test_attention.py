@@ -132,7 +132,8 @@ def test_left_alone_where_the_scores_are_needed_or_heads_are_wide() -> None:
     np.testing.assert_allclose(np.asarray(o), _reference(q, k, v, 1.0, None), rtol=2e-5,
                                atol=2e-6)
     wide = attention_kernel.MAX_HEAD + 1
-    qw, kw = _data(rng, 3, wide), _data(rng, 5, wide)
+    # (more query rows than the few-rows kernel takes, which has no head dim limit of its own)
+    qw, kw = _data(rng, attention_kernel.FEW_ROWS + 1, wide), _data(rng, 5, wide)
     g = fusec.gpu_jit(lambda q, k, v: _attention(q, k, v, scale=0.1))
     assert "attention" not in _kinds(g, qw, kw, v[0, :5])
     np.testing.assert_allclose(np.asarray(g(qw, kw, v[0, :5])),
@@ -167,3 +168,77 @@ def test_grid_of_more_than_65535_workgroups() -> None:
     assert _kinds(f, q, k, v) == ["attention"]
     np.testing.assert_allclose(np.asarray(f(q, k, v)), _reference(q, k, v, 0.7, None),
                                rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.usefixtures("gpu_target")
+@pytest.mark.parametrize("batch,s,t,d,e", [
+    ((1, 3), 3, 64, 64, 64),      # a decode step of SmolLM2: 3 query heads per KV head
+    ((), 1, 1, 1, 1),
+    ((5,), 8, 131, 100, 17),      # the most rows; a head dim no vec4 divides
+    ((2,), 2, 2048, 128, 128),    # the most keys and the widest head
+    ((3,), 7, 300, 33, 96),       # values that leave some threads idle (128 = 96 + 32)
+])
+def test_few_rows_kernel_matches_float64(batch: tuple[int, ...], s: int, t: int, d: int,
+                                         e: int) -> None:
+    """Few query rows per head (a decode step) take a workgroup per row on GPUs, any head dim up
+    to FEW_HEAD: one kernel, against float64, with a causal mask of -inf."""
+    rng = np.random.default_rng(s * 7919 + t)
+    q, k, v = _data(rng, *batch, s, d), _data(rng, *batch, t, d), _data(rng, *batch, t, e)
+    bias = np.where(np.arange(t)[None, :] <= t - s + np.arange(s)[:, None], 0.0,
+                    -np.inf).astype(np.float32)
+    scale = 1.0 / np.sqrt(d)
+    f = fusec.gpu_jit(lambda q, k, v, b: _attention(q, k, v, b, scale=scale))
+    kernels = f.lower(q, k, v, bias).kernels
+    assert [k.kind for k in kernels] == ["attention"]
+    assert "threads per query row" in kernels[0].wgsl
+    got = np.asarray(f(q, k, v, bias))
+    np.testing.assert_allclose(got, _reference(q, k, v, scale, bias), rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.usefixtures("gpu_target")
+def test_few_rows_kernel_nan_and_infinities() -> None:
+    """As the written-out softmax: a NaN or +inf score makes its row NaN, -inf weighs 0, a row of
+    -inf only is 0 / 0; 70 keys per row, more than the threads of a workgroup."""
+    rng = np.random.default_rng(8)
+    q, k, v = _data(rng, 6, 40), _data(rng, 200, 40), _data(rng, 200, 64)
+    bias = np.zeros((6, 200), np.float32)
+    bias[0, 150] = np.nan
+    bias[1, :190] = -np.inf
+    bias[2, :] = -np.inf
+    bias[3, 199] = np.inf
+    bias[4, 0] = -np.inf
+    f = fusec.gpu_jit(lambda q, k, v, b: _attention(q, k, v, b, scale=0.5))
+    assert _kinds(f, q, k, v, bias) == ["attention"]
+    got = np.asarray(f(q, k, v, bias))
+    want = _reference(q, k, v, 0.5, bias)
+    assert np.isnan(got[[0, 2, 3]]).all() and np.isfinite(got[[1, 4, 5]]).all()
+    np.testing.assert_allclose(got[[1, 4, 5]], want[[1, 4, 5]], rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.usefixtures("gpu_target")
+def test_decode_step_of_a_llama_has_one_attention_kernel_per_layer() -> None:
+    """A grouped-query decode step (the KV cache sliced to the context, the query heads that share
+    a KV head as rows, fusec.models.llama.forward) takes the few-rows kernel: one attention
+    kernel per layer, no written-out scores."""
+    from fusec import random as frandom
+    from fusec.models.llama import LlamaConfig, Sampling, forward, rope_tables, step_inputs
+
+    cfg = LlamaConfig(n_layers=2, d_model=192, n_heads=3, n_kv_heads=1, d_ff=64, vocab=50,
+                      rope_base=10000.0, eps=1e-5, context=64)
+    rng = np.random.default_rng(9)
+
+    def m(o: int, i: int) -> np.ndarray:
+        return (rng.standard_normal((o, i)) * 0.1).astype(np.float32)
+
+    layers = [{"q": m(192, 192), "k": m(64, 192), "v": m(64, 192), "o": m(192, 192),
+               "gate": m(64, 192), "up": m(64, 192), "down": m(192, 64),
+               "attn_norm": np.ones(192, np.float32), "ffn_norm": np.ones(192, np.float32)}
+              for _ in range(2)]
+    params = {"embed": m(50, 192), "lm_head": m(50, 192), "norm": np.ones(192, np.float32),
+              "layers": layers}
+    cache = [(np.zeros((1, 1, 64, 64), np.float32),) * 2 for _ in range(2)]
+    cos, sin, bias = step_inputs(cfg, *rope_tables(cfg, 64), 5, 1, 64)
+    f = fusec.gpu_jit(forward, static_argnames=("cfg", "how", "want_logits"))
+    lowered = f.lower(params, cache, np.zeros((1,), np.int32), np.int32(5), cos, sin, bias,
+                      frandom.key(0), cfg=cfg, how=Sampling())
+    assert [k.kind for k in lowered.kernels].count("attention") == 2

@@ -311,14 +311,56 @@ def test_sort_ops_are_kernels_of_their_own_kind() -> None:
 def test_gpu_lowering_of_a_long_row_is_four_radix_passes(monkeypatch: pytest.MonkeyPatch
                                                           ) -> None:
     """Compile-only: 2^20 float32 on a GPU with 48 KiB of workgroup memory (an H100): 4 passes
-    of (histogram, scan, scatter) over blocks of 8192, the last writing the values: no gather."""
+    of (histogram, scan, scatter) over blocks of 8192 moving the keys alone, the last writing the
+    values (no gather), then the zeros' and NaNs' count and fixup. An argsort moves (key, index)
+    pairs and needs no fixup; an int32 sort none either."""
     monkeypatch.setattr(Runtime, "max_workgroup_storage", property(lambda self: 49152))
     f = fusec.gpu_jit(lambda x: fnp.sort(x))
     lowered = f.lower(fusec.ShapeDtype((1 << 20,), "float32"))
     names = [k.name.split("_", 1)[1] for k in lowered.kernels]
-    assert names == ["sort_radix_hist", "sort_radix_scan", "sort_radix_scatter"] * 4
+    assert names == (["sort_radix_hist", "sort_radix_scan", "sort_radix_scatter"] * 4
+                     + ["sort_sort_specials", "sort_sort_fixup"])
     scatter = lowered.kernels[2].wgsl
     assert "var<workgroup> sh: array<u32, 8448>" in scatter  # 8192 keys, padded
     assert "@workgroup_size(512)" in scatter
     assert lowered.kernels[2].grid == (128, 1, 1)
     assert "sort_key(" in scatter and "sort_key(" not in lowered.kernels[5].wgsl
+    # keys alone: no payload array; the last pass turns keys back into values
+    assert "var i: array" not in scatter and "sort_value(" in lowered.kernels[11].wgsl
+    assert "sort_value(" not in lowered.kernels[8].wgsl
+    state = [e.outs[0] for e in lowered.ir.eqns if e.op is Op.KERNEL][2]
+    assert state.shape == (1, 1, 1 << 20)  # one plane: the keys
+    args = fusec.gpu_jit(lambda x: fnp.argsort(x)).lower(fusec.ShapeDtype((1 << 20,), "float32"))
+    assert len(args.kernels) == 12 and "var i: array" in args.kernels[2].wgsl
+    ints = f.lower(fusec.ShapeDtype((1 << 20,), "int32"))
+    assert len(ints.kernels) == 12 and "sort_value(" in ints.kernels[11].wgsl
+
+
+@pytest.mark.usefixtures("gpu_target")
+def test_float_sort_of_keys_restores_zeros_and_nans_in_input_order(
+        rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A float sort moves keys alone, which make every zero +0.0 and every NaN one NaN; the fixup
+    puts back each zero's sign and each NaN's payload, in input order, across blocks (of 128):
+    rows of only zeros, of only NaNs, of zeros and NaNs spread over every block, of none, and of
+    values whose keys share the top byte of the zeros' key (subnormals) or the NaNs' (inf and
+    values above 1.7e38), which make the count run but find nothing."""
+    use_radix(monkeypatch, 128)
+    n = 1031  # 9 blocks, the last partly filled
+    x = rng.standard_normal((6, n)).astype(np.float32)
+    x[0] = np.where(rng.random(n) < 0.5, -0.0, 0.0)
+    x[1] = rng.choice(np.array([0x7FC00000, 0xFFC00000, 0x7F800001, 0xFFFFFFFF, 0x7FC0ABCD],
+                               np.uint32), n).view(np.float32)
+    spread = rng.random(n)
+    x[2] = np.where(spread < 0.2, -0.0, x[2])
+    x[2] = np.where((spread > 0.5) & (spread < 0.6), np.uint32(0xFFC00001).view(np.float32), x[2])
+    x[2] = np.where(spread > 0.97, 0.0, x[2])
+    x[4] = np.where(spread < 0.3, np.float32(1e-40), x[4])
+    x[4] = np.where(spread > 0.8, np.float32(3e38), x[4])
+    x[4] = np.where(spread > 0.9, np.float32(np.inf), x[4])
+    x[5, :3] = [np.nan, -0.0, 0.0]
+    x[5, -3:] = [-0.0, np.uint32(0x7FC00055).view(np.float32), 0.0]
+    f = fusec.gpu_jit(lambda v: fnp.sort(v))
+    got = f(x)
+    assert_bits(got, ref_sort(x))
+    assert "sort_fixup" in f.lower(x).kernels[-1].name
+    assert_bits(evaluate(f.lower(x).ir, [x])[0], ref_sort(x))  # the stages' numpy references

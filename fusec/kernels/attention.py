@@ -37,6 +37,14 @@ MAX_TILE = 64  # keys per tile, fewer where workgroup memory is short
 # wall 108 / 135); head dim 64: 1x4 of 128x128 45.5 / 21.4, 8x12 of 512x512 894 / 373, 4x8 of
 # 1024x1024 1099 / 468. A thread per row holding 2 x 64 values runs too few threads at once.
 MAX_HEAD = 32
+# The few-rows kernel (a workgroup of FEW_THREADS per query row) takes attentions of at most
+# FEW_ROWS query rows per head (a decode step: the query heads that share a KV head), head dims
+# up to FEW_HEAD and up to FEW_KEYS keys (their scores held in 8 KiB of workgroup memory).
+FEW_ROWS = 8
+FEW_HEAD = 128
+FEW_KEYS = 2048
+FEW_THREADS = 128
+FEW_UNROLL = 8  # keys whose values a thread loads before it weighs them
 
 
 def _tile(d: int, e: int, storage: int) -> int:
@@ -47,10 +55,23 @@ def _tile(d: int, e: int, storage: int) -> int:
     return t
 
 
-def fits(q: Shape, kt: Shape, v: Shape, target: str, storage: int = 16384) -> bool:
-    """Whether the kernel takes this attention: head dims up to MAX_HEAD, and on a software
-    adapter (which ends a shader's loops after 65535 iterations in all) loops within budget."""
+def few_rows(q: Shape, kt: Shape, v: Shape, target: str) -> bool:
+    """Whether the few-rows kernel takes this attention (a workgroup per query row: a decode
+    step's few rows per head, whatever the head dim up to FEW_HEAD, and keys whose scores fit
+    FEW_KEYS floats of workgroup memory). On GPUs only: a software adapter runs each workgroup's
+    loops for every one of its invocations."""
     d, t, e = q[-1], kt[-1], v[-1]
+    return (target == "gpu" and 0 < q[-2] <= FEW_ROWS and 0 < d <= FEW_HEAD
+            and 0 < e <= FEW_HEAD and 0 < t <= FEW_KEYS)
+
+
+def fits(q: Shape, kt: Shape, v: Shape, target: str, storage: int = 16384) -> bool:
+    """Whether a kernel takes this attention: the few-rows kernel (:func:`few_rows`), or the
+    thread-per-row kernel for head dims up to MAX_HEAD, and on a software adapter (which ends a
+    shader's loops after 65535 iterations in all) loops within budget."""
+    d, t, e = q[-1], kt[-1], v[-1]
+    if few_rows(q, kt, v, target):
+        return True
     if d > MAX_HEAD or e > MAX_HEAD or min(q[-2], d, t, e) == 0:
         return False
     tile = _tile(d, e, storage)
@@ -100,6 +121,8 @@ def generate(kernel: Eqn, target: str = "gpu", workgroup_storage: int = 16384) -
     bc = tuple(bcoords)
 
     scale = wgsl_literal(float(e.params["scale"]), "float32")
+    if few_rows(q.shape, kt.shape, v.shape, target):
+        return _few_rows(kernel, body, e, bc, "\n".join(prelude), scale)
     # head dims that are multiples of 4: the rows and tiles as vec4 (a quarter of the
     # workgroup-memory reads, and dot products)
     vec = d % 4 == 0 and e_len % 4 == 0
@@ -149,4 +172,49 @@ def generate(kernel: Eqn, target: str = "gpu", workgroup_storage: int = 16384) -
         ty="vec4<f32>" if vec else "f32")
     key = hashlib.sha256(wgsl.encode()).hexdigest()
     return KernelCode(kernel.params["name"], "attention", wgsl, grid_for(nb * row_blocks),
+                      len(body.inputs), len(body.outputs), key=key)
+
+
+def _few_rows(kernel: Eqn, body: Program, e: Eqn, bc: tuple[str, ...], prelude: str,
+              scale: str) -> KernelCode:
+    """The few-rows kernel (templates/attention_rows.wgsl.j2): a workgroup per query row."""
+    q, kt, v = e.inputs[:3]
+    bias = e.inputs[3] if e.params.get("bias") else None
+    assert isinstance(q, Var) and isinstance(kt, Var) and isinstance(v, Var)
+    batch = q.shape[:-2]
+    nb = math.prod(batch)
+    s_len, d, t_len, e_len = q.shape[-2], q.shape[-1], kt.shape[-1], v.shape[-1]
+    binds, names = _bindings(body, tuple(kernel.params.get("inplace", ())))
+    counter = [0]
+    q_val, q_lines = _value(body, names, counter, q, Idx(q.shape, coords=bc + ("r", "qd")),
+                            "        ")
+    k_vals, k_lines = [], []
+    for kd in range(d):
+        val, lines = _value(body, names, counter, kt, Idx(kt.shape, coords=bc + (f"{kd}u", "t")),
+                            "        ")
+        k_vals.append(val)
+        k_lines += lines
+    parts = max(1, FEW_THREADS // e_len)
+    unroll = max(1, min(FEW_UNROLL, -(-t_len // parts)))
+    v_vals, v_lines = [], []
+    for u in range(unroll):
+        val, lines = _value(body, names, counter, v, Idx(v.shape, coords=bc + (f"vt{u}", "ve")),
+                            "            ")
+        v_vals.append(val)
+        v_lines += lines
+    bias_val, bias_lines = "", []
+    if bias is not None:
+        em = Emitter(body, names, indent="        ", counter=counter)
+        idx = em.unbroadcast(Idx(q.shape[:-1] + (t_len,), coords=bc + ("r", "t")), bias.shape)
+        bias_val = em.value(bias, idx)
+        bias_lines = em.lines
+    code = "\n".join(q_lines + k_lines + v_lines + bias_lines)
+    wgsl = _env().get_template("attention_rows.wgsl.j2").render(
+        bindings=binds, helpers=_helpers(code), wg=FEW_THREADS, d=d, e=e_len, s=s_len, t=t_len,
+        nb=nb, prelude=prelude, scale=scale, q_lines="\n".join(q_lines), q_val=q_val,
+        k_lines="\n".join(k_lines), k_vals=k_vals, v_lines="\n".join(v_lines), v_vals=v_vals,
+        bias_lines="\n".join(bias_lines), bias_val=bias_val, cols=e_len, parts=parts,
+        unroll=unroll)
+    key = hashlib.sha256(wgsl.encode()).hexdigest()
+    return KernelCode(kernel.params["name"], "attention", wgsl, grid_for(nb * s_len),
                       len(body.inputs), len(body.outputs), key=key)

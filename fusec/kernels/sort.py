@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 from ..emit import KernelCode, _env, grid_for
 from ..ir import Eqn, Op, Program
-from ..ops import SORT_DIGITS, SORT_RADIX_BITS
+from ..ops import SORT_DIGITS, SORT_RADIX_BITS, sort_special_keys
 
 LOCAL_MAX = 2048  # longest row sorted in workgroup memory (keys and indices: 16 KiB)
 LOCAL_THREADS = 256
@@ -32,11 +32,13 @@ RADIX_PER_THREAD = 16  # elements per thread of a scatter workgroup (block / 16 
 RADIX_BLOCKS = (8192, 4096, 2048)  # elements per radix workgroup: the largest that fits
 HIST_THREADS = 256
 HIST_COPIES = 4  # copies of the digit counters in a histogram workgroup
+HIST_UNROLL = 8  # keys a histogram thread loads before it counts them
 SCAN_THREADS = 256
 SCAN_PER_THREAD = 8
 SCAN_COLUMN_MAX = 64  # up to this many blocks per row, a thread scans each digit's counts
 SEARCH_THREADS = 256
 MERGE_THREADS = 256
+FIXUP_THREADS = 256  # sort_specials and sort_fixup: a workgroup per block of the row
 
 
 def _padded(words: int) -> int:
@@ -78,12 +80,31 @@ def sort_key_wgsl(dtype: str, descending: bool = False) -> str:
     return f"fn sort_key(b: u32) -> u32 {{\n{body}    return {ret};\n}}\n"
 
 
-def _header(body: Program) -> str:
+def sort_value_wgsl(dtype: str, descending: bool = False) -> str:
+    """``fn sort_value(k: u32) -> u32``: the word of the value whose order key is ``k`` (a zero's
+    key gives +0.0, a NaN's 0x7fffffff; :func:`fusec.ops.sort_value_words`)."""
+    inv = "~k" if descending else "k"
+    if dtype == "float32":
+        body = (f"    let u = {inv};\n"
+                "    return select(~u, u ^ 0x80000000u, (u >> 31u) != 0u);\n")
+    elif dtype == "int32":
+        body = f"    return {inv} ^ 0x80000000u;\n"
+    else:
+        body = f"    return {inv};\n"
+    return f"fn sort_value(k: u32) -> u32 {{\n{body}}}\n"
+
+
+def _header(body: Program, inplace: tuple[tuple[int, int], ...] = ()) -> str:
+    aliased = dict(inplace)
     binds = [{"name": f"in{i}", "access": "read", "type": "u32"}
-             for i in range(len(body.inputs))]
+             for i in range(len(body.inputs)) if i not in aliased]
     binds += [{"name": f"out{j}", "access": "read_write", "type": "u32"}
               for j in range(len(body.outputs))]
     return str(_env().get_template("bindings.wgsl.j2").render(bindings=binds))
+
+
+def _blocks(n: int, block: int) -> int:
+    return max(1, -(-n // block))
 
 
 def _pow2_at_least(n: int) -> int:
@@ -151,7 +172,8 @@ def _hist(e: Eqn, target: str) -> tuple[str, int]:
     nb = e.out.shape[2]
     src = _env().get_template("sort_radix_hist.wgsl.j2").render(
         key_fn=_key_fn(e), key_at=key_at, rows=rows, n=n, nb=nb, block=block,
-        wg=HIST_THREADS, copies=HIST_COPIES, digits=SORT_DIGITS, shift=int(e.params["shift"]))
+        wg=HIST_THREADS, copies=HIST_COPIES, digits=SORT_DIGITS, shift=int(e.params["shift"]),
+        unroll=HIST_UNROLL)
     return src, rows * nb
 
 
@@ -179,11 +201,28 @@ def _scatter(e: Eqn, target: str) -> tuple[str, int]:
                              f"{SORT_DIGITS} digits spread evenly over the threads")
     nb = e.inputs[1].shape[2] - 1
     last = bool(e.params["last"])
+    keys_only = int(e.params.get("planes", 2)) == 1
+    value_fn = ""
+    if keys_only and last:
+        value_fn = sort_value_wgsl(str(e.params["dtype"]), bool(e.params["descending"]))
     src = _env().get_template("sort_radix_scatter.wgsl.j2").render(
-        key_fn=_key_fn(e), key_at=key_at, idx_at=pay_at, rows=rows, n=n, nb=nb, block=block,
+        key_fn=_key_fn(e), value_fn=value_fn, keys_only=keys_only, key_at=key_at, idx_at=pay_at,
+        rows=rows, n=n, nb=nb, block=block,
         wg=wg, per=RADIX_PER_THREAD, digits=SORT_DIGITS, nibbles=SORT_RADIX_BITS // 4,
         shift=int(e.params["shift"]), last=last, shared=_padded(max(16 * wg, block)),
         dpt=max(1, SORT_DIGITS // wg), idx_plane="" if last else f"{rows * n}u + ")
+    return src, rows * nb
+
+
+def _specials(e: Eqn, target: str) -> tuple[str, int]:
+    """sort_specials (count a block's zeros and NaNs) or sort_fixup (move them into place)."""
+    rows, n = e.inputs[1].shape
+    descending = bool(e.params["descending"])
+    nb = _blocks(n, int(e.params["block"]))
+    src = _env().get_template("sort_specials.wgsl.j2").render(
+        key_fn=sort_key_wgsl("float32", descending), rows=rows, n=n, nb=nb,
+        block=int(e.params["block"]), wg=FIXUP_THREADS, fixup=e.op is Op.SORT_FIXUP,
+        special_keys=sort_special_keys(descending))
     return src, rows * nb
 
 
@@ -213,6 +252,8 @@ _STAGES: dict[Op, Callable[[Eqn, str], tuple[str, int]]] = {
     Op.RADIX_SCAN: _scan,
     Op.RADIX_SCATTER: _scatter,
     Op.SORT_MERGE: _merge,
+    Op.SORT_SPECIALS: _specials,
+    Op.SORT_FIXUP: _specials,
     Op.SEARCHSORTED: _search,
 }
 
@@ -223,10 +264,11 @@ def generate(kernel: Eqn, target: str = "gpu", workgroup_storage: int = 16384) -
     offers, and their loops stay far below the software adapters' iteration limit."""
     body: Program = kernel.params["body"]
     (e,) = body.eqns
-    if kernel.params.get("inplace"):
-        raise AssertionError("sort kernels never write into their inputs")
+    inplace = tuple(kernel.params.get("inplace", ()))
+    if inplace != (((0, 0),) if e.op is Op.SORT_FIXUP else ()):
+        raise AssertionError("only sort_fixup writes into its input (the sorted values)")
     wgsl, groups = _STAGES[e.op](e, target)
-    full = _header(body) + wgsl
+    full = _header(body, inplace) + wgsl
     key = hashlib.sha256(full.encode()).hexdigest()
-    return KernelCode(kernel.params["name"], "sort", full, grid_for(groups), len(body.inputs),
-                      len(body.outputs), key=key)
+    return KernelCode(kernel.params["name"], "sort", full, grid_for(groups),
+                      len(body.inputs) - len(inplace), len(body.outputs), key=key)

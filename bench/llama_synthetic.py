@@ -1,0 +1,105 @@
+"""A llama of SmolLM2-135M's shapes with random weights (Q4_1 matrices, a Q8_0 head; no model
+package needed): where a decode step's wall time goes. Per step, medians of ``--steps``:
+
+- **host ms**: from the call to its return (tracing is cached: recording the kernels, submits);
+- **step ms**: from the call to the next token on the host;
+- **gpu ms**: the step's GPU time by timestamps (one pass; ``rt.profile``);
+- the kernel count, and (``--profile``) each kernel kind's GPU time, each kernel run alone.
+
+    python bench/llama_synthetic.py [--layers 30] [--steps 20] [--batch 1] [--profile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import time
+from collections import Counter
+
+import numpy as np
+
+import fusec
+from fusec import quant
+from fusec.models.llama import Llama, LlamaConfig, _merged
+from fusec.runtime import get_runtime
+
+
+def synthetic(layers: int, seed: int = 0) -> tuple[LlamaConfig, dict]:
+    cfg = LlamaConfig(n_layers=layers, d_model=576, n_heads=9, n_kv_heads=3, d_ff=1536,
+                      vocab=49152, rope_base=100000.0, eps=1e-5, context=8192)
+    rng = np.random.default_rng(seed)
+
+    def mat(o: int, i: int, fmt: str = "q4_1") -> quant.QuantizedMatrix:
+        return quant.quantize((rng.standard_normal((o, i)) * 0.05).astype(np.float32), fmt)
+
+    d, f, kv = cfg.d_model, cfg.d_ff, cfg.n_kv_heads * cfg.head_dim
+    blocks = []
+    for _ in range(layers):
+        lw = {"q": mat(d, d), "k": mat(kv, d), "v": mat(kv, d), "o": mat(d, d),
+              "gate": mat(f, d), "up": mat(f, d), "down": mat(d, f),
+              "attn_norm": np.ones(d, np.float32), "ffn_norm": np.ones(d, np.float32)}
+        blocks.append(_merged(lw))
+    embed = (rng.standard_normal((cfg.vocab, d)) * 0.5).astype(np.float32)
+    w = {"embed": embed, "lm_head": mat(cfg.vocab, d, "q8_0"),
+         "norm": np.ones(d, np.float32), "layers": blocks}
+    return cfg, w
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--layers", type=int, default=30)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--profile", action="store_true")
+    a = ap.parse_args()
+    t0 = time.perf_counter()
+    cfg, w = synthetic(a.layers)
+    model = Llama(cfg, w, max_len=256)
+    print(f"weights made and uploaded in {time.perf_counter() - t0:.1f} s; "
+          f"{fusec.default_device()}")
+    model.reset(a.batch)
+    nxt = model.step(np.full((a.batch, 8), 7, np.int32))
+    np.asarray(nxt)
+    for _ in range(3):  # compile the decode step
+        nxt = model.step(nxt)
+        np.asarray(nxt)
+    host, step = [], []
+    for _ in range(a.steps):
+        t = time.perf_counter()
+        nxt = model.step(nxt)
+        host.append(time.perf_counter() - t)
+        np.asarray(nxt)
+        step.append(time.perf_counter() - t)
+    rt = get_runtime()
+    assert rt is not None
+    rt.profile = True
+    gpu = []
+    for _ in range(a.steps):
+        nxt = model.step(nxt)
+        ns = rt.last_gpu_ns()
+        if ns is not None:
+            gpu.append(ns / 1e6)
+    rt.profile = False
+    med = statistics.median
+    print(f"decode batch {a.batch}, {a.layers} layers, pos {model.pos}: host {1e3 * med(host):.2f} "
+          f"ms, step {1e3 * med(step):.2f} ms, gpu {med(gpu) if gpu else float('nan'):.2f} ms "
+          f"(medians of {a.steps})")
+    if a.profile:
+        with fusec.profile(print_report=False) as prof:
+            nxt = model.step(nxt)
+            np.asarray(nxt)
+        kinds: Counter[str] = Counter()
+        counts: Counter[str] = Counter()
+        for name, _calls, total, _mean in prof.rows:
+            kind = re.sub(r"^k\d+_", "", name)
+            kinds[kind] += total
+            counts[kind] += 1
+        print(f"kernels: {len(prof.kernels)} ({len(prof.kernels) / a.layers:.1f} per layer), "
+              f"{sum(kinds.values()) / 1e3:.2f} ms of GPU time each run alone")
+        for kind, us in kinds.most_common(25):
+            print(f"  {us:9.1f} us  {counts[kind]:4d}  {kind}")
+
+
+if __name__ == "__main__":
+    main()
