@@ -7,6 +7,7 @@ package needed): where a decode step's wall time goes. Per step, medians of ``--
 - the kernel count, and (``--profile``) each kernel kind's GPU time, each kernel run alone.
 
     python bench/llama_synthetic.py [--layers 30] [--steps 20] [--batch 1] [--profile]
+        [--cprofile]
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--cprofile", action="store_true",
+                    help="cProfile the host side of --steps steps: where the host time goes")
     a = ap.parse_args()
     t0 = time.perf_counter()
     cfg, w = synthetic(a.layers)
@@ -85,6 +88,17 @@ def main() -> None:
     print(f"decode batch {a.batch}, {a.layers} layers, pos {model.pos}: host {1e3 * med(host):.2f} "
           f"ms, step {1e3 * med(step):.2f} ms, gpu {med(gpu) if gpu else float('nan'):.2f} ms "
           f"(medians of {a.steps})")
+    if a.cprofile:
+        import cProfile
+        import pstats
+
+        prof_host = cProfile.Profile()
+        prof_host.enable()
+        for _ in range(a.steps):
+            nxt = model.step(nxt)
+            np.asarray(nxt)
+        prof_host.disable()
+        pstats.Stats(prof_host).sort_stats("tottime").print_stats(18)
     if a.profile:
         with fusec.profile(print_report=False) as prof:
             nxt = model.step(nxt)

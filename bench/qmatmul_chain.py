@@ -5,6 +5,7 @@ of as many tiny dependent elementwise kernels (the dispatch's own cost) and the 
 the copy bandwidth. ``--teams`` times other team sizes (threads per weight row) side by side.
 
     python bench/qmatmul_chain.py [--k 576,1536] [--depth 40] [--teams 8,16,32,64]
+        [--configs 128:6,256:2]
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ def main() -> None:
     ap.add_argument("--depth", type=int, default=40)
     ap.add_argument("--rows", type=int, default=1)
     ap.add_argument("--teams", default="")
+    ap.add_argument("--configs", default="",
+                    help="WORKGROUP:UNROLL pairs to time as well, e.g. 128:6,256:2")
     a = ap.parse_args()
     rng = np.random.default_rng(0)
     x0 = rng.standard_normal(8).astype(np.float32)
@@ -67,7 +70,16 @@ def main() -> None:
             print(f"K = N = {k}, {a.rows} row(s), team {team or kquant.team(k)}: "
                   f"{1e3 * t / a.depth:.2f} us per product ({kinds.count('quant')} quant kernels "
                   f"of {len(kinds)}; weights {nbytes / a.depth / 1e6:.2f} MB each, "
-                  f"{nbytes / a.depth / 3e9 * 1e6:.2f} us at 3 TB/s)")
+                  f"{nbytes / a.depth / 3e12 * 1e6:.2f} us at 3 TB/s)")
+        for cfg in filter(None, a.configs.split(",")):
+            wgs, unr = (int(v) for v in cfg.split(":"))
+            saved = kquant.WORKGROUP, kquant.UNROLL
+            kquant.WORKGROUP, kquant.UNROLL = wgs, unr
+            f = fusec.gpu_jit(lambda x, ws: [x := quant.matmul(x, w) for w in ws][-1])
+            t = gpu_ms(f, x, wd)
+            kquant.WORKGROUP, kquant.UNROLL = saved
+            print(f"K = N = {k}, {a.rows} row(s), workgroup {wgs}, unroll {unr}: "
+                  f"{1e3 * t / a.depth:.2f} us per product")
 
 
 if __name__ == "__main__":
