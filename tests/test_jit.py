@@ -554,3 +554,23 @@ def test_the_pool_never_hands_out_a_released_buffer() -> None:
     assert got.raw is not dead and got.raw._internal is not None
     x = np.arange(size // 4, dtype=np.float32)
     np.testing.assert_array_equal(np.asarray(fusec.gpu_jit(lambda a: a + 1)(x)), x + 1)
+
+
+def test_a_donated_array_passed_twice_is_refused_and_others_are_used_up() -> None:
+    """The same device array as a donated argument and as another argument is a clear error
+    naming the argument; among many leaves, each donated array that is not returned is used up
+    and the others stay readable."""
+    f = fusec.gpu_jit(lambda a, b: a * 2.0 + b, donate_argnums=(0,))
+    x = fusec.device_put(np.arange(5, dtype=np.float32))
+    with pytest.raises(fusec.FusecError, match="argument 'a' is donated but the same array"):
+        f(x, x)
+    g = fusec.gpu_jit(lambda cache, w: ([c + w for c in cache], w.sum()),
+                      donate_argnames=("cache",))
+    cache = [fusec.device_put(np.full(3, i, np.float32)) for i in range(6)]
+    w = fusec.device_put(np.array([1.0, 2.0, 3.0], np.float32))
+    new, s = g(cache, w)
+    np.testing.assert_array_equal(np.asarray(new[5]), [6.0, 7.0, 8.0])
+    assert float(np.asarray(s)) == 6.0
+    np.testing.assert_array_equal(np.asarray(w), [1.0, 2.0, 3.0])
+    with pytest.raises(fusec.FusecError, match="donated"):
+        np.asarray(cache[0])
