@@ -1121,6 +1121,11 @@ def _matmul(body: Program, names: dict[int, str], target: str = "gpu",
 def check(kind: str, body: Program) -> bool:
     """Can a kernel of ``kind`` compute ``body``? (The fusion pass asks before merging.)"""
     try:
+        if kind == "quant":
+            kernel = Eqn(Op.KERNEL, tuple(body.inputs), tuple(body.outputs),  # type: ignore[arg-type]
+                         {"kind": kind, "name": "check", "body": body})
+            _quant.generate(kernel)
+            return True
         _, names = _bindings(body)
         {"elementwise": _elementwise, "reduce": _reduce, "matmul": _matmul}[kind](
             body, names)  # type: ignore[operator]

@@ -2528,6 +2528,9 @@ NUMPY_RULES[Op.ATTENTION] = attention_numpy
 # padding after the scale, so that every block starts on a word.
 
 QUANT_BLOCK = 32
+# Products with at most this many rows of x (all leading axes together) run as one quantized
+# product kernel (qmatmul); why 16: fusec/kernels/quant.py
+QMATMUL_M = 16
 QUANT_WORDS = {"q4_1": 5, "q8_0": 9}
 
 

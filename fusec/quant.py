@@ -33,6 +33,7 @@ quant.dequantize(q).T`` written out is rewritten the same way.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -44,7 +45,7 @@ from .numpy import matmul as _matmul
 from .numpy import reshape, transpose, zeros
 from .numpy import take as _take
 from .numpy._base import _lift, _traceable
-from .ops import QUANT_BLOCK, QUANT_WORDS, dequant_numpy, quant_words_shape
+from .ops import QMATMUL_M, QUANT_BLOCK, QUANT_WORDS, dequant_numpy, quant_words_shape
 from .trace import Tracer
 
 __all__ = ["QuantizedMatrix", "WORDS", "BLOCK", "FORMATS", "FormatError", "from_gguf",
@@ -263,9 +264,12 @@ def matmul(x: Any, q: QuantizedMatrix) -> Tracer:
         raise ShapeError(f"quant.matmul: x has shape {tuple(xt.shape)}; its last dimension must "
                          f"be the matrix's K = {k} (q has shape ({n}, {k}))")
     lead = tuple(xt.shape[:-1])
-    rows = xt if xt.ndim == 2 else reshape(xt, (-1, k))
-    y = _matmul(rows, transpose(dequantize(q)))
-    return y if xt.ndim == 2 else reshape(y, lead + (n,))
+    if xt.ndim == 2 or math.prod(lead) <= QMATMUL_M:
+        # few rows (the quantized product's kernel): x keeps its shape, so that elementwise work
+        # on the result (a residual add) reads the product as it is and fuses into its kernel
+        return _matmul(xt, transpose(dequantize(q)))
+    y = _matmul(reshape(xt, (-1, k)), transpose(dequantize(q)))
+    return reshape(y, lead + (n,))
 
 
 @_traceable

@@ -487,3 +487,35 @@ def test_user_guide_snippet_runs() -> None:
     assert [k.name for k in ns["up"].lower(ns["x"], ns["q"]).kernels] == ["k0_quant_qmatmul"]
     _check_product(np.asarray(ns["y"]), ns["x"], ns["w_back"])
     assert np.abs(ns["w_back"] - ns["w"]).max() < 0.5  # within half a 4-bit step of N(0, 1)
+
+
+@pytest.mark.parametrize("target", ["cpu", "gpu"])
+def test_elementwise_work_on_a_quantized_product_fuses_into_its_kernel(
+        rng: np.random.Generator, target: str) -> None:
+    """A residual add and an activation on a quantized product (x of leading axes, few rows) run
+    in the product's kernel, which may also write the product itself; work that reads the
+    product at other indices (a transpose) stays a kernel of its own. Against float64."""
+    from fusec import nn
+
+    w = _weights(rng, 97, 96)  # an odd number of weight rows: a partly filled workgroup
+    q = quant.quantize(w, "q4_1")
+    wd = quant.dequantize_numpy(q).astype(np.float64)
+    x = rng.standard_normal((2, 3, 96)).astype(np.float32)
+    r = rng.standard_normal((2, 3, 97)).astype(np.float32)
+    p = x.astype(np.float64) @ wd.T
+    with forced_target(target):
+        f = fusec.gpu_jit(lambda x, q, r: r + nn.silu(quant.matmul(x, q)) * 2.0)
+        assert [k.kind for k in f.lower(x, q, r).kernels] == ["quant"]
+        np.testing.assert_allclose(np.asarray(f(x, q, r)), r + p / (1 + np.exp(-p)) * 2.0,
+                                   rtol=1e-5, atol=1e-5)
+        g = fusec.gpu_jit(lambda x, q, r: (quant.matmul(x, q), r - quant.matmul(x, q)))
+        assert [k.kind for k in g.lower(x, q, r).kernels] == ["quant"]
+        a, b = g(x, q, r)
+        np.testing.assert_allclose(np.asarray(a), p, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(np.asarray(b), r - p, rtol=1e-5, atol=1e-5)
+        x2 = x[0, :2]  # (2, 96): the product is (2, 97); its transpose is read below
+        h = fusec.gpu_jit(lambda x, q: quant.matmul(x, q).T * 3.0)
+        kinds = [k.kind for k in h.lower(x2, q).kernels]
+        assert kinds.count("quant") == 1 and len(kinds) == 2
+        np.testing.assert_allclose(np.asarray(h(x2, q)), (x2.astype(np.float64) @ wd.T).T * 3,
+                                   rtol=1e-5, atol=1e-5)

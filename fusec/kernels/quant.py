@@ -36,21 +36,31 @@ from __future__ import annotations
 import hashlib
 import math
 
-from ..emit import LOOP_BUDGET, Emitter, Idx, KernelCode, _bindings, _env, _helpers, grid_for
+from ..emit import (
+    LOOP_BUDGET,
+    Emitter,
+    Idx,
+    KernelCode,
+    _bindings,
+    _env,
+    _helpers,
+    _nonunit,
+    grid_for,
+    store_expr,
+)
 from ..ir import Eqn, Op, Program, Shape, Var
-from ..ops import QUANT_BLOCK, QUANT_WORDS
+from ..ops import QMATMUL_M, QUANT_BLOCK, QUANT_WORDS
 
-# Products with at most this many rows of x (all batch axes together) take qmatmul; more take
-# dequant and the tiled matmul. Why 16: a thread keeps one accumulator per row of x in registers
-# and reads x's values again for every weight row it takes (from L1: x is a few KiB), so its
-# arithmetic per weight byte grows with the rows while the tiled matmul blocks both operands in
-# registers and workgroup memory. Up to 16 rows the product stays bound by reading the weights
-# (q4_1 at K = 576: 16 x 2 flops per 0.625 bytes, ~51 flops a byte, under an H100's ~20 TFLOP/s
-# of FMA over 3.3 TB/s ~ 60), where the float path moves 6.4x (q4_1) or 3.8x (q8_0) the bytes
-# (the f32 matrix written and read back), and fusec's own float GEMV kernel takes up to 16 rows
+# Products with at most QMATMUL_M (fusec.ops) rows of x (all batch axes together) take qmatmul; more
+# take dequant and the tiled matmul. Why 16: a thread keeps one accumulator per row of x in
+# registers and reads x's values again for every weight row it takes (from L1: x is a few KiB), so
+# its arithmetic per weight byte grows with the rows while the tiled matmul blocks both operands in
+# registers and workgroup memory. Up to 16 rows the product stays bound by reading the weights (q4_1
+# at K = 576: 16 x 2 flops per 0.625 bytes, ~51 flops a byte, under an H100's ~20 TFLOP/s of FMA
+# over 3.3 TB/s ~ 60), where the float path moves 6.4x (q4_1) or 3.8x (q8_0) the bytes (the f32
+# matrix written and read back), and fusec's own float GEMV kernel takes up to 16 rows
 # (codegen.GEMV_M) for the same reason. Beyond it, arithmetic grows and the dequantised matrix's
 # traffic is paid once for many rows (a 512-token prefill): the tiled matmul is the better kernel.
-QMATMUL_M = 16
 UNIT = 8  # values a thread dequantises at once: a quarter block
 WORKGROUP = 256  # threads per workgroup on GPUs (qmatmul at most; dequant always)
 MAX_TEAM = 64  # threads sharing a weight row on GPUs, at most
@@ -158,8 +168,26 @@ def _check(kernel: Eqn, op: Op) -> tuple[Program, Eqn]:
     return body, e
 
 
+def _epilogue(body: Program, e: Eqn, names: dict[int, str], counter: list[int],
+              lead: tuple[str, ...], col: str, flat: str, indent: str) -> str:
+    """The stores of the kernel's outputs at product element (``lead``, ``col``) (flat index
+    ``flat``), whose product is held in ``prod``: the product itself, or elementwise work on it
+    (a residual add, an activation) that the fusion pass merged into the kernel."""
+    out_shape = e.out.shape
+    ee = Emitter(body, names, indent=indent, counter=counter)
+    coords = lead + (col,)
+    ee.registers[id(e.out)] = (_nonunit(coords, out_shape), "prod")
+    here = Idx(out_shape, flat=flat, coords=coords)
+    stores = []
+    for j, o in enumerate(body.outputs):
+        assert isinstance(o, Var) and o.shape == out_shape, "epilogue outputs: the product's shape"
+        stores.append(f"{indent}out{j}[{flat}] = {store_expr(ee.value(o, here), o.dtype)};")
+    return "\n".join(ee.lines + stores)
+
+
 def _generate_qmatmul(kernel: Eqn, target: str, workgroup_storage: int) -> KernelCode:
-    body, e = _check(kernel, Op.QMATMUL)
+    body: Program = kernel.params["body"]
+    e = next(b for b in body.eqns if b.op is Op.QMATMUL)
     x, words = e.inputs
     assert isinstance(x, Var) and isinstance(words, Var)
     fmt, n, k = str(e.params["fmt"]), int(e.params["n"]), int(e.params["k"])
@@ -226,10 +254,20 @@ def _generate_qmatmul(kernel: Eqn, target: str, workgroup_storage: int) -> Kerne
     while s >= 1:
         strides.append(s)
         s //= 2
+    # the stores: (GPUs) of row m, a runtime value; (software adapters) of each row m in turn
+    if t > 1:
+        em = Emitter(body, names, indent="            ", counter=counter)
+        lead = tuple(em.coords(Idx(x.shape[:-1], flat="m"))) if len(x.shape) > 1 else ()
+        stores = ["\n".join(em.lines) + "\n" + _epilogue(
+            body, e, names, counter, lead, "col", f"m * {n}u + col", "            ")]
+    else:
+        stores = [_epilogue(body, e, names, counter, _row_coords(x.shape, m), "wr",
+                            f"{m * n}u + wr", "            ") for m in range(rows)]
     wgsl = _env().get_template("quant_matmul.wgsl.j2").render(
-        bindings=binds, helpers=_helpers(code), fmt=fmt, n=n, k=k, rows=rows, team=t, wg=wg,
-        per_group=per_group, groups=groups, row_words=k // QUANT_BLOCK * QUANT_WORDS[fmt],
-        units=u_row, step=step, body=code, strides=strides, out_count=per_group * rows)
+        bindings=binds, helpers=_helpers(code + "\n".join(stores)), fmt=fmt, n=n, k=k, rows=rows,
+        team=t, wg=wg, per_group=per_group, groups=groups,
+        row_words=k // QUANT_BLOCK * QUANT_WORDS[fmt], units=u_row, step=step, body=code,
+        strides=strides, out_count=per_group * rows, stores=stores)
     key = hashlib.sha256(wgsl.encode()).hexdigest()
     return KernelCode(kernel.params["name"], "quant", wgsl, grid_for(groups), len(body.inputs),
                       len(body.outputs), key=key)
@@ -258,6 +296,6 @@ def _generate_dequant(kernel: Eqn, target: str, workgroup_storage: int) -> Kerne
 def generate(kernel: Eqn, target: str = "gpu", workgroup_storage: int = 16384) -> KernelCode:
     """WGSL for a kernel of kind "quant" (a qmatmul or a dequant)."""
     body: Program = kernel.params["body"]
-    if body.eqns[-1].op is Op.QMATMUL:
+    if any(e.op is Op.QMATMUL for e in body.eqns):
         return _generate_qmatmul(kernel, target, workgroup_storage)
     return _generate_dequant(kernel, target, workgroup_storage)

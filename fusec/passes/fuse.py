@@ -17,7 +17,8 @@ absorb their elementwise prologues from the start. Then groups merge:
   ``ROW_MAX`` stop here, giving a two-kernel plan (statistics, then the elementwise pass);
 * an elementwise group of the matmul's shape reading its result: the matmul's epilogue (bias,
   activation, residual), unless codegen says no (:func:`fusec.codegen.epilogue_fuses`: only
-  under ``FUSEC_MATMUL_EPILOGUE=separate``).
+  under ``FUSEC_MATMUL_EPILOGUE=separate``); the same for a quantized product (``qmatmul``, a
+  kernel of kind "quant"), whose other kernels of their own kind never merge.
 
 A merge is made only if it creates no cycle between kernels, binds no more storage buffers than the
 device allows, and codegen can index it (a register holding a row's reduction can only be read for
@@ -178,9 +179,9 @@ class _Planner:
 
     def body(self, g: _Group, others: list[_Group], aliases: list[Eqn],
              read: Optional[set[int]] = None) -> Program:
-        if g.kind not in KIND_ABBR:
+        if g.kind not in KIND_ABBR and len(g.roots) == 1:
             # a kernel of its own kind: its buffer operands in the op's order, then what its
-            # cone reads; every output written
+            # cone reads; every output written (a quantized product with its epilogue: below)
             e = g.roots[0]
             inside = {id(o) for x in g.eqns.values() for o in x.outs}
             first = {id(a): a for a in e.inputs
@@ -291,14 +292,21 @@ class _Planner:
     def mergeable(self, a: _Group, b: _Group, by_var: dict[int, _Group]) -> str | None:
         """The kind of the merged kernel if ``a`` and ``b`` may merge (before the legality
         checks). ``by_var``: the kernel that writes each value, where known."""
-        if a.kind not in KIND_ABBR or b.kind not in KIND_ABBR:
-            return None  # kernels of their own kind never merge
         a_outs = {id(o) for o in a.outs()}
         b_outs = {id(o) for o in b.outs()}
 
         def reads(x: _Group, outs: set[int]) -> bool:
             return any(isinstance(v, Var) and id(v) in outs for e in x.eqns.values()
                        for v in e.inputs)
+
+        qm = _qmatmul_epilogue(a, b) or _qmatmul_epilogue(b, a)
+        if qm is not None:
+            # a quantized product takes elementwise work of its shape on its result (a residual
+            # add, an activation), as a matmul takes its epilogue
+            q, ew = (a, b) if any(r is qm for r in a.roots) else (b, a)
+            return "quant" if reads(ew, {id(o) for o in q.outs()}) else None
+        if a.kind not in KIND_ABBR or b.kind not in KIND_ABBR:
+            return None  # kernels of their own kind never merge
 
         if a.kind == b.kind == "elementwise":
             sa, sb = _ew_shape(a), _ew_shape(b)
@@ -464,6 +472,17 @@ class _Planner:
         out = rest + [merged]
         out.sort(key=lambda g: min(self.order[id(r)] for r in g.roots))
         return out, merged
+
+
+def _qmatmul_epilogue(q: _Group, ew: _Group) -> Optional[Eqn]:
+    """The quantized product of group ``q`` if ``ew`` is elementwise work that may become its
+    epilogue (every root of ``ew`` of the product's shape), else None."""
+    if q.kind != "quant" or ew.kind != "elementwise":
+        return None
+    qm = next((r for r in q.roots if r.op is Op.QMATMUL), None)
+    if qm is None or not all(r.out.shape == qm.out.shape for r in ew.roots):
+        return None
+    return qm
 
 
 def _cap_cones(prog: Program, mat: set[int]) -> None:
