@@ -11,31 +11,20 @@ the copy bandwidth. ``--teams`` times other team sizes (threads per weight row) 
 from __future__ import annotations
 
 import argparse
-import statistics
 from typing import Any
 
 import numpy as np
 
 import fusec
-from fusec import quant
+from fusec import bench, quant
 from fusec.kernels import quant as kquant
-from fusec.runtime import get_runtime
 from fusec.tree_util import tree_map
 
 
 def gpu_ms(f: Any, *args: Any, reps: int = 20) -> float:
-    np.asarray(f(*args))
-    rt = get_runtime()
-    assert rt is not None
-    rt.profile = True
-    ts = []
-    for _ in range(reps):
-        f(*args)
-        ns = rt.last_gpu_ns()
-        assert ns is not None
-        ts.append(ns / 1e6)
-    rt.profile = False
-    return statistics.median(ts)
+    """Median GPU milliseconds of ``f(*args)`` by timestamps (fusec.bench's timing)."""
+    policy = bench.Policy(min_reps=reps, max_reps=reps, budget_s=float("inf"))
+    return 1e3 * float(bench.fusec_time(f, args, policy)["time_s"])
 
 
 def main() -> None:

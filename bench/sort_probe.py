@@ -11,14 +11,14 @@ first, side by side in this process.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from timing import median_wall  # noqa: E402  (bench/timing.py)
 
 
 def main() -> None:
@@ -34,80 +34,56 @@ def main() -> None:
         torch = None
     import fusec
     import fusec.numpy as fnp
-    from fusec.runtime import get_runtime
+    from fusec import bench
+    from fusec.kernels import sort as ksort
 
     rng = np.random.default_rng(0)
     shape = (a.rows, a.n) if a.rows > 1 else (a.n,)
     x = rng.standard_normal(shape).astype(np.float32)
     xd = fusec.device_put(x)
+    # GPU time by timestamps after the GPU has been kept busy (fusec.bench), wall clock of call +
+    # wait (bench/timing.py): the bench's own helpers, a fixed number of timed calls
+    policy = bench.Policy(min_reps=a.reps, max_reps=a.reps, budget_s=float("inf"))
+
+    def gpu_ms(f: Any) -> float:
+        return 1e3 * float(bench.fusec_time(f, [xd], policy)["time_s"])
+
     for cfg in filter(None, a.configs.split(",")):
-        from fusec.kernels import sort as ksort
         per, block, unroll = (int(v) for v in cfg.split(":"))
         saved = ksort.RADIX_PER_THREAD, ksort.RADIX_BLOCKS, ksort.HIST_UNROLL
         ksort.RADIX_PER_THREAD, ksort.RADIX_BLOCKS, ksort.HIST_UNROLL = per, (block,), unroll
         g = fusec.gpu_jit(lambda v: fnp.sort(v))
         assert np.array_equal(np.asarray(g(xd)), np.sort(x, axis=-1))
-        rt = get_runtime()
-        assert rt is not None
-        rt.profile = True
-        ts = []
-        for _ in range(a.reps):
-            g(xd)
-            ns = rt.last_gpu_ns()
-            assert ns is not None
-            ts.append(ns / 1e6)
-        rt.profile = False
+        t = gpu_ms(g)
         ksort.RADIX_PER_THREAD, ksort.RADIX_BLOCKS, ksort.HIST_UNROLL = saved
         print(f"config {per} per thread, blocks of {block}, histogram unroll {unroll}: gpu "
-              f"{statistics.median(ts):.3f} ms")
+              f"{t:.3f} ms")
     f = fusec.gpu_jit(lambda v: fnp.sort(v))
     got = np.asarray(f(xd))
     assert np.array_equal(got, np.sort(x, axis=-1)), "fusec's sort differs from numpy's"
     print("kernels:", [k.name for k in f.lower(xd).kernels])
     with fusec.profile():
         f(xd).block_until_ready()
-    rt = get_runtime()
-    assert rt is not None
-    rt.profile = True
-    gpu = []
-    for _ in range(a.reps):
-        f(xd)
-        ns = rt.last_gpu_ns()
-        assert ns is not None
-        gpu.append(ns / 1e6)
-    rt.profile = False
-    wall = []
-    for _ in range(a.reps):
-        t = time.perf_counter()
-        f(xd).block_until_ready()
-        wall.append((time.perf_counter() - t) * 1e3)
-    print(f"fusec sort {shape}: gpu {statistics.median(gpu):.3f} ms, wall "
-          f"{statistics.median(wall):.3f} ms (median of {a.reps})")
+    wall = median_wall(lambda: f(xd).block_until_ready(), a.reps)
+    print(f"fusec sort {shape}: gpu {gpu_ms(f):.3f} ms, wall {1e3 * wall:.3f} ms "
+          f"(median of {a.reps})")
     try:
         import jax
         import jax.numpy as jnp
         xj = jax.device_put(x)
         g = jax.jit(jnp.sort)
-        g(xj).block_until_ready()
-        wall = []
-        for _ in range(a.reps):
-            t = time.perf_counter()
-            g(xj).block_until_ready()
-            wall.append((time.perf_counter() - t) * 1e3)
-        print(f"jax sort: wall {statistics.median(wall):.3f} ms")
+        jax_wall = median_wall(lambda: g(xj).block_until_ready(), a.reps)
+        print(f"jax sort: wall {1e3 * jax_wall:.3f} ms")
     except ImportError:
         pass
     if torch is not None and torch.cuda.is_available():
         xt = torch.from_numpy(x).cuda()
-        torch.sort(xt)
-        torch.cuda.synchronize()
-        wall = []
-        for _ in range(a.reps):
-            t = time.perf_counter()
+
+        def torch_sort() -> None:
             torch.sort(xt)
             torch.cuda.synchronize()
-            wall.append((time.perf_counter() - t) * 1e3)
-        print(f"torch sort: wall {statistics.median(wall):.3f} ms")
+
+        print(f"torch sort: wall {1e3 * median_wall(torch_sort, a.reps):.3f} ms")
 
 
 if __name__ == "__main__":

@@ -188,20 +188,21 @@ def _few_rows(kernel: Eqn, body: Program, e: Eqn, bc: tuple[str, ...], prelude: 
     counter = [0]
     q_val, q_lines = _value(body, names, counter, q, Idx(q.shape, coords=bc + ("r", "qd")),
                             "        ")
-    k_vals, k_lines = [], []
-    for kd in range(d):
-        val, lines = _value(body, names, counter, kt, Idx(kt.shape, coords=bc + (f"{kd}u", "t")),
-                            "        ")
-        k_vals.append(val)
-        k_lines += lines
+
+    def unrolled(a: Var, coords: list[tuple[str, str]], indent: str) -> tuple[list[str], list[str]]:
+        """``a`` at each of ``coords`` (after the batch coordinates): values and their lines."""
+        vals: list[str] = []
+        lines: list[str] = []
+        for c in coords:
+            val, ls = _value(body, names, counter, a, Idx(a.shape, coords=bc + c), indent)
+            vals.append(val)
+            lines += ls
+        return vals, lines
+
+    k_vals, k_lines = unrolled(kt, [(f"{kd}u", "t") for kd in range(d)], "        ")
     parts = max(1, FEW_THREADS // e_len)
     unroll = max(1, min(FEW_UNROLL, -(-t_len // parts)))
-    v_vals, v_lines = [], []
-    for u in range(unroll):
-        val, lines = _value(body, names, counter, v, Idx(v.shape, coords=bc + (f"vt{u}", "ve")),
-                            "            ")
-        v_vals.append(val)
-        v_lines += lines
+    v_vals, v_lines = unrolled(v, [(f"vt{u}", "ve") for u in range(unroll)], "            ")
     bias_val, bias_lines = "", []
     if bias is not None:
         em = Emitter(body, names, indent="        ", counter=counter)

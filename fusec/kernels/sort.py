@@ -103,10 +103,6 @@ def _header(body: Program, inplace: tuple[tuple[int, int], ...] = ()) -> str:
     return str(_env().get_template("bindings.wgsl.j2").render(bindings=binds))
 
 
-def _blocks(n: int, block: int) -> int:
-    return max(1, -(-n // block))
-
-
 def _pow2_at_least(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
@@ -218,7 +214,7 @@ def _specials(e: Eqn, target: str) -> tuple[str, int]:
     """sort_specials (count a block's zeros and NaNs) or sort_fixup (move them into place)."""
     rows, n = e.inputs[1].shape
     descending = bool(e.params["descending"])
-    nb = _blocks(n, int(e.params["block"]))
+    nb = (e.out if e.op is Op.SORT_SPECIALS else e.inputs[2]).shape[2]  # the counts' blocks
     src = _env().get_template("sort_specials.wgsl.j2").render(
         key_fn=sort_key_wgsl("float32", descending), rows=rows, n=n, nb=nb,
         block=int(e.params["block"]), wg=FIXUP_THREADS, fixup=e.op is Op.SORT_FIXUP,
