@@ -2,10 +2,13 @@
 whole call's GPU time and wall clock, beside JAX's and torch's sort where installed.
 
     python bench/sort_probe.py [--n 16777216] [--rows 1] [--reps 20] [--configs 16:8192:1,16:8192:8]
+                               [--ab 3] [--dtype float32|int32|uint32]
 
 ``--configs`` (PER:BLOCK:UNROLL, ...) times the whole sort's GPU time with other radix shapes
 (scatter elements per thread, elements per workgroup, keys a histogram thread loads at once)
-first, side by side in this process.
+first, side by side in this process. ``--ab K`` times the sort with ranking in subgroups,
+with subgroup scans only and with no subgroup operations, K rounds interleaved. ``--dtype``:
+float32 from a normal distribution (the default) or int32 / uint32 drawn uniformly.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=1)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--configs", default="")
+    ap.add_argument("--ab", type=int, default=0)
+    ap.add_argument("--dtype", default="float32", choices=["float32", "int32", "uint32"])
     a = ap.parse_args()
     try:
         import torch
@@ -39,7 +44,11 @@ def main() -> None:
 
     rng = np.random.default_rng(0)
     shape = (a.rows, a.n) if a.rows > 1 else (a.n,)
-    x = rng.standard_normal(shape).astype(np.float32)
+    if a.dtype == "float32":
+        x = rng.standard_normal(shape).astype(np.float32)
+    else:
+        info = np.iinfo(a.dtype)
+        x = rng.integers(info.min, info.max, shape, dtype=np.int64, endpoint=True).astype(a.dtype)
     xd = fusec.device_put(x)
     # GPU time by timestamps after the GPU has been kept busy (fusec.bench), wall clock of call +
     # wait (bench/timing.py): the bench's own helpers, a fixed number of timed calls
@@ -58,6 +67,23 @@ def main() -> None:
         ksort.RADIX_PER_THREAD, ksort.RADIX_BLOCKS, ksort.HIST_UNROLL = saved
         print(f"config {per} per thread, blocks of {block}, histogram unroll {unroll}: gpu "
               f"{t:.3f} ms")
+    if a.ab:
+        # the same sort traced with fewer subgroup operations (Runtime.subgroups: 2 ballots and
+        # scans, 1 scans only, 0 none), timed in turns
+        from fusec.runtime import Runtime
+        print("device subgroup level:", fusec.runtime.get_runtime().subgroups)
+        variants = {}
+        saved_prop = Runtime.subgroups
+        for name, level in (("ranking in subgroups", 2), ("subgroup scans", 1), ("none", 0)):
+            Runtime.subgroups = property(lambda self, v=level: min(v, saved_prop.fget(self)))  # type: ignore[assignment,attr-defined]
+            g = fusec.gpu_jit(lambda v: fnp.sort(v))
+            assert np.array_equal(np.asarray(g(xd)), np.sort(x, axis=-1))
+            variants[name] = g
+        Runtime.subgroups = saved_prop  # type: ignore[method-assign]
+        for k in range(a.ab):
+            for name, g in variants.items():
+                w = median_wall(lambda: g(xd).block_until_ready(), a.reps)
+                print(f"round {k} {name}: gpu {gpu_ms(g):.3f} ms, wall {1e3 * w:.3f} ms")
     f = fusec.gpu_jit(lambda v: fnp.sort(v))
     got = np.asarray(f(xd))
     assert np.array_equal(got, np.sort(x, axis=-1)), "fusec's sort differs from numpy's"
@@ -76,7 +102,7 @@ def main() -> None:
         print(f"jax sort: wall {1e3 * jax_wall:.3f} ms")
     except ImportError:
         pass
-    if torch is not None and torch.cuda.is_available():
+    if torch is not None and torch.cuda.is_available() and a.dtype != "uint32":
         xt = torch.from_numpy(x).cuda()
 
         def torch_sort() -> None:

@@ -155,7 +155,7 @@ def tuning() -> dict[str, Any]:
             "quant": (_quant.QMATMUL_M, _quant.WORKGROUP, _quant.MAX_TEAM, _quant.UNROLL,
                       _quant.CPU_ROWS),
             "sort": (_sort.LOCAL_MAX, _sort.RADIX_PER_THREAD, _sort.RADIX_BLOCKS,
-                     _sort.HIST_UNROLL)}
+                     _sort.HIST_UNROLL, _sort.WLMS_SUBGROUP_MIN)}
 
 
 def generate(kernel: Eqn, target: str = "gpu",

@@ -50,6 +50,9 @@ _ENV = {
     "spin_us": ("FUSEC_SPIN_US", 20000),
     # 1: calls record and submit through wgpu-native's C functions (fusec.native); 0: wgpu-py's
     "native": ("FUSEC_NATIVE", 1),
+    # 1: kernels that gain from subgroup operations use them where the adapter has the
+    # "subgroup" feature (the radix sort's scatter); 0: never (read when the device opens)
+    "subgroups": ("FUSEC_SUBGROUPS", 1),
     # lazy submission: small calls submitted together, this many at most (0: each call at once)
     "batch_calls": ("FUSEC_BATCH_CALLS", 64),
     # dispatches encoded before the first submit of a call with many kernels (0: one submit):

@@ -477,7 +477,8 @@ def export(f: Callable[..., Any], *args: Any, tuning: Optional[str] = None,
         raise ExportError(f"export: argument(s) {', '.join(weak)} are Python scalars; give an "
                           "array or ShapeDtype so that the exported input has a fixed dtype")
     opts = dataclasses.replace(traced.options, max_bindings=WEB_BINDINGS,
-                               workgroup_storage=WEB_WORKGROUP_STORAGE, target=tuning)
+                               workgroup_storage=WEB_WORKGROUP_STORAGE, target=tuning,
+                               subgroups=0)
     traced = dataclasses.replace(traced, options=opts)
     lowered = lower(traced)
     _tree_json(traced.out_tree, jf.name)  # refuses output structures that cannot be saved

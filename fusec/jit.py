@@ -691,7 +691,8 @@ class JitFunction:
         return Options(fuse=self.fuse, max_bindings=rt.max_bindings if rt is not None else 8,
                        donated=donated, target=rt.target if rt is not None else "gpu",
                        workgroup_storage=(rt.max_workgroup_storage if rt is not None
-                                          else codegen.WORKGROUP_STORAGE))
+                                          else codegen.WORKGROUP_STORAGE),
+                       subgroups=rt.subgroups if rt is not None else 0)
 
     def _signature(self, args: tuple[Any, ...], kwargs: dict[str, Any]
                    ) -> tuple[Signature, list[tuple[str, Any]], TreeDef, tuple[Any, ...]]:

@@ -74,6 +74,8 @@ class DeviceInfo:
 
 
 F16_FEATURE = "shader-f16"  # the WebGPU feature float16 storage needs
+SUBGROUP_FEATURE = "subgroup"  # wgpu-native's feature for WGSL's subgroup builtins
+SUBGROUP_BARRIER_FEATURE = "subgroup-barrier"  # and for subgroupBarrier()
 
 
 def _float16_values(prog: Program) -> Iterator[Var]:
@@ -127,7 +129,11 @@ class Runtime:
         self.wgpu = wgpu
         self.adapter = adapter
         # shader-f16: float16 arrays (kernels declare array<f16>; see check_float16)
-        feats = [f for f in ("timestamp-query", F16_FEATURE) if f in adapter.features]
+        # subgroup: subgroup operations (the radix sort's scatter; see Runtime.subgroups)
+        wanted = ["timestamp-query", F16_FEATURE]
+        if config.get("subgroups"):
+            wanted += [SUBGROUP_FEATURE, SUBGROUP_BARRIER_FEATURE]
+        feats = [f for f in wanted if f in adapter.features]
         try:
             self.device = adapter.request_device_sync(required_features=feats)
         except Exception as exc:
@@ -199,7 +205,17 @@ class Runtime:
         """Everything about this device that the lowering of a program depends on: devices with
         equal keys (two GPUs of one model) share one lowering, each compiles its own pipelines."""
         return (self.info.backend, self.info.adapter, self.max_binding_size, self.max_bindings,
-                self.target, self.max_workgroup_storage, F16_FEATURE in self.info.features)
+                self.target, self.max_workgroup_storage, F16_FEATURE in self.info.features,
+                self.subgroups)
+
+    @property
+    def subgroups(self) -> int:
+        """Which subgroup operations kernels may use: 0 none, 1 the builtins (the device was
+        opened with wgpu-native's "subgroup" feature), 2 those and subgroupBarrier() (also
+        "subgroup-barrier"). FUSEC_SUBGROUPS=0 leaves them off."""
+        if SUBGROUP_FEATURE not in self.info.features:
+            return 0
+        return 2 if SUBGROUP_BARRIER_FEATURE in self.info.features else 1
 
     # -- limits --
     @property

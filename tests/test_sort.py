@@ -337,6 +337,27 @@ def test_gpu_lowering_of_a_long_row_is_four_radix_passes(monkeypatch: pytest.Mon
 
 
 @pytest.mark.usefixtures("gpu_target")
+def test_radix_sort_in_a_compiled_loop_body(
+        rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sort in a compiled loop's body: its radix passes replay each iteration. (No float
+    arithmetic in the body: GPUs may flush the samples' subnormals.)"""
+    use_radix(monkeypatch)
+    x = sample(rng, (2, 1000), "float32")
+
+    def body(i: Any, acc: Any) -> Any:
+        return fnp.sort(acc, axis=-1)[:, ::-1]
+
+    f = fusec.gpu_jit(lambda v: fusec.lax.fori_loop(0, 5, body, v))
+    want = x
+    for _ in range(5):
+        want = ref_sort(want)[:, ::-1]  # (ties of -0.0 and 0.0 swap order each time)
+    assert_bits(f(x), want)
+    loop = next(e for e in f.lower(x).ir.eqns if e.op is Op.LOOP)
+    inner = [e.params["name"] for e in loop.params["body"].eqns if e.op is Op.KERNEL]
+    assert any("radix_scan" in n for n in inner), inner
+
+
+@pytest.mark.usefixtures("gpu_target")
 def test_float_sort_of_keys_restores_zeros_and_nans_in_input_order(
         rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch) -> None:
     """A float sort moves keys alone, which make every zero +0.0 and every NaN one NaN; the fixup
@@ -364,3 +385,52 @@ def test_float_sort_of_keys_restores_zeros_and_nans_in_input_order(
     assert_bits(got, ref_sort(x))
     assert "sort_fixup" in f.lower(x).kernels[-1].name
     assert_bits(evaluate(f.lower(x).ir, [x])[0], ref_sort(x))  # the stages' numpy references
+
+
+@pytest.mark.usefixtures("gpu_target")
+@pytest.mark.parametrize("mode", ["ballots", "subgroups too small", "scans only", "none"])
+def test_radix_scatter_with_and_without_subgroup_operations(
+        rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
+    """Where the device has subgroup operations (lavapipe does: subgroups of 8 threads) a
+    scatter ranks its keys by the whole 8-bit digit within subgroups (ballots) and the scans go
+    through subgroups; a kernel whose subgroups turn out smaller than it was built for takes the
+    4-bit passes instead, as does a device with the builtins but no subgroupBarrier ("scans
+    only"), and one with neither scans through workgroup memory. All give numpy's stable sort
+    bit for bit. Rows of 9001 take 71 blocks of 128: the offsets' scan runs as a workgroup per
+    digit (more than 64 blocks), 16 threads."""
+    use_radix(monkeypatch)
+    rt = get_runtime()
+    assert rt is not None
+    if "subgroup" in rt.adapter.features:
+        assert rt.subgroups  # the device was opened with the feature
+    if rt.subgroups < 2 and mode != "none":
+        pytest.fail(f"{rt.info.adapter} lacks subgroup operations: this case cannot run here")
+    if mode == "subgroups too small":  # built for subgroups of 64 or more
+        monkeypatch.setattr(ksort, "WLMS_SUBGROUP_MIN", (64,))
+    level = {"scans only": 1, "none": 0}.get(mode, 2)
+    monkeypatch.setattr(Runtime, "subgroups", property(lambda self: level))
+    x = sample(rng, (3, 9001), "float32")
+    f = sorts()
+    check_sorts(f(x), x)
+    kernels = f.lower(x).kernels
+    for name in ("radix_scatter", "radix_scan"):
+        wgsl = [k.wgsl for k in kernels if name in k.name]
+        assert wgsl and all(("subgroupInclusiveAdd" in w) == (level > 0) for w in wgsl), (
+            name, [k.name for k in kernels])
+    scatter = next(k.wgsl for k in kernels if "radix_scatter" in k.name)
+    assert ("subgroupBallot" in scatter) == (level == 2)
+    if level == 2:
+        assert ("sz >= 64u" in scatter) == (mode == "subgroups too small")
+
+
+@pytest.mark.usefixtures("gpu_target")
+def test_radix_sort_over_more_than_65535_workgroups(rng: np.random.Generator,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """33001 rows of 2 blocks: 66002 workgroups per stage, a two-dimensional grid whose spare
+    workgroups must write nothing. bool: one radix pass."""
+    use_radix(monkeypatch)
+    x = sample(rng, (33001, 131), "bool")
+    f = fusec.gpu_jit(lambda v: fnp.sort(v))
+    assert_bits(f(x), ref_sort(x))
+    hist = f.lower(x).kernels[0]
+    assert "radix_hist" in hist.name and hist.grid[1] > 1

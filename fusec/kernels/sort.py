@@ -6,7 +6,10 @@ searchsorted.
   network over (key, index) pairs.
 * ``radix_hist``, ``radix_scan``, ``radix_scatter`` (GPUs): one least-significant-digit radix pass
   over 8-bit digits of the keys: digit counts per block, their offsets, and the stable scatter of
-  every element to its place.
+  every element to its place. Where the device has subgroup operations the scans go through them,
+  and a scatter ranks its block's keys by the whole digit within subgroups (ballots: a match of
+  equal digits, as GPU radix sorts' warp-level multisplit does) in place of two 4-bit passes
+  through workgroup memory.
 * ``sort_merge`` (software adapters): a merge of pairs of sorted runs, a thread per element.
 * ``searchsorted``: a thread per query, a binary search.
 
@@ -66,10 +69,11 @@ def radix_block(workgroup_storage: int) -> int:
 def sort_key_wgsl(dtype: str, descending: bool = False) -> str:
     """``fn sort_key(b: u32) -> u32``: the order key of a stored word of ``dtype``."""
     if dtype == "float32":
+        # (selects, not branches: a scatter's loads stay in flight side by side)
         body = ("    let mag = b & 0x7fffffffu;\n"
                 "    var k = select(b | 0x80000000u, ~b, (b >> 31u) != 0u);\n"
-                "    if (mag == 0u) {\n        k = 0x80000000u;\n    }\n"
-                "    if (mag > 0x7f800000u) {\n        k = 0xffffffffu;\n    }\n")
+                "    k = select(k, 0x80000000u, mag == 0u);\n"
+                "    k = select(k, 0xffffffffu, mag > 0x7f800000u);\n")
     elif dtype == "int32":
         body = "    let k = b ^ 0x80000000u;\n"
     elif dtype == "bool":
@@ -156,6 +160,18 @@ def _radix_access(e: Eqn) -> tuple[int, int, Callable[[str, str], str], Callable
     return rows, n, key_state, pay_state
 
 
+def _word_access(e: Eqn) -> Callable[[str, str], str]:
+    """WGSL for the stored word of a radix pass's source element at (row, position): the key
+    itself in a state, the word sort_key turns into a key in x."""
+    src = e.inputs[0]
+    rows, n = src.shape[-2:]
+
+    def word(r: str, pos: str) -> str:
+        return f"in0[{r} * {n}u + {pos}]"
+
+    return word
+
+
 def _key_fn(e: Eqn) -> str:
     if e.params["first"]:
         return sort_key_wgsl(e.inputs[0].dtype, bool(e.params["descending"]))
@@ -184,11 +200,28 @@ def _scan(e: Eqn, target: str) -> tuple[str, int]:
     wg = min(SCAN_THREADS, _pow2_at_least(-(-nb // SCAN_PER_THREAD)))
     src = _env().get_template("sort_radix_scan.wgsl.j2").render(
         thread_per_column=False, rows=rows, nb=nb, digits=SORT_DIGITS, wg=wg,
+        subgroups=bool(e.params.get("subgroups")),
         per=SCAN_PER_THREAD, own=" + ".join(f"v{i}" for i in range(SCAN_PER_THREAD)))
     return src, columns
 
 
-def _scatter(e: Eqn, target: str) -> tuple[str, int]:
+WLMS_SUBGROUP_MIN = (4, 8, 16, 32, 64)  # the ranking within subgroups: its smallest subgroups
+
+
+def _wlms_min(wg: int, shared: int, workgroup_storage: int) -> int:
+    """The smallest subgroup size whose counters (a row of 256 per subgroup, in the block's
+    workgroup memory) fit the scatter workgroup beside the rest of its memory; 0 if none does."""
+    rest = max(1, wg // 4) + SORT_DIGITS + 1  # scan_wg's totals, adj, wide
+    for size in WLMS_SUBGROUP_MIN:
+        if 4 * (max(shared, wg // size * SORT_DIGITS) + rest) <= workgroup_storage:
+            return size
+    return 0
+
+
+def _scatter(e: Eqn, target: str, workgroup_storage: int = 16384) -> tuple[str, int]:
+    """radix_scatter. With subgroupBarrier, the block is ranked within subgroups when its
+    subgroups are at least the smallest size whose counters fit ``workgroup_storage`` (a runtime
+    test in the kernel: a subgroup's size is known only there); else by 4-bit passes."""
     rows, n, key_at, pay_at = _radix_access(e)
     block = int(e.params["block"])
     wg = block // RADIX_PER_THREAD
@@ -201,12 +234,21 @@ def _scatter(e: Eqn, target: str) -> tuple[str, int]:
     value_fn = ""
     if keys_only and last:
         value_fn = sort_value_wgsl(str(e.params["dtype"]), bool(e.params["descending"]))
+    shared = _padded(max(16 * wg, block))
+    subgroups = bool(e.params.get("subgroups"))
+    # ranking within subgroups needs subgroupBarrier (a counter one lane advances, read by another)
+    sz_min = (_wlms_min(wg, shared, workgroup_storage)
+              if subgroups and e.params.get("subgroup_barrier") else 0)
+    if sz_min:
+        shared = max(shared, wg // sz_min * SORT_DIGITS)
     src = _env().get_template("sort_radix_scatter.wgsl.j2").render(
         key_fn=_key_fn(e), value_fn=value_fn, keys_only=keys_only, key_at=key_at, idx_at=pay_at,
+        word_at=_word_access(e), first=bool(e.params["first"]),
         rows=rows, n=n, nb=nb, block=block,
         wg=wg, per=RADIX_PER_THREAD, digits=SORT_DIGITS, nibbles=SORT_RADIX_BITS // 4,
-        shift=int(e.params["shift"]), last=last, shared=_padded(max(16 * wg, block)),
-        dpt=max(1, SORT_DIGITS // wg), idx_plane="" if last else f"{rows * n}u + ")
+        shift=int(e.params["shift"]), last=last, shared=shared,
+        subgroups=subgroups, wlms=bool(sz_min), sz_min=sz_min, dpt=max(1, SORT_DIGITS // wg),
+        idx_plane="" if last else f"{rows * n}u + ")
     return src, rows * nb
 
 
@@ -246,7 +288,6 @@ _STAGES: dict[Op, Callable[[Eqn, str], tuple[str, int]]] = {
     Op.SORT_BLOCKS: _local,
     Op.RADIX_HIST: _hist,
     Op.RADIX_SCAN: _scan,
-    Op.RADIX_SCATTER: _scatter,
     Op.SORT_MERGE: _merge,
     Op.SORT_SPECIALS: _specials,
     Op.SORT_FIXUP: _specials,
@@ -263,7 +304,10 @@ def generate(kernel: Eqn, target: str = "gpu", workgroup_storage: int = 16384) -
     inplace = tuple(kernel.params.get("inplace", ()))
     if inplace != (((0, 0),) if e.op is Op.SORT_FIXUP else ()):
         raise AssertionError("only sort_fixup writes into its input (the sorted values)")
-    wgsl, groups = _STAGES[e.op](e, target)
+    if e.op is Op.RADIX_SCATTER:
+        wgsl, groups = _scatter(e, target, workgroup_storage)
+    else:
+        wgsl, groups = _STAGES[e.op](e, target)
     full = _header(body, inplace) + wgsl
     key = hashlib.sha256(full.encode()).hexdigest()
     return KernelCode(kernel.params["name"], "sort", full, grid_for(groups),

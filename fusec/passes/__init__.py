@@ -34,6 +34,9 @@ class Options:
     target: str = "gpu"  # "cpu" for a software adapter: codegen picks other strategies
     # bytes of workgroup memory a kernel may use (device limit; at least WebGPU's minimum)
     workgroup_storage: int = codegen.WORKGROUP_STORAGE
+    # subgroup operations of the device: 0 none, 1 WGSL's subgroup builtins (wgpu-native's
+    # "subgroup"), 2 those and subgroupBarrier() (Runtime.subgroups)
+    subgroups: int = 0
     # >= 0: the program is the body of a loop with this many carries (passes/loops.py), of which
     # those in loop_inplace are updated in place
     loop_carries: int = -1
@@ -60,7 +63,7 @@ PIPELINE: list[tuple[str, Pass]] = [
     # primitives computed by kernels of their own kind become the ops those kernels compute
     ("lower_scatter", lambda p, o: lower_scatter(p, o.target, in_loop=o.loop_carries >= 0)),
     ("lower_scan", lambda p, o: lower_scan(p, o.target)),
-    ("lower_sort", lambda p, o: lower_sort(p, o.target, o.workgroup_storage)),
+    ("lower_sort", lambda p, o: lower_sort(p, o.target, o.workgroup_storage, o.subgroups)),
     ("split_reductions", lambda p, o: split_reductions(p, o.target)),
     ("split_k", lambda p, o: split_k(p, o.target, sums=o.fuse)),
     # loops' bodies lowered on their own, loops' inputs and bodies' results made buffers

@@ -42,7 +42,7 @@ def _bind(eqns: list[Eqn], op: Op, inputs: tuple[Var, ...], params: dict[str, An
 
 
 def _radix(src: Var, final: Var | None, common: dict[str, Any], block: int,
-           eqns: list[Eqn]) -> Var:
+           eqns: list[Eqn], subgroups: int = 0) -> Var:
     x = src
     passes = -(-sort_key_bits(common["dtype"]) // SORT_RADIX_BITS)
     # a sort of values moves its keys alone (each key gives its value back, but for the signs of
@@ -52,13 +52,16 @@ def _radix(src: Var, final: Var | None, common: dict[str, Any], block: int,
     for k in range(passes):
         first, last = k == 0, k == passes - 1
         shift = k * SORT_RADIX_BITS
-        hist = _bind(eqns, Op.RADIX_HIST, (src,), {"shift": shift, "block": block,
-                                                    "first": first, "planes": planes,
-                                                    "descending": common["descending"]})
-        scanned = _bind(eqns, Op.RADIX_SCAN, (hist,), {})
+        hp = {"shift": shift, "block": block, "first": first, "planes": planes,
+              "descending": common["descending"]}
+        sp: dict[str, Any] = {"subgroups": True} if subgroups else {}
+        if subgroups >= 2:
+            sp["subgroup_barrier"] = True  # (the scatter's ranking within subgroups needs it)
+        hist = _bind(eqns, Op.RADIX_HIST, (src,), hp)
+        scanned = _bind(eqns, Op.RADIX_SCAN, (hist,), dict(sp))
         src = _bind(eqns, Op.RADIX_SCATTER, (src, scanned),
                     {"shift": shift, "block": block, "first": first, "last": last,
-                     "planes": planes, **common},
+                     "planes": planes, **common, **sp},
                     final if last and not specials else None)
     if specials:
         p = {"block": block, "descending": common["descending"]}
@@ -80,7 +83,8 @@ def _merge(src: Var, final: Var | None, common: dict[str, Any], eqns: list[Eqn])
     return state
 
 
-def _lower(e: Eqn, eqns: list[Eqn], target: str, workgroup_storage: int) -> None:
+def _lower(e: Eqn, eqns: list[Eqn], target: str, workgroup_storage: int,
+           subgroups: int) -> None:
     x = e.inputs[0]
     assert isinstance(x, Var)
     n = x.shape[-1]
@@ -93,23 +97,25 @@ def _lower(e: Eqn, eqns: list[Eqn], target: str, workgroup_storage: int) -> None
         block = kernels.radix_block(workgroup_storage)
         while block // 2 >= max(n, kernels.RADIX_BLOCKS[-1]):  # short rows: blocks they fill
             block //= 2
-        out = _radix(src, final, common, block, eqns)
+        out = _radix(src, final, common, block, eqns, subgroups)
     else:
         out = _merge(src, final, common, eqns)
     if out is not e.out:
         _bind(eqns, Op.RESHAPE, (out,), {"shape": e.out.shape}, e.out)
 
 
-def lower_sort(prog: Program, target: str = "gpu", workgroup_storage: int = 16384) -> Program:
+def lower_sort(prog: Program, target: str = "gpu", workgroup_storage: int = 16384,
+               subgroups: int = 0) -> Program:
     """Replace each ``argsort`` and ``sort`` of rows longer than LOCAL_MAX by its stages: radix
     passes for ``target`` "gpu" (blocks as large as ``workgroup_storage`` bytes of workgroup
-    memory allow), merges of sorted blocks for "cpu"."""
+    memory allow; their scans and ranking use subgroup operations where the device has them:
+    ``subgroups``, as Options.subgroups), merges of sorted blocks for "cpu"."""
     if not any(e.op in (Op.ARGSORT, Op.SORT) for e in prog.eqns):
         return prog
     eqns: list[Eqn] = []
     for e in prog.eqns:
         if e.op in (Op.ARGSORT, Op.SORT) and e.out.shape[-1] > kernels.LOCAL_MAX and e.out.size:
-            _lower(e, eqns, target, workgroup_storage)
+            _lower(e, eqns, target, workgroup_storage, subgroups)
         else:
             eqns.append(e)
     return Program(list(prog.inputs), eqns, list(prog.outputs))
