@@ -2,13 +2,15 @@
 whole call's GPU time and wall clock, beside JAX's and torch's sort where installed.
 
     python bench/sort_probe.py [--n 16777216] [--rows 1] [--reps 20] [--configs 16:8192:1,16:8192:8]
-                               [--ab 3] [--dtype float32|int32|uint32]
+                               [--ab 3] [--dtype float32|int32|uint32] [--wall]
 
 ``--configs`` (PER:BLOCK:UNROLL, ...) times the whole sort's GPU time with other radix shapes
 (scatter elements per thread, elements per workgroup, keys a histogram thread loads at once)
 first, side by side in this process. ``--ab K`` times the sort with ranking in subgroups,
 with subgroup scans only and with no subgroup operations, K rounds interleaved. ``--dtype``:
-float32 from a normal distribution (the default) or int32 / uint32 drawn uniformly.
+float32 from a normal distribution (the default) or int32 / uint32 drawn uniformly. ``--wall``
+breaks the wall clock down: the call alone (host work up to its last submit), call + wait, and
+both with the call's dispatches submitted at once (FUSEC_SUBMIT_FIRST=0) and in chunks.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ def main() -> None:
     ap.add_argument("--configs", default="")
     ap.add_argument("--ab", type=int, default=0)
     ap.add_argument("--dtype", default="float32", choices=["float32", "int32", "uint32"])
+    ap.add_argument("--wall", action="store_true")
     a = ap.parse_args()
     try:
         import torch
@@ -84,6 +87,24 @@ def main() -> None:
             for name, g in variants.items():
                 w = median_wall(lambda: g(xd).block_until_ready(), a.reps)
                 print(f"round {k} {name}: gpu {gpu_ms(g):.3f} ms, wall {1e3 * w:.3f} ms")
+    if a.wall:
+        import time
+        w = fusec.gpu_jit(lambda v: fnp.sort(v))
+        w(xd).block_until_ready()
+        for first in (4, 0, 2, 8):
+            fusec.config.set("submit_first", first)
+            call_s = []
+            for _ in range(a.reps):
+                w(xd).block_until_ready()
+                t = time.perf_counter()
+                out = w(xd)
+                call_s.append(time.perf_counter() - t)
+                out.block_until_ready()
+            call_s.sort()
+            full = median_wall(lambda: w(xd).block_until_ready(), a.reps)
+            print(f"submit_first {first}: call alone {1e6 * call_s[len(call_s) // 2]:.0f} us, "
+                  f"call + wait {1e6 * full:.0f} us")
+        fusec.config.set("submit_first", None)
     f = fusec.gpu_jit(lambda v: fnp.sort(v))
     got = np.asarray(f(xd))
     assert np.array_equal(got, np.sort(x, axis=-1)), "fusec's sort differs from numpy's"
