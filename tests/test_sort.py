@@ -434,3 +434,20 @@ def test_radix_sort_over_more_than_65535_workgroups(rng: np.random.Generator,
     assert_bits(f(x), ref_sort(x))
     hist = f.lower(x).kernels[0]
     assert "radix_hist" in hist.name and hist.grid[1] > 1
+
+
+@pytest.mark.usefixtures("gpu_target")
+def test_radix_scatter_of_workgroups_smaller_than_a_subgroup(
+        rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Blocks of 8 keys take workgroups of 4 threads, fewer than a subgroup holds on lavapipe
+    (8) or a GPU: the kernel must rank them by its 4-bit passes, not within subgroups (whose
+    missing lanes would leave keys out)."""
+    use_radix(monkeypatch, 8)
+    x = sample(rng, (3, 101), "float32")
+    f = sorts()
+    check_sorts(f(x), x)
+    scatter = next(k.wgsl for k in f.lower(x).kernels if "radix_scatter" in k.name)
+    rt = get_runtime()
+    assert rt is not None
+    assert "@workgroup_size(4)" in scatter
+    assert ("subgroupBallot" in scatter) == (rt.subgroups == 2)

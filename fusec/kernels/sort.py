@@ -220,8 +220,9 @@ def _wlms_min(wg: int, shared: int, workgroup_storage: int) -> int:
 
 def _scatter(e: Eqn, target: str, workgroup_storage: int = 16384) -> tuple[str, int]:
     """radix_scatter. With subgroupBarrier, the block is ranked within subgroups when its
-    subgroups are at least the smallest size whose counters fit ``workgroup_storage`` (a runtime
-    test in the kernel: a subgroup's size is known only there); else by 4-bit passes."""
+    subgroups are at least the smallest size whose counters fit ``workgroup_storage`` and at
+    most the workgroup (a test in the kernel: a subgroup's size is known only there); else by
+    4-bit passes."""
     rows, n, key_at, pay_at = _radix_access(e)
     block = int(e.params["block"])
     wg = block // RADIX_PER_THREAD
