@@ -163,8 +163,7 @@ def _radix_access(e: Eqn) -> tuple[int, int, Callable[[str, str], str], Callable
 def _word_access(e: Eqn) -> Callable[[str, str], str]:
     """WGSL for the stored word of a radix pass's source element at (row, position): the key
     itself in a state, the word sort_key turns into a key in x."""
-    src = e.inputs[0]
-    rows, n = src.shape[-2:]
+    n = e.inputs[0].shape[-1]
 
     def word(r: str, pos: str) -> str:
         return f"in0[{r} * {n}u + {pos}]"

@@ -58,7 +58,7 @@ def _radix(src: Var, final: Var | None, common: dict[str, Any], block: int,
         if subgroups >= 2:
             sp["subgroup_barrier"] = True  # (the scatter's ranking within subgroups needs it)
         hist = _bind(eqns, Op.RADIX_HIST, (src,), hp)
-        scanned = _bind(eqns, Op.RADIX_SCAN, (hist,), dict(sp))
+        scanned = _bind(eqns, Op.RADIX_SCAN, (hist,), {"subgroups": True} if subgroups else {})
         src = _bind(eqns, Op.RADIX_SCATTER, (src, scanned),
                     {"shift": shift, "block": block, "first": first, "last": last,
                      "planes": planes, **common, **sp},
