@@ -13,6 +13,7 @@ import os
 import threading
 import time
 import warnings
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextvars import ContextVar
@@ -158,6 +159,9 @@ class Runtime:
         self.pipelines: dict[str, tuple[Any, Any]] = {}
         self._lock = threading.Lock()
         self._free: dict[int, list[Any]] = {}  # size class -> buffers nobody references
+        # the pooled buffers, oldest release first: a full pool destroys its oldest (id -> size,
+        # buffer), so that buffers of sizes in use stay while those of past work go
+        self._pooled: OrderedDict[int, tuple[int, Any]] = OrderedDict()
         self._free_bytes = 0
         self.destroyed = 0
         self.pool_limit = int(os.environ.get("FUSEC_POOL_BYTES", 1 << 30))
@@ -255,6 +259,7 @@ class Runtime:
         while free:
             self._free_bytes -= size
             raw = free.pop()
+            self._pooled.pop(id(raw), None)
             # A pooled buffer may have died after it was pooled: when the garbage collector
             # finalises a reference cycle, a DeviceBuffer's finaliser can pool its wgpu buffer and
             # then that buffer's own finaliser release it (the check in release() sees only the
@@ -277,15 +282,27 @@ class Runtime:
             # so wgpu's buffer object may have gone first. Pooling it would hand wgpu a dead
             # handle (a panic in wgpu-native at the next bind group).
             return
-        if self._free_bytes + size > self.pool_limit:
-            # destroyed at the next flush: a pending batch may still name it (this may run in
-            # the middle of recording, from the garbage collector, so it must not flush here)
-            self._doomed.append(raw)
-            if self._batch_enc is None:
-                self._destroy_doomed()
-            return
         self._free.setdefault(size, []).append(raw)
         self._free_bytes += size
+        self._pooled[id(raw)] = (size, raw)
+        doomed = False
+        while self._free_bytes > self.pool_limit and self._pooled:
+            # the oldest goes (this one last): a loop that keeps releasing and taking buffers of
+            # its own sizes must not find them destroyed because buffers of earlier work fill
+            # the pool (each destroy also drops every executable's cached bind groups). The
+            # buffer is destroyed at the next flush: a pending batch may still name it (this
+            # may run in the middle of recording, from the garbage collector: no flush here)
+            _, (old_size, old) = self._pooled.popitem(last=False)
+            pooled = self._free.get(old_size, [])
+            at = next((i for i, b in enumerate(pooled) if b is old), None)
+            if at is None:
+                continue
+            del pooled[at]
+            self._free_bytes -= old_size
+            self._doomed.append(old)
+            doomed = True
+        if doomed and self._batch_enc is None:
+            self._destroy_doomed()
 
     def _destroy_doomed(self) -> None:
         doomed, self._doomed = self._doomed, []

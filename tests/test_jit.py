@@ -3,6 +3,7 @@ device-resident arrays, outputs, AOT (lower/compile/warmup)."""
 
 from __future__ import annotations
 
+import gc
 from typing import Any
 
 import numpy as np
@@ -574,3 +575,42 @@ def test_a_donated_array_passed_twice_is_refused_and_others_are_used_up() -> Non
     np.testing.assert_array_equal(np.asarray(w), [1.0, 2.0, 3.0])
     with pytest.raises(fusec.FusecError, match="donated"):
         np.asarray(cache[0])
+
+
+def test_a_full_pool_destroys_its_oldest_buffers_not_the_newest() -> None:
+    """Buffers released to a full pool push out the longest-pooled ones: a workload that keeps
+    taking and releasing buffers of its own sizes finds them pooled, however many buffers of
+    earlier work filled the pool (else each call would create and destroy its buffers, and every
+    destroy drops the executables' cached bind groups; bench/pool_churn.py)."""
+    from fusec.runtime import get_runtime
+
+    rt = get_runtime()
+    assert rt is not None
+    rt.flush()
+    saved = rt.pool_limit
+    size = rt._size_class(1 << 20)
+    try:
+        bufs = [rt.buffer_of_class(size) for _ in range(5)]
+        raws = [b.raw for b in bufs]
+        rt.pool_limit = 3 * size  # room for three: buffers pooled before these go first
+        while bufs:  # released in order: the first two go once the pool is full
+            bufs.pop(0)
+            gc.collect()
+        pooled = rt._free.get(size, [])
+        assert all(any(p is r for p in pooled) for r in raws[2:])
+        assert not any(p is r for p in pooled for r in raws[:2])
+        # a new workload's first call finds the pool full of other sizes; its later calls
+        # reuse its buffers and destroy nothing
+        f = fusec.gpu_jit(lambda a: a * 2.0)
+        x = fusec.device_put(np.arange(size // 2, dtype=np.float32))  # twice the size
+        rt.flush()
+        rt.pool_limit = rt._free_bytes
+        np.testing.assert_array_equal(np.asarray(f(x)), np.asarray(x) * 2.0)
+        rt.flush()
+        before = rt.destroyed
+        for _ in range(4):
+            np.testing.assert_array_equal(np.asarray(f(x)), np.asarray(x) * 2.0)
+        rt.flush()
+        assert rt.destroyed == before
+    finally:
+        rt.pool_limit = saved
