@@ -130,7 +130,7 @@ class Runtime:
         self.wgpu = wgpu
         self.adapter = adapter
         # shader-f16: float16 arrays (kernels declare array<f16>; see check_float16)
-        # subgroup: subgroup operations (the radix sort's scatter; see Runtime.subgroups)
+        # subgroup, subgroup-barrier: subgroup operations (the radix sort; Runtime.subgroups)
         wanted = ["timestamp-query", F16_FEATURE]
         if config.get("subgroups"):
             wanted += [SUBGROUP_FEATURE, SUBGROUP_BARRIER_FEATURE]

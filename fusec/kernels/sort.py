@@ -160,17 +160,6 @@ def _radix_access(e: Eqn) -> tuple[int, int, Callable[[str, str], str], Callable
     return rows, n, key_state, pay_state
 
 
-def _word_access(e: Eqn) -> Callable[[str, str], str]:
-    """WGSL for the stored word of a radix pass's source element at (row, position): the key
-    itself in a state, the word sort_key turns into a key in x."""
-    n = e.inputs[0].shape[-1]
-
-    def word(r: str, pos: str) -> str:
-        return f"in0[{r} * {n}u + {pos}]"
-
-    return word
-
-
 def _key_fn(e: Eqn) -> str:
     if e.params["first"]:
         return sort_key_wgsl(e.inputs[0].dtype, bool(e.params["descending"]))
@@ -243,7 +232,8 @@ def _scatter(e: Eqn, target: str, workgroup_storage: int = 16384) -> tuple[str, 
         shared = max(shared, wg // sz_min * SORT_DIGITS)
     src = _env().get_template("sort_radix_scatter.wgsl.j2").render(
         key_fn=_key_fn(e), value_fn=value_fn, keys_only=keys_only, key_at=key_at, idx_at=pay_at,
-        word_at=_word_access(e), first=bool(e.params["first"]),
+        # the stored word (a state's key; in x, the word sort_key makes a key of)
+        word_at=lambda r, pos: f"in0[{r} * {n}u + {pos}]", first=bool(e.params["first"]),
         rows=rows, n=n, nb=nb, block=block,
         wg=wg, per=RADIX_PER_THREAD, digits=SORT_DIGITS, nibbles=SORT_RADIX_BITS // 4,
         shift=int(e.params["shift"]), last=last, shared=shared,
