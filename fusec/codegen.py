@@ -102,6 +102,13 @@ if MATMUL_EPILOGUE not in ("auto", "staged", "direct", "separate"):
 GEMV = os.environ.get("FUSEC_GEMV", "1") != "0"
 GEMV_M = 16
 GEMV_K_TILE = 256
+# ...and a B of at least GEMV_MIN_KN elements: with a smaller B its few workgroups (one per 256
+# columns and chunk of K) leave the GPU idle, and the 16x16 kernel is faster. H200, GPU us,
+# few-row / 16x16 kernel (both split along K; bench/small_product_probe.py), M x K x N:
+# 16x384x384 21.8 / 11.4, 16x1536x384 21.8 / 12.2, 16x384x1536 22.7 / 12.4, 4x1024x1024 17.4 /
+# 12.3; but 16x2048x2048 22.0 / 26.2, 8x1024x8192 24.7 / 43.8, 8x4096x4096 44.3 / 81.2,
+# 1x576x49152 41.1 / 129.6. The MiniLM-L6 encoder at 1x16: 1975 / 976 us for the whole call.
+GEMV_MIN_KN = 1 << 21
 # loads of B each thread has in flight (divides GEMV_K_TILE). On the H100, 8x4096 @ 4096x4096
 # took 104 us with 1, 72 with 4, 71 with 8 or 16 (torch 61); 1x4096 @ 4096x4096 82, 46, 46 (46).
 GEMV_UNROLL = 8
@@ -146,7 +153,7 @@ def tuning() -> dict[str, Any]:
     return {"workgroup": WORKGROUP, "tile": TILE, "elems": ELEMS_PER_THREAD, "vec_min": VEC_MIN,
             "vec_per": VEC_PER_THREAD, "row_cache": ROW_CACHE, "row_threads": ROW_THREADS,
             "partial_unroll": PARTIAL_UNROLL, "flat_columns": FLAT_COLUMNS,
-            "gemv": (GEMV, GEMV_M, GEMV_K_TILE, GEMV_UNROLL),
+            "gemv": (GEMV, GEMV_M, GEMV_MIN_KN, GEMV_K_TILE, GEMV_UNROLL),
             "fewcol": (FEWCOL, FEWCOL_M, FEWCOL_K_TILE),
             "matmul": (MATMUL_BLOCK, MATMUL_LARGE, MATMUL_MEDIUM, MATMUL_SMALL, MATMUL_EPILOGUE),
             "attention": (_attention.ROWS, _attention.MAX_TILE, _attention.MAX_HEAD,
@@ -1090,9 +1097,12 @@ def fewcol_lanes(n: int, k: int) -> int:
     return 32 if k >= 2048 else 16
 
 
-def use_gemv(m: int, n: int, target: str) -> bool:
-    """Few rows, many columns, on a GPU: the few-row template (see GEMV_M)."""
-    return target == "gpu" and GEMV and m <= GEMV_M and n >= WORKGROUP
+def use_gemv(m: int, n: int, target: str, k: int) -> bool:
+    """Few rows, many columns and a large B, on a GPU: the few-row template (see GEMV_M). ``k``
+    counts B's rows in all: K times the batch, so that a product cut along K (a batch of its
+    chunks, fusec.passes.splitk) keeps the template chosen for it whole."""
+    return (target == "gpu" and GEMV and m <= GEMV_M and n >= WORKGROUP
+            and k * n >= GEMV_MIN_KN)
 
 
 def _matmul(body: Program, names: dict[int, str], target: str = "gpu",
@@ -1103,7 +1113,7 @@ def _matmul(body: Program, names: dict[int, str], target: str = "gpu",
     cfg = matmul_config(m, n, target, k, nb)
     if cfg is not None:
         return _matmul_rb(body, names, mm, cfg, workgroup_storage, vec or set())
-    if use_gemv(m, n, target):
+    if use_gemv(m, n, target, k * nb):
         return _matmul_gemv(body, names, mm)
     if use_fewcol(m, n, k, nb, target):
         return _matmul_fewcol(body, names, mm)

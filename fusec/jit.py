@@ -100,6 +100,49 @@ def _to_array(x: Any, aval: Aval) -> Array:
     return Array(aval.shape, aval.dtype, host=host)
 
 
+def _quick_leaves(args: tuple[Any, ...], orders: dict[tuple[Any, ...], tuple[Any, ...]]
+                  ) -> Optional[tuple[list[Array], tuple[Any, ...]]]:
+    """The leaves of positional arguments that are device Arrays in plain dicts, lists and
+    tuples, in the order of ``_flatten_args``, and a key of their structure, shapes, dtypes and
+    devices; None where anything else is in them (the full signature handles it). ``orders``
+    keeps each dict's keys (in insertion order) sorted as the pytree order sorts them."""
+    leaves: list[Array] = []
+    # a flat key, items appended one by one (no tuple per leaf: a call of a few hundred leaves
+    # would otherwise allocate enough to set off the garbage collector); the kinds of item (a
+    # type and a length, a dict's sorted keys behind ``dict``, a shape, a dtype name, a device)
+    # cannot be mistaken for one another, so one key has one structure
+    key: list[Any] = ["tree"]
+    add = key.append
+
+    def walk(x: Any) -> bool:
+        t = type(x)
+        if t is Array:
+            leaves.append(x)
+            add(x._shape)
+            add(x._dtype)
+            add(x._rt)
+            return True
+        if t is dict:
+            keys = tuple(x)
+            order = orders.get(keys)
+            if order is None:
+                try:
+                    order = orders[keys] = (dict, *sorted(x, key=repr))
+                except TypeError:  # (unorderable reprs cannot happen; the full path decides)
+                    return False
+            add(order)
+            return all([walk(x[k]) for k in order[1:]])
+        if t is list or t is tuple:
+            add(t)
+            add(len(x))
+            return all([walk(v) for v in x])
+        return False
+
+    if not all([walk(a) for a in args]):
+        return None
+    return leaves, tuple(key)
+
+
 class _ShardedArgs(Exception):
     """A call has Sharded arguments: it runs once per device (JitFunction._call_sharded)."""
 
@@ -659,6 +702,7 @@ class JitFunction:
         # binding)
         self._fast: dict[tuple[Any, ...], Compiled] = {}
         self._positional = not self._binder.static_names
+        self._dict_orders: dict[tuple[Any, ...], tuple[Any, ...]] = {}  # keys -> sorted keys
         self._traces = 0
         self._warned_retrace = False
         # the code object: a lambda re-created in a loop shares it, two lambdas on a line do not
@@ -782,6 +826,7 @@ class JitFunction:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         fast = None
+        quick: Optional[tuple[list[Array], tuple[Any, ...]]] = None
         if not kwargs and self._positional:
             # (the device is part of the key: the executable is compiled for one)
             fast = tuple([(a._shape, a._dtype, a._rt) if type(a) is Array else None
@@ -790,6 +835,15 @@ class JitFunction:
             if hit is not None:  # (only keys of all-Array calls are stored)
                 cache.STATS.hits += 1
                 return hit.run_arrays(args)
+            if None in fast:
+                # dicts, lists and tuples of Arrays (a model's parameters): their leaves and a
+                # key without the paths, sorting and checks of the full signature
+                quick = _quick_leaves(args, self._dict_orders)
+                if quick is not None:
+                    hit = self._fast.get(quick[1])
+                    if hit is not None:
+                        cache.STATS.hits += 1
+                        return hit.run_arrays(quick[0])
         if current_builder() is not None:
             return self.fun(*args, **kwargs)  # nested jit: inline into the outer trace
         dyn, static = self._binder.split(args, kwargs)
@@ -801,6 +855,9 @@ class JitFunction:
         compiled = self._cached(leaves, td, static, avals, rt)
         if fast is not None and None not in fast and len(leaves) == len(args):
             self._fast[fast] = compiled
+        elif quick is not None and len(quick[0]) == len(leaves) and all(
+                a is b for a, (_, b) in zip(quick[0], leaves)):
+            self._fast[quick[1]] = compiled  # (the same leaves in the same order)
         return compiled.run_leaves([x for _, x in leaves])
 
     def _cached(self, leaves: list[tuple[str, Any]], td: TreeDef, static: tuple[Any, ...],

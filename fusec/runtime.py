@@ -28,7 +28,7 @@ from . import numpy as fnp
 from .errors import DeviceLimitError, DTypeError, FusecError
 from .interpret import evaluate
 from .ir import Eqn, Lit, Op, Program, Var, buffer_bytes, itemsize
-from .native import Encoder, open_native, poll_function
+from .native import Encoder, Pass, open_native, poll_function
 from .passes import run_interpreter_pipeline, used_inputs
 from .trace import register_array_type
 
@@ -393,6 +393,13 @@ class Runtime:
         for raw in clears:
             enc.clear_buffer(raw)
         return enc, enc.begin_compute_pass()
+
+    def submit_chunk(self, enc: Any, cpass: Any) -> tuple[Any, Any]:
+        """End the pass, submit what a call has recorded so far (the GPU starts on it while the
+        host records the rest), and go on in a new encoder and pass."""
+        cpass.end()
+        self.submit(enc)
+        return self.take_pass()
 
     def submitted_batch(self) -> None:
         """After the submit of an encoder from :meth:`take_batch`: buffers released while it
@@ -1776,41 +1783,10 @@ class GpuExecutable(_Steps):
         # so that the GPU starts while the host records the rest (FUSEC_SUBMIT_FIRST; not under
         # the profilers, whose timestamps bracket one pass)
         split = 0 if batched or rt.profile or kq is not None else int(config.get("submit_first"))
-        dispatched = 0
-        for st in self.steps:
-            if type(st) is _Alias:
-                bufs[st.dst] = bufs[st.src]
-                raws[st.dst] = raws[st.src]
-                continue
-            self._take_buffers(st, bufs, raws)
-            if st.grid[0] == 0:
-                continue
-            bound = st.gather(raws)
-            bg = st.bind_groups.get(bound)
-            if bg is None:
-                bg = _bind_group(rt, st, bound)
-            if split and dispatched == split:
-                cpass.end()
-                rt.submit(enc)
-                enc, cpass = rt.take_pass()
-                split *= 2
-            dispatched += 1
-            if kq is not None:
-                # each kernel timed alone: submitted on its own once the GPU is idle (timed
-                # passes in one command buffer overlapped on the H100, and their intervals did
-                # not add up to the call's GPU time)
-                cpass.end()
-                rt.submit(enc)
-                rt.wait_idle()
-                enc = rt.device.create_command_encoder()
-                k = 2 * len(timed)
-                cpass = enc.begin_compute_pass(timestamp_writes={
-                    "query_set": kq[0], "beginning_of_pass_write_index": k,
-                    "end_of_pass_write_index": k + 1})
-                timed.append(st.name)
-            cpass.set_pipeline(st.pipeline)
-            cpass.set_bind_group(0, bg)
-            cpass.dispatch_workgroups(*st.grid)
+        if type(cpass) is Pass and kq is None:
+            enc, cpass = self._record_native(bufs, raws, enc, cpass, split)
+        else:
+            enc, cpass = self._record(bufs, raws, enc, cpass, split, kq, timed)
         if batched:
             rt.batch_calls += 1
             # submitted once it holds BATCH_SECONDS of recording: calls slower than that (a
@@ -1838,6 +1814,101 @@ class GpuExecutable(_Steps):
         if fresh is not None and not self.out_shared:
             return [_device_array(shape, dtype, bufs[s], sub, rt) for s, shape, dtype in fresh]
         return self._outputs(inputs, bufs, sub)
+
+    def _record(self, bufs: list[Any], raws: list[Any], enc: Any, cpass: Any, split: int,
+                kq: Any, timed: list[str]) -> tuple[Any, Any]:
+        """``_run``'s loop over the steps through wgpu-py's passes (``FUSEC_NATIVE=0``, the
+        profilers): bind the slots' buffers, record each dispatch, submit the first ``split``
+        early (then chunks twice as long); under ``fusec.profile()`` (``kq``) each kernel in a
+        timed pass of its own, its name appended to ``timed``."""
+        rt = self.rt
+        dispatched = 0
+        for st in self.steps:
+            if type(st) is _Alias:
+                bufs[st.dst] = bufs[st.src]
+                raws[st.dst] = raws[st.src]
+                continue
+            self._take_buffers(st, bufs, raws)
+            if st.grid[0] == 0:
+                continue
+            bound = st.gather(raws)
+            bg = st.bind_groups.get(bound)
+            if bg is None:
+                bg = _bind_group(rt, st, bound)
+            if split and dispatched == split:
+                enc, cpass = rt.submit_chunk(enc, cpass)
+                split *= 2
+            dispatched += 1
+            if kq is not None:
+                # each kernel timed alone: submitted on its own once the GPU is idle (timed
+                # passes in one command buffer overlapped on the H100, and their intervals did
+                # not add up to the call's GPU time)
+                cpass.end()
+                rt.submit(enc)
+                rt.wait_idle()
+                enc = rt.device.create_command_encoder()
+                k = 2 * len(timed)
+                cpass = enc.begin_compute_pass(timestamp_writes={
+                    "query_set": kq[0], "beginning_of_pass_write_index": k,
+                    "end_of_pass_write_index": k + 1})
+                timed.append(st.name)
+            cpass.set_pipeline(st.pipeline)
+            cpass.set_bind_group(0, bg)
+            cpass.dispatch_workgroups(*st.grid)
+        return enc, cpass
+
+    def _record_native(self, bufs: list[Any], raws: list[Any], enc: Any, cpass: Pass,
+                       split: int) -> tuple[Any, Pass]:
+        """``_run``'s loop over the steps where the pass is wgpu-native's own (``fusec.native``):
+        the same work as the general loop below, with the native functions called straight and
+        the slots' buffers bound inline, because this loop is most of fusec's own time per call
+        (a model of 60 kernels and 100 weights: ~4 us per dispatch of Python before)."""
+        rt = self.rt
+        n = cpass.n
+        set_pipeline, set_bind_group, dispatch, null = (n.set_pipeline, n.set_bind_group,
+                                                        n.dispatch, n.null)
+        pool, sizes = self.pool, self.pool_sizes
+        raw = cpass.raw
+        last = None
+        dispatched = 0
+        for st in self.steps:
+            if type(st) is _Alias:
+                bufs[st.dst] = bufs[st.src]
+                raws[st.dst] = raws[st.src]
+                continue
+            for w, kind, arg in st.alloc:
+                if kind == 1:
+                    b = pool.get(arg)
+                    if b is None:
+                        b = pool[arg] = rt.buffer(sizes[arg])
+                elif kind == 0:
+                    b = rt.buffer_of_class(arg)
+                elif kind == 4:
+                    continue  # bound by a loop (not in a call without loops)
+                else:
+                    b = bufs[arg]  # a donated input's buffer (2), or another slot's (3)
+                bufs[w] = b
+                raws[w] = b.raw
+            grid = st.grid
+            if grid[0] == 0:
+                continue
+            bound = st.gather(raws)
+            bg = st.bind_groups.get(bound)
+            if bg is None:
+                bg = _bind_group(rt, st, bound)
+            if split and dispatched == split:
+                enc, cpass = rt.submit_chunk(enc, cpass)
+                raw = cpass.raw
+                last = None
+                split *= 2
+            dispatched += 1
+            pipe = st.pipeline
+            if pipe is not last:
+                set_pipeline(raw, pipe._internal)
+                last = pipe
+            set_bind_group(raw, 0, bg._internal, 0, null)
+            dispatch(raw, grid[0], grid[1], grid[2])
+        return enc, cpass
 
     def _run_loops(self, inputs: Sequence[Optional[Array]], bufs: list[Any], raws: list[Any]
                    ) -> list[Any]:

@@ -190,6 +190,33 @@ def test_pytree_structure_is_part_of_the_signature():
     check(f({"a": x, "b": x}), x + x)
 
 
+def test_device_array_pytrees_take_the_quick_signature():
+    # dicts, lists and tuples of device Arrays skip the full signature on cached calls: the
+    # results, the cache hits and the retraces must be those of the full path
+    f = fusec.gpu_jit(lambda p, xs: p["w"] @ xs[0] + p["b"] * xs[1][0])
+    w, b, x, y = rand(3, 4), rand(3), rand(4), rand(3)
+    p = {"w": fusec.device_put(w), "b": fusec.device_put(b)}
+    xs = [fusec.device_put(x), (fusec.device_put(y),)]
+    want = w @ x + b * y
+    check(f(p, xs), want, rtol=1e-4)
+    with Delta() as d:
+        check(f(p, xs), want, rtol=1e-4)
+        # the same keys inserted in another order: the same leaves, the same executable
+        check(f({"b": p["b"], "w": p["w"]}, xs), want, rtol=1e-4)
+    assert d.traces == 0 and d.hits == 2
+    assert [k[0] for k in f._fast] == ["tree"]  # (cached under the quick key)
+    with Delta() as d:
+        check(f(p, (xs[0], xs[1])), want, rtol=1e-4)  # a tuple, not a list: a new signature
+        w2, x2 = rand(3, 5), rand(5)
+        p2 = {"w": fusec.device_put(w2), "b": p["b"]}  # another shape
+        check(f(p2, [fusec.device_put(x2), xs[1]]), w2 @ x2 + b * y, rtol=1e-4)
+        # one more key: another structure
+        check(f({**p, "unused": p["b"]}, xs), want, rtol=1e-4)
+        # a numpy leaf takes the full path (uploaded; same signature as device Arrays)
+        check(f({"w": w, "b": p["b"]}, xs), want, rtol=1e-4)
+    assert d.traces == 3 and d.hits == 1
+
+
 def test_function_returning_none_and_empty_tuple():
     out = fusec.gpu_jit(lambda x: (x + 1.0, None, ()))(rand(2))
     assert out[1] is None and out[2] == ()

@@ -197,3 +197,39 @@ def test_an_unknown_wait_mode_is_a_clear_error() -> None:
     finally:
         fusec.config.set("wait", None)
     np.testing.assert_array_equal(np.asarray(f(x)), np.arange(5) * 3.0)
+
+
+@pytest.mark.parametrize("first,submits", [(0, 1), (1, 7), (3, 5)])
+def test_a_call_of_many_kernels_submits_in_growing_chunks(first: int, submits: int,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A call too large to join the batch (40 dependent products) submits its first ``first``
+    dispatches at once, then chunks twice as long (FUSEC_SUBMIT_FIRST; 0: one submit): the
+    results are those of one submit, and the submits are as many as the rule says (1: after
+    dispatches 1, 2, 4, 8, 16 and 32, then the rest; 3: after 3, 6, 12 and 24)."""
+    rt = _rt()
+    monkeypatch.setitem(fusec.config._overrides, "submit_first", first)
+    rng = np.random.default_rng(first)
+    q = np.linalg.qr(rng.standard_normal((8, 8)))[0].astype(np.float32)  # (no growth)
+    x0 = rng.standard_normal((5, 8)).astype(np.float32)
+
+    def chain(x: object, w: object) -> object:
+        for _ in range(40):
+            x = x @ w
+        return x
+
+    f = fusec.gpu_jit(chain)
+    x, w = fusec.device_put(x0), fusec.device_put(q)
+    assert len(f.lower(x, w).kernels) == 40
+    f(x, w).block_until_ready()  # compiled, nothing pending
+    seen = []
+    real = rt.submit
+
+    def spy(enc: object) -> None:
+        seen.append(1)
+        real(enc)
+
+    monkeypatch.setattr(rt, "submit", spy)
+    out = f(x, w)
+    assert len(seen) == submits
+    want = x0.astype(np.float64) @ np.linalg.matrix_power(q.astype(np.float64), 40)
+    np.testing.assert_allclose(np.asarray(out), want, rtol=1e-4, atol=1e-4)

@@ -354,10 +354,14 @@ def test_matmul_epilogue_kernel_of_its_own(block: tuple[int, ...] | None, mode: 
 @pytest.mark.parametrize("case", [((2,), 7, 50, 300), ((), 16, 33, 256), ((), 1, 1000, 513),
                                   ((3,), 4, 300, 1000), ((), 8, 2048, 257)])
 def test_few_row_matmuls(target: str, case: tuple[tuple[int, ...], int, int, int],
-                         rng: np.random.Generator) -> None:
+                         rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch) -> None:
     """Products with at most 16 rows and at least 256 columns take the few-row (GEMV) template on
     the GPU target: batched, odd sizes, K tiles with a partial last one, split along K or not, with
-    an epilogue and the bare product as a second output."""
+    an epilogue and the bare product as a second output. (The template takes only a B of at
+    least GEMV_MIN_KN elements, too large to run here: the limit is lifted.)"""
+    from fusec import codegen
+
+    monkeypatch.setattr(codegen, "GEMV_MIN_KN", 0)
     batch, m, k, n = case
     a = rng.standard_normal(batch + (m, k)).astype(np.float32)
     b = rng.standard_normal((k, n)).astype(np.float32)
@@ -370,6 +374,27 @@ def test_few_row_matmuls(target: str, case: tuple[tuple[int, ...], int, int, int
     np.testing.assert_allclose(np.asarray(r), np.maximum(p64 + c, 0), **tol)
     gemv = any("Few-row matmul" in kc.wgsl for kc in f.lower(a, b, c).kernels)
     assert gemv == (target == "gpu")
+
+
+def test_few_row_template_only_for_a_large_b() -> None:
+    """A few-row product whose B is small runs faster on the 16x16 kernel (its few workgroups, one
+    per 256 columns, leave the GPU idle): the MiniLM-L6 encoder's products at batch 1x16 take
+    the 16x16 kernel, an LLM's vocabulary head or a 4096-wide layer the few-row one; a product
+    split along K keeps the choice made for it whole."""
+    from fusec import codegen
+
+    for m, k, n, gemv in [(16, 384, 384, False), (16, 1536, 384, False), (16, 384, 1536, False),
+                          (8, 4096, 4096, True), (1, 576, 49152, True), (16, 2048, 2048, True)]:
+        assert codegen.use_gemv(m, n, "gpu", k) == gemv, (m, k, n)
+    with forced_target("gpu"):
+        for k, n, gemv in [(384, 384, False), (4096, 4096, True)]:
+            lowered = fusec.gpu_jit(lambda x, y: x @ y).lower(
+                fusec.ShapeDtype((8, k), np.float32), fusec.ShapeDtype((k, n), np.float32))
+            # cut along K (a batch of partial products and their sum), the template chosen for
+            # the whole product
+            assert [kc.kind for kc in lowered.kernels] == ["matmul", "reduce"], lowered.kernels
+            few_row = any("Few-row matmul" in kc.wgsl for kc in lowered.kernels)
+            assert few_row == gemv, (k, n)
 
 
 # (batch, M, K, N, kernels of the GPU target's plan with the few-column template, or 0 for none)

@@ -53,7 +53,7 @@ def chunks_for(m: int, k: int, n: int, target: str = "gpu") -> int:
     """How many chunks to cut K into (1: leave the product alone)."""
     if codegen.use_fewcol(m, n, k, 1, target):  # parallel enough along M already
         return 1
-    if codegen.use_gemv(m, n, target):  # a workgroup per 256 columns
+    if codegen.use_gemv(m, n, target, k):  # a workgroup per 256 columns
         tiles = -(-n // codegen.WORKGROUP)
     else:  # a workgroup per 16x16 tile
         tiles = -(-m // codegen.TILE) * -(-n // codegen.TILE)
