@@ -7,7 +7,11 @@ package needed): where a decode step's wall time goes. Per step, medians of ``--
 - the kernel count, and (``--profile``) each kernel kind's GPU time, each kernel run alone.
 
     python bench/llama_synthetic.py [--layers 30] [--steps 20] [--batch 1] [--profile]
-        [--cprofile]
+        [--cprofile] [--submit-firsts 4,2,1,0 [--rounds 3]]
+
+``--submit-firsts`` times the step (call to token on the host) with each FUSEC_SUBMIT_FIRST
+setting, interleaved over ``--rounds`` rounds in this process (the GPU's clocks drift between
+processes), and prints each setting's best round.
 """
 
 from __future__ import annotations
@@ -53,6 +57,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--submit-firsts", default="")
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--cprofile", action="store_true",
                     help="cProfile the host side of --steps steps: where the host time goes")
     a = ap.parse_args()
@@ -88,6 +94,29 @@ def main() -> None:
     print(f"decode batch {a.batch}, {a.layers} layers, pos {model.pos}: host {1e3 * med(host):.2f} "
           f"ms, step {1e3 * med(step):.2f} ms, gpu {med(gpu) if gpu else float('nan'):.2f} ms "
           f"(medians of {a.steps})")
+    if a.submit_firsts:
+        firsts = [int(v) for v in a.submit_firsts.split(",")]
+        best: dict[int, tuple[float, float]] = {}
+        for _ in range(a.rounds):
+            for first in firsts:
+                fusec.config.set("submit_first", first)
+                hs, ss = [], []
+                for _ in range(a.steps):
+                    t = time.perf_counter()
+                    nxt = model.step(nxt)
+                    hs.append(time.perf_counter() - t)
+                    np.asarray(nxt)
+                    ss.append(time.perf_counter() - t)
+                if first not in best or med(ss) < best[first][1]:
+                    best[first] = (med(hs), med(ss))
+                if model.pos > 200:
+                    model.reset(a.batch)
+                    nxt = model.step(np.full((a.batch, 8), 7, np.int32))
+        fusec.config.set("submit_first", None)
+        for first in firsts:
+            print(f"submit_first {first}: host {1e3 * best[first][0]:.2f} ms, step "
+                  f"{1e3 * best[first][1]:.2f} ms (best of {a.rounds} rounds, medians of "
+                  f"{a.steps})")
     if a.cprofile:
         import cProfile
         import pstats

@@ -54,7 +54,7 @@ from .runtime import (
 )
 from .sharding import Sharded
 from .trace import Aval, Builder, ShapeDtype, Tracer, current_builder, set_eager_runner, tracing
-from .tree import TreeDef, describe, flatten, flatten_with_paths, unflatten
+from .tree import TreeDef, describe, flatten, flatten_with_paths, node_type, unflatten
 
 Signature = tuple[Any, ...]
 
@@ -101,17 +101,22 @@ def _to_array(x: Any, aval: Aval) -> Array:
 
 
 def _quick_leaves(args: tuple[Any, ...], orders: dict[tuple[Any, ...], tuple[Any, ...]]
-                  ) -> Optional[tuple[list[Array], tuple[Any, ...]]]:
-    """The leaves of positional arguments that are device Arrays in plain dicts, lists and
-    tuples, in the order of ``_flatten_args``, and a key of their structure, shapes, dtypes and
-    devices; None where anything else is in them (the full signature handles it). ``orders``
-    keeps each dict's keys (in insertion order) sorted as the pytree order sorts them."""
-    leaves: list[Array] = []
+                  ) -> Optional[tuple[list[Any], tuple[Any, ...], bool]]:
+    """The leaves of positional arguments that are Arrays, numpy arrays and numpy scalars of
+    supported dtypes in plain dicts, lists, tuples and registered pytree nodes, in the order of
+    ``_flatten_args``, and a key of their structure, shapes, dtypes and devices; None where
+    anything else is in them (the full signature handles it); and whether the leaves are all
+    Arrays. ``orders`` keeps each dict's keys (in insertion order) sorted as the pytree order
+    sorts them."""
+    leaves: list[Any] = []
+    # [a leaf on no device yet (the call's device is then the current default), a numpy leaf]
+    hosted = [False, False]
     # a flat key, items appended one by one (no tuple per leaf: a call of a few hundred leaves
-    # would otherwise allocate enough to set off the garbage collector); the kinds of item (a
-    # type and a length, a dict's sorted keys behind ``dict``, a shape, a dtype name, a device)
-    # cannot be mistaken for one another, so one key has one structure
-    key: list[Any] = ["tree"]
+    # would otherwise allocate enough to set off the garbage collector). Each kind of item
+    # (a container's type, then its length, or a registered node's aux data and length; a
+    # dict's sorted keys behind ``dict``; a leaf's shape, dtype name and device) comes where
+    # the ones before it say, so one key has one structure
+    key: list[Any] = ["tree", len(args)]
     add = key.append
 
     def walk(x: Any) -> bool:
@@ -121,6 +126,20 @@ def _quick_leaves(args: tuple[Any, ...], orders: dict[tuple[Any, ...], tuple[Any
             add(x._shape)
             add(x._dtype)
             add(x._rt)
+            if x._rt is None:
+                hosted[0] = True
+            return True
+        if t is np.ndarray or isinstance(x, np.generic):
+            # (host data of a dtype fusec computes in as it is: uploaded by the call; other
+            # dtypes, narrowed or refused, take the full path and its messages)
+            name = x.dtype.name
+            if name not in dtypes.SUPPORTED:
+                return False
+            leaves.append(x)
+            add(x.shape)
+            add(name)
+            add(None)
+            hosted[0] = hosted[1] = True
             return True
         if t is dict:
             keys = tuple(x)
@@ -136,11 +155,21 @@ def _quick_leaves(args: tuple[Any, ...], orders: dict[tuple[Any, ...], tuple[Any
             add(t)
             add(len(x))
             return all([walk(v) for v in x])
+        node = node_type(t)
+        if node is not None:  # a registered type: its aux data is part of its structure
+            kids, aux = node.flatten(x)
+            children = list(kids)
+            add(t)
+            add(aux)
+            add(len(children))
+            return all([walk(v) for v in children])
         return False
 
     if not all([walk(a) for a in args]):
         return None
-    return leaves, tuple(key)
+    if hosted[0]:
+        add(get_runtime())
+    return leaves, tuple(key), not hosted[1]
 
 
 class _ShardedArgs(Exception):
@@ -216,6 +245,20 @@ class _Binder:
                         f"(parameters: {', '.join(self.sig.parameters)})")
         self.static_names = names
         self.static_nums = tuple(static_argnums)
+
+    def leading_dynamic(self) -> int:
+        """How many leading positional arguments are dynamic for sure: those before the first
+        static parameter, ``*args`` or keyword-only one (all of them with no static ones and
+        no signature)."""
+        if self.sig is None:
+            return 0 if self.static_names or self.static_nums else 1 << 30
+        n = 0
+        for p in self.sig.parameters.values():
+            if p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) or \
+                    p.name in self.static_names:
+                break
+            n += 1
+        return n
 
     def names_of(self, argnums: Sequence[int], argnames: Sequence[str]) -> set[str]:
         """Parameter names for positional indices and names (for donate_argnums/argnames)."""
@@ -703,6 +746,7 @@ class JitFunction:
         self._fast: dict[tuple[Any, ...], Compiled] = {}
         self._positional = not self._binder.static_names
         self._dict_orders: dict[tuple[Any, ...], tuple[Any, ...]] = {}  # keys -> sorted keys
+        self._quick_args = self._binder.leading_dynamic()  # positional arguments it may take
         self._traces = 0
         self._warned_retrace = False
         # the code object: a lambda re-created in a loop shares it, two lambdas on a line do not
@@ -826,7 +870,7 @@ class JitFunction:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         fast = None
-        quick: Optional[tuple[list[Array], tuple[Any, ...]]] = None
+        quick: Optional[tuple[list[Any], tuple[Any, ...], bool]] = None
         if not kwargs and self._positional:
             # (the device is part of the key: the executable is compiled for one)
             fast = tuple([(a._shape, a._dtype, a._rt) if type(a) is Array else None
@@ -835,15 +879,25 @@ class JitFunction:
             if hit is not None:  # (only keys of all-Array calls are stored)
                 cache.STATS.hits += 1
                 return hit.run_arrays(args)
-            if None in fast:
-                # dicts, lists and tuples of Arrays (a model's parameters): their leaves and a
-                # key without the paths, sorting and checks of the full signature
-                quick = _quick_leaves(args, self._dict_orders)
-                if quick is not None:
+        if (fast is None or None in fast) and len(args) <= self._quick_args and (
+                not kwargs or self._binder.static_names.issuperset(kwargs)) and \
+                current_builder() is None:  # (inside a trace a nested jit is inlined)
+            # pytrees of Arrays (a model's parameters) and numpy data, static arguments by
+            # keyword: the leaves and a key without the paths, sorting and checks of the full
+            # signature
+            quick = _quick_leaves(args, self._dict_orders)
+            if quick is not None:
+                if kwargs:
+                    quick = (quick[0], (*quick[1], *kwargs.items()), quick[2])
+                try:
                     hit = self._fast.get(quick[1])
-                    if hit is not None:
-                        cache.STATS.hits += 1
+                except TypeError:  # an unhashable static value: the full path says so
+                    hit = quick = None
+                if hit is not None and quick is not None:
+                    cache.STATS.hits += 1
+                    if quick[2]:
                         return hit.run_arrays(quick[0])
+                    return hit.run_leaves(quick[0])
         if current_builder() is not None:
             return self.fun(*args, **kwargs)  # nested jit: inline into the outer trace
         dyn, static = self._binder.split(args, kwargs)

@@ -48,6 +48,11 @@ def register_node(nodetype: type, flatten: Callable[[Any], tuple[Iterable[Any], 
     _REGISTRY[nodetype] = NodeType(flatten, unflatten, field_names)
 
 
+def node_type(nodetype: type) -> Optional[NodeType]:
+    """How instances of exactly ``nodetype`` come apart, if it was registered (None otherwise)."""
+    return _REGISTRY.get(nodetype)
+
+
 def is_registered(nodetype: type) -> bool:
     """Whether ``nodetype`` was registered with :func:`register_node`."""
     return nodetype in _REGISTRY

@@ -4,6 +4,7 @@ device-resident arrays, outputs, AOT (lower/compile/warmup)."""
 from __future__ import annotations
 
 import gc
+import warnings
 from typing import Any
 
 import numpy as np
@@ -212,9 +213,54 @@ def test_device_array_pytrees_take_the_quick_signature():
         check(f(p2, [fusec.device_put(x2), xs[1]]), w2 @ x2 + b * y, rtol=1e-4)
         # one more key: another structure
         check(f({**p, "unused": p["b"]}, xs), want, rtol=1e-4)
-        # a numpy leaf takes the full path (uploaded; same signature as device Arrays)
+        # a numpy leaf: the same signature as device Arrays, uploaded by the call
         check(f({"w": w, "b": p["b"]}, xs), want, rtol=1e-4)
     assert d.traces == 3 and d.hits == 1
+    # numpy leaves and numpy scalars take the quick key too, and each call uses its own values
+    g = fusec.gpu_jit(lambda p, s: p["w"] @ p["x"] * s)
+    with Delta() as d:
+        for i in range(3):
+            xi = rand(4)
+            check(g({"w": p["w"], "x": xi}, np.float32(i + 0.5)), (w @ xi) * (i + 0.5),
+                  rtol=1e-4)
+    assert d.traces == 1 and d.hits == 2
+    assert [k[0] for k in g._fast] == ["tree"]
+    # float64 data takes the full path, which narrows it to float32: the same signature
+    with Delta() as d, warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (the narrowing's warning, shown once per process)
+        check(g({"w": p["w"], "x": x.astype(np.float64)}, np.float32(2)), (w @ x) * 2, rtol=1e-4)
+    assert d.traces == 0
+
+
+class _Scaled:
+    """A registered pytree node for the quick-signature test: a matrix and a static factor."""
+
+    def __init__(self, m: Any, factor: float) -> None:
+        self.m, self.factor = m, factor
+
+
+fusec.tree_util.register_pytree_node(_Scaled, lambda s: ((s.m,), s.factor),
+                                     lambda factor, kids: _Scaled(kids[0], factor))
+
+
+def test_quick_signature_with_registered_nodes_and_static_keywords() -> None:
+    # a model's step: registered nodes (quantized weights), numpy inputs made per call, static
+    # settings by keyword; the aux data and the static values are part of the key
+    f = fusec.gpu_jit(lambda p, x, n: p.m @ x * p.factor + n, static_argnames=("n",))
+    w, x = rand(3, 4), rand(4)
+    p = _Scaled(fusec.device_put(w), 2.0)
+    check(f(p, x, n=1.0), w @ x * 2 + 1, rtol=1e-4)
+    with Delta() as d:
+        for i in range(3):
+            xi = rand(4)
+            check(f(p, xi, n=1.0), w @ xi * 2 + 1, rtol=1e-4)
+    assert d.traces == 0 and d.hits == 3
+    assert len(f._fast) == 1 and next(iter(f._fast))[0] == "tree"
+    with Delta() as d:
+        check(f(_Scaled(p.m, 3.0), x, n=1.0), w @ x * 3 + 1, rtol=1e-4)  # other aux data
+        check(f(p, x, n=5.0), w @ x * 2 + 5, rtol=1e-4)  # another static value
+        check(f(p, x, 1.0), w @ x * 2 + 1, rtol=1e-4)  # static by position: the full path
+    assert d.traces == 2
 
 
 def test_function_returning_none_and_empty_tuple():
