@@ -1860,7 +1860,7 @@ class GpuExecutable(_Steps):
     def _record_native(self, bufs: list[Any], raws: list[Any], enc: Any, cpass: Pass,
                        split: int) -> tuple[Any, Pass]:
         """``_run``'s loop over the steps where the pass is wgpu-native's own (``fusec.native``):
-        the same work as the general loop below, with the native functions called straight and
+        the same work as :meth:`_record`'s loop, with the native functions called straight and
         the slots' buffers bound inline, because this loop is most of fusec's own time per call
         (a model of 60 kernels and 100 weights: ~4 us per dispatch of Python before)."""
         rt = self.rt
