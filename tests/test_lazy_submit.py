@@ -4,7 +4,12 @@ call gives, whatever the buffers in flight."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -233,3 +238,58 @@ def test_a_call_of_many_kernels_submits_in_growing_chunks(first: int, submits: i
     assert len(seen) == submits
     want = x0.astype(np.float64) @ np.linalg.matrix_power(q.astype(np.float64), 40)
     np.testing.assert_allclose(np.asarray(out), want, rtol=1e-4, atol=1e-4)
+
+
+_CHUNKS_THROUGH_WGPU_PY = """
+import json
+import numpy as np
+import fusec
+from fusec import runtime
+
+rt = runtime.get_runtime()
+assert rt is not None and rt.native is None, "FUSEC_NATIVE=0: recorded through wgpu-py"
+rng = np.random.default_rng(0)
+q = np.linalg.qr(rng.standard_normal((8, 8)))[0].astype(np.float32)
+x0 = rng.standard_normal((5, 8)).astype(np.float32)
+
+
+def chain(x, w):
+    for _ in range(40):
+        x = x @ w
+    return x
+
+
+f = fusec.gpu_jit(chain)
+x, w = fusec.device_put(x0), fusec.device_put(q)
+f(x, w).block_until_ready()
+seen = [0]
+real = rt.submit
+
+
+def spy(enc):
+    seen[0] += 1
+    real(enc)
+
+
+rt.submit = spy
+out = f(x, w)
+submits = seen[0]
+want = x0.astype(np.float64) @ np.linalg.matrix_power(q.astype(np.float64), 40)
+print(json.dumps({"submits": submits, "err": float(np.abs(np.asarray(out) - want).max())}))
+"""
+
+
+def test_chunks_through_wgpu_py_recording() -> None:
+    """The same rule where calls are recorded through wgpu-py's objects (FUSEC_NATIVE=0, the
+    general loop): 7 submits for 40 kernels from the first dispatch on, the right result."""
+    _rt()
+    env = dict(os.environ, FUSEC_NATIVE="0", FUSEC_SUBMIT_FIRST="1", FUSEC_CACHE_DIR="off",
+               XDG_RUNTIME_DIR=os.environ.get("XDG_RUNTIME_DIR") or "/tmp")
+    repo = Path(__file__).resolve().parent.parent
+    env["PYTHONPATH"] = os.pathsep.join([str(repo)] + (
+        [env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    p = subprocess.run([sys.executable, "-c", _CHUNKS_THROUGH_WGPU_PY], cwd=repo, env=env,
+                       text=True, capture_output=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    got = json.loads(p.stdout.strip().splitlines()[-1])
+    assert got["submits"] == 7 and got["err"] < 1e-4, got
