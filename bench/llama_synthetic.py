@@ -21,6 +21,7 @@ import re
 import statistics
 import time
 from collections import Counter
+from typing import Any
 
 import numpy as np
 
@@ -51,6 +52,19 @@ def synthetic(layers: int, seed: int = 0) -> tuple[LlamaConfig, dict]:
     return cfg, w
 
 
+def timed_steps(model: Llama, nxt: Any, steps: int) -> tuple[list[float], list[float], Any]:
+    """Seconds of ``steps`` decode steps: from the call to its return (host) and to the next
+    token on the host (step); and the last token."""
+    host, step = [], []
+    for _ in range(steps):
+        t = time.perf_counter()
+        nxt = model.step(nxt)
+        host.append(time.perf_counter() - t)
+        np.asarray(nxt)
+        step.append(time.perf_counter() - t)
+    return host, step, nxt
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layers", type=int, default=30)
@@ -73,13 +87,7 @@ def main() -> None:
     for _ in range(3):  # compile the decode step
         nxt = model.step(nxt)
         np.asarray(nxt)
-    host, step = [], []
-    for _ in range(a.steps):
-        t = time.perf_counter()
-        nxt = model.step(nxt)
-        host.append(time.perf_counter() - t)
-        np.asarray(nxt)
-        step.append(time.perf_counter() - t)
+    host, step, nxt = timed_steps(model, nxt, a.steps)
     rt = get_runtime()
     assert rt is not None
     rt.profile = True
@@ -100,13 +108,7 @@ def main() -> None:
         for _ in range(a.rounds):
             for first in firsts:
                 fusec.config.set("submit_first", first)
-                hs, ss = [], []
-                for _ in range(a.steps):
-                    t = time.perf_counter()
-                    nxt = model.step(nxt)
-                    hs.append(time.perf_counter() - t)
-                    np.asarray(nxt)
-                    ss.append(time.perf_counter() - t)
+                hs, ss, nxt = timed_steps(model, nxt, a.steps)
                 if first not in best or med(ss) < best[first][1]:
                     best[first] = (med(hs), med(ss))
                 if model.pos > 200:
