@@ -104,7 +104,7 @@ GEMV_M = 16
 GEMV_K_TILE = 256
 # ...and a B of at least GEMV_MIN_KN elements: with a smaller B its few workgroups (one per 256
 # columns and chunk of K) leave the GPU idle, and the 16x16 kernel is faster. H200, GPU us,
-# few-row / 16x16 kernel (both split along K; bench/small_product_probe.py), M x K x N:
+# few-row / 16x16 kernel (both split along K; bench/product_probe.py), M x K x N:
 # 16x384x384 21.8 / 11.4, 16x1536x384 21.8 / 12.2, 16x384x1536 22.7 / 12.4, 4x1024x1024 17.4 /
 # 12.3; but 16x2048x2048 22.0 / 26.2, 8x1024x8192 24.7 / 43.8, 8x4096x4096 44.3 / 81.2,
 # 1x576x49152 41.1 / 129.6. The MiniLM-L6 encoder at 1x16: 1975 / 976 us for the whole call.

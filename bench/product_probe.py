@@ -1,0 +1,86 @@
+"""GPU time of the MiniLM-L6 encoder's products, and of the whole encoder (and its wall clock),
+under settings of the planner's constants, side by side in one run. Each setting is a list of
+``module.NAME=value`` overrides (``codegen`` or ``splitk``), ``default`` for none.
+
+    FUSEC_CACHE_DIR=off python bench/product_probe.py [--batch 1x16] [--shapes 16x384x384,...]
+        [--settings "default;codegen.GEMV_MIN_KN=0;splitk.MIN_CHUNK=32"] [--no-encoder]
+
+Used for: the few-row template against the 16x16 kernel at batch 1x16 (``codegen.GEMV_MIN_KN=0``
+gives every few-row product the few-row template, ``codegen.GEMV=0`` none), and the products
+at 32x128 cut along K
+(``--batch 32x128 --shapes 4096x1536x384,4096x384x384,4096x384x1536 --settings
+"default;splitk.RB_MIN_K=1024,splitk.RB_MIN_CHUNK=512;splitk.RB_MIN_K=1024,splitk.RB_MIN_CHUNK=384"``).
+The settings are read at lowering, so the persistent cache must be off.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+
+SHAPES = "16x384x384,16x1536x384,16x384x1536"  # M x K x N
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batch", default="1x16")
+    ap.add_argument("--shapes", default=SHAPES)
+    ap.add_argument("--settings", default="default;codegen.GEMV_MIN_KN=0")
+    ap.add_argument("--no-encoder", action="store_true")
+    a = ap.parse_args(argv)
+    import bert_encoder as be
+    import minilm_encoder as ex
+
+    import fusec
+    import fusec.numpy as fnp
+    from fusec import bench, codegen, nn
+    from fusec.passes import splitk
+
+    modules = {"codegen": codegen, "splitk": splitk}
+    policy = bench.Policy(warmup=3, min_reps=10, max_reps=30, budget_s=1.0, heat_s=0.2)
+    rng = np.random.default_rng(0)
+    wts = {k: fusec.device_put(v) for k, v in be.random_weights().items()}
+    b, s = (int(v) for v in a.batch.split("x"))
+    ids, mask = ex.make_batch(b, s, 30522)
+    idd, md = fusec.device_put(ids), fusec.device_put(mask)
+    prods = []
+    for m, k, n in (tuple(int(v) for v in sh.split("x")) for sh in a.shapes.split(",")):
+        args = [fusec.device_put(rng.standard_normal(sz).astype(np.float32))
+                for sz in ((m, k), (k, n), (n,))]
+        prods.append((f"{m}x{k}x{n}", args))
+    for setting in a.settings.split(";"):
+        overrides = [] if setting == "default" else [o.split("=") for o in setting.split(",")]
+        saved = []
+        for name, value in overrides:
+            mod, attr = name.split(".")
+            saved.append((modules[mod], attr, getattr(modules[mod], attr)))
+            setattr(modules[mod], attr, type(getattr(modules[mod], attr))(int(value)))
+        try:
+            row: dict[str, Any] = {"setting": setting}
+            for label, args in prods:
+                f = fusec.gpu_jit(lambda x, w, bias: x @ w + bias)
+                kinds = [kk.kind for kk in f.lower(*args).kernels]
+                row[label] = (round(1e6 * bench.fusec_time(f, args, policy)["time_s"], 1), kinds)
+            if not a.no_encoder:
+                enc = fusec.gpu_jit(lambda w, i, m: ex.encode(fnp, nn, w, i, m, 1e-12))
+                row["encoder_kernels"] = len(enc.lower(wts, idd, md).kernels)
+                row["encoder_gpu_us"] = round(1e6 * bench.fusec_time(
+                    enc, [wts, idd, md], policy)["time_s"], 1)
+                row["encoder_wall_us"] = round(1e6 * bench.wall_time(
+                    lambda enc=enc: enc(wts, idd, md).block_until_ready(), policy)["time_s"], 1)
+            print(row, flush=True)
+        finally:
+            for mod, attr, value in reversed(saved):
+                setattr(mod, attr, value)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
