@@ -879,9 +879,10 @@ class JitFunction:
             if hit is not None:  # (only keys of all-Array calls are stored)
                 cache.STATS.hits += 1
                 return hit.run_arrays(args)
+        if current_builder() is not None:
+            return self.fun(*args, **kwargs)  # nested jit: inline into the outer trace
         if (fast is None or None in fast) and len(args) <= self._quick_args and (
-                not kwargs or self._binder.static_names.issuperset(kwargs)) and \
-                current_builder() is None:  # (inside a trace a nested jit is inlined)
+                not kwargs or self._binder.static_names.issuperset(kwargs)):
             # pytrees of Arrays (a model's parameters) and numpy data, static arguments by
             # keyword: the leaves and a key without the paths, sorting and checks of the full
             # signature
@@ -898,8 +899,6 @@ class JitFunction:
                     if quick[2]:
                         return hit.run_arrays(quick[0])
                     return hit.run_leaves(quick[0])
-        if current_builder() is not None:
-            return self.fun(*args, **kwargs)  # nested jit: inline into the outer trace
         dyn, static = self._binder.split(args, kwargs)
         leaves, td = _flatten_args(dyn)
         try:

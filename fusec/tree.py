@@ -55,7 +55,7 @@ def node_type(nodetype: type) -> Optional[NodeType]:
 
 def is_registered(nodetype: type) -> bool:
     """Whether ``nodetype`` was registered with :func:`register_node`."""
-    return nodetype in _REGISTRY
+    return node_type(nodetype) is not None
 
 
 def _is_namedtuple(x: Any) -> bool:
