@@ -1,6 +1,8 @@
 """GPU time of the MiniLM-L6 encoder's products, and of the whole encoder (and its wall clock),
 under settings of the planner's constants, side by side in one run. Each setting is a list of
-``module.NAME=value`` overrides (``codegen`` or ``splitk``), ``default`` for none.
+``module.NAME=value`` overrides (``codegen``, ``splitk``, ``merge`` (fusec.passes.merge) or
+``attention`` (fusec.kernels.attention); a tuple's values joined by colons),
+``default`` for none. ``--torch`` times the same products with cuBLAS first.
 
     FUSEC_CACHE_DIR=off python bench/product_probe.py [--batch 1x16] [--shapes 16x384x384,...]
         [--settings "default;codegen.GEMV_MIN_KN=0;splitk.MIN_CHUNK=32"] [--no-encoder]
@@ -28,22 +30,46 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 SHAPES = "16x384x384,16x1536x384,16x384x1536"  # M x K x N
 
 
+def _value(text: str) -> Any:
+    """An override's value: an int, or a tuple of ints written with colons (64:192:16:4:12)."""
+    return tuple(int(v) for v in text.split(":")) if ":" in text else int(text)
+
+
+def _torch_row(prods: list[tuple[str, list[Any]]], policy: Any) -> dict[str, Any]:
+    """cuBLAS's time (CUDA events, TF32 off) for the same products with the bias added."""
+    import torch
+
+    from fusec import bench
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    row: dict[str, Any] = {"setting": "torch (cuBLAS, fp32)"}
+    for label, args in prods:
+        x, w, bias = (torch.from_numpy(np.asarray(v)).cuda() for v in args)
+        row[label] = round(1e6 * bench.torch_cuda_time(lambda: x @ w + bias, policy)["time_s"], 1)
+    return row
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch", default="1x16")
     ap.add_argument("--shapes", default=SHAPES)
     ap.add_argument("--settings", default="default;codegen.GEMV_MIN_KN=0")
     ap.add_argument("--no-encoder", action="store_true")
+    ap.add_argument("--torch", action="store_true", help="also time the products with cuBLAS")
+    ap.add_argument("--rounds", type=int, default=1, help="interleaved rounds of the settings")
     a = ap.parse_args(argv)
+    if a.torch:
+        import torch  # noqa: F401  (before fusec: see the guide's note on torch and lavapipe)
     import bert_encoder as be
     import minilm_encoder as ex
 
     import fusec
     import fusec.numpy as fnp
     from fusec import bench, codegen, nn
-    from fusec.passes import splitk
+    from fusec.kernels import attention
+    from fusec.passes import merge, splitk
 
-    modules = {"codegen": codegen, "splitk": splitk}
+    modules = {"codegen": codegen, "splitk": splitk, "merge": merge, "attention": attention}
     policy = bench.Policy(warmup=3, min_reps=10, max_reps=30, budget_s=1.0, heat_s=0.2)
     rng = np.random.default_rng(0)
     wts = {k: fusec.device_put(v) for k, v in be.random_weights().items()}
@@ -55,13 +81,15 @@ def main(argv: list[str] | None = None) -> int:
         args = [fusec.device_put(rng.standard_normal(sz).astype(np.float32))
                 for sz in ((m, k), (k, n), (n,))]
         prods.append((f"{m}x{k}x{n}", args))
-    for setting in a.settings.split(";"):
+    if a.torch:
+        print(_torch_row(prods, policy), flush=True)
+    for setting in [st for _ in range(a.rounds) for st in a.settings.split(";")]:
         overrides = [] if setting == "default" else [o.split("=") for o in setting.split(",")]
         saved = []
         for name, value in overrides:
             mod, attr = name.split(".")
             saved.append((modules[mod], attr, getattr(modules[mod], attr)))
-            setattr(modules[mod], attr, type(getattr(modules[mod], attr))(int(value)))
+            setattr(modules[mod], attr, _value(value))
         try:
             row: dict[str, Any] = {"setting": setting}
             for label, args in prods:

@@ -74,6 +74,10 @@ MATMUL_LARGE = (128, 128, 16, 8, 8)
 LARGE_TILES = 96  # products with at least this many 128x128 tiles take them (see matmul_config)
 MATMUL_MEDIUM = (128, 64, 16, 8, 4)
 MATMUL_SMALL = (64, 64, 32, 4, 4)
+# Products of LARGE_TILES to WIDE_TILES 128x128 tiles, which leave some of a 132-SM GPU idle,
+# take 64x192 tiles (pipelined) where those number at most WIDE_TILES (see matmul_config).
+MATMUL_WIDE = (64, 192, 16, 4, 12)
+WIDE_TILES = 128
 MATMUL_BLOCK: Optional[tuple[int, ...]] = (
     tuple(int(v) for v in os.environ["FUSEC_MATMUL_BLOCK"].split(","))
     if os.environ.get("FUSEC_MATMUL_BLOCK") else None)
@@ -155,10 +159,11 @@ def tuning() -> dict[str, Any]:
             "partial_unroll": PARTIAL_UNROLL, "flat_columns": FLAT_COLUMNS,
             "gemv": (GEMV, GEMV_M, GEMV_MIN_KN, GEMV_K_TILE, GEMV_UNROLL),
             "fewcol": (FEWCOL, FEWCOL_M, FEWCOL_K_TILE),
-            "matmul": (MATMUL_BLOCK, MATMUL_LARGE, MATMUL_MEDIUM, MATMUL_SMALL, MATMUL_EPILOGUE),
-            "attention": (_attention.ROWS, _attention.MAX_TILE, _attention.MAX_HEAD,
-                          _attention.FEW_ROWS, _attention.FEW_HEAD, _attention.FEW_KEYS,
-                          _attention.FEW_THREADS, _attention.FEW_UNROLL),
+            "matmul": (MATMUL_BLOCK, MATMUL_LARGE, MATMUL_MEDIUM, MATMUL_SMALL, MATMUL_EPILOGUE,
+                       LARGE_TILES, MATMUL_WIDE, WIDE_TILES),
+            "attention": (_attention.ROWS, _attention.SPLIT, _attention.MAX_TILE,
+                          _attention.MAX_HEAD, _attention.FEW_ROWS, _attention.FEW_HEAD,
+                          _attention.FEW_KEYS, _attention.FEW_THREADS, _attention.FEW_UNROLL),
             "quant": (_quant.QMATMUL_M, _quant.WORKGROUP, _quant.MAX_TEAM, _quant.UNROLL,
                       _quant.CPU_ROWS),
             "sort": (_sort.LOCAL_MAX, _sort.RADIX_PER_THREAD, _sort.RADIX_BLOCKS,
@@ -617,6 +622,9 @@ def matmul_config(m: int, n: int, target: str, k: int = 0, batch: int = 1
     if m < 128 or n < 128:
         return _check_matmul_block(MATMUL_SMALL)
     tiles = batch * -(-m // 128) * -(-n // 128)
+    wide = batch * -(-m // MATMUL_WIDE[0]) * -(-n // MATMUL_WIDE[1])
+    if LARGE_TILES <= tiles < WIDE_TILES and wide <= WIDE_TILES:
+        return _check_matmul_block(MATMUL_WIDE)
     if tiles >= LARGE_TILES:
         return _check_matmul_block(MATMUL_LARGE)
     return _check_matmul_block(MATMUL_MEDIUM if tiles >= 64 else MATMUL_SMALL)
@@ -992,11 +1000,14 @@ def _fit_storage(cfg: tuple[int, int, int, int, int],
 
 def _pipelined(cfg: tuple[int, int, int, int, int], workgroup_storage: int) -> bool:
     """Does the product's kernel keep two sets of tiles, loading the next K step's values while it
-    computes on the current ones (see the template)? On the 128x128 tile, where the device holds
-    two sets (swizzled if padding does not fit). On the H100, 4096^3 3.24 ms against 3.96 single-
-    buffered; on the 128x64 tile it measured slower (2048x2816x1024: 0.41 against 0.37 ms)."""
+    computes on the current ones (see the template)? On the 128x128 and 64x192 tiles, where the
+    device holds two sets (swizzled if padding does not fit). On the H100, 4096^3 3.24 ms against
+    3.96 single-buffered; on the 128x64 tile it measured slower (2048x2816x1024: 0.41 against
+    0.37 ms). On the H200, 64x192 tiles, us, single-buffered / pipelined: 4096x384 @ 384x384
+    52.8 / 49.3, 4096x1536 @ 1536x384 168.3 / 147.5."""
     bm, bn, bk, _, _ = cfg
-    return _large_tile(cfg) and 2 * 16 * bk * (bm + bn) // 4 <= workgroup_storage
+    return ((_large_tile(cfg) or (bm, bn) == MATMUL_WIDE[:2])
+            and 2 * 16 * bk * (bm + bn) // 4 <= workgroup_storage)
 
 
 def _staged_rows(body: Program, cfg: tuple[int, int, int, int, int]) -> int:

@@ -171,6 +171,46 @@ def test_grid_of_more_than_65535_workgroups() -> None:
 
 
 @pytest.mark.usefixtures("gpu_target")
+@pytest.mark.parametrize("split", [1, 2, 4])
+@pytest.mark.parametrize("batch,s,t,d,e", [
+    ((2, 3), 70, 67, 8, 8),       # rows past a head's, keys past a tile, ragged
+    ((2,), 131, 41, 32, 32),      # more rows than a workgroup; the widest head
+    ((1,), 9, 200, 16, 24),       # values wider than keys
+    ((3,), 11, 5, 12, 12),        # a head dim only a split of 2 divides into vec4s
+])
+def test_threads_per_row_match_float64(monkeypatch: pytest.MonkeyPatch, split: int,
+                                       batch: tuple[int, ...], s: int, t: int, d: int,
+                                       e: int) -> None:
+    # on GPUs with subgroup operations a row's head dims are split over SPLIT threads, whose
+    # partial scores are summed by subgroup shuffles; every thread of a row must take the same
+    # online-softmax steps, masked keys, NaN and infinities included
+    from fusec.runtime import get_runtime
+
+    monkeypatch.setattr(attention_kernel, "SPLIT", split)
+    rng = np.random.default_rng(s * 7 + t + split)
+    q, k, v = _data(rng, *batch, s, d), _data(rng, *batch, t, d), _data(rng, *batch, t, e)
+    bias = np.where(rng.random((*batch, s, t)) < 0.3, -np.inf, 0.0).astype(np.float32)
+    bias[..., 0, :] = -np.inf  # a row of masked keys only: 0 / 0
+    bias[..., 1, t // 2] = np.nan  # a NaN score: its row is NaN
+    bias[..., 2, :] = 0.0
+    bias[..., 2, t - 1] = np.inf  # a +inf score: inf - inf
+    bias[..., 3:, 0] = 0.0  # the other rows keep a key
+    scale = 1.0 / np.sqrt(d)
+    f = fusec.gpu_jit(lambda q, k, v, b: _attention(q, k, v, b, scale=scale))
+    kernels = f.lower(q, k, v, bias).kernels
+    assert [kk.kind for kk in kernels] == ["attention"]
+    rt = get_runtime()
+    assert rt is not None
+    used = rt.subgroups > 0 and split > 1 and d % (4 * split) == 0 and e % (4 * split) == 0
+    assert ("subgroupShuffleXor" in kernels[0].wgsl) == used
+    got = np.asarray(f(q, k, v, bias))
+    want = _reference(q, k, v, scale, bias)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    assert np.isnan(got[..., :3, :]).all()
+    np.testing.assert_allclose(got[..., 3:, :], want[..., 3:, :], rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.usefixtures("gpu_target")
 @pytest.mark.parametrize("batch,s,t,d,e", [
     ((1, 3), 3, 64, 64, 64),      # a decode step of SmolLM2: 3 query heads per KV head
     ((), 1, 1, 1, 1),

@@ -369,19 +369,24 @@ def test_two_functions_with_the_same_kernel_share_its_pipeline():
 
 
 def test_matmul_tile_choice(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The 128x128 tile from 96 such tiles on (batch included, whatever K), 128x64 for fewer
-    (from 64), 64x64 for fewer still or a side under 128; the 16x16 baseline under 32 (or for a K
-    too long for a software adapter's loop budget)."""
+    """The 128x128 tile from 96 such tiles on (batch included, whatever K), but 64x192 where
+    there are fewer than 128 and at most 128 of those; 128x64 for fewer (from 64), 64x64 for
+    fewer still or a side under 128; the 16x16 baseline under 32 (or for a K too long for a
+    software adapter's loop budget)."""
     monkeypatch.setattr(codegen, "MATMUL_BLOCK", None)
     large, medium, small = codegen.MATMUL_LARGE, codegen.MATMUL_MEDIUM, codegen.MATMUL_SMALL
+    wide = codegen.MATMUL_WIDE
     assert codegen.matmul_config(4096, 4096, "gpu", 4096) == large
     assert codegen.matmul_config(2048, 2048, "gpu", 2047) == large  # 256 tiles
     assert codegen.matmul_config(4096, 4096, "gpu", 1024) == large  # 1024 tiles, K 1024
     assert codegen.matmul_config(2048, 1024, "gpu", 2816) == large  # 128 tiles
     assert codegen.matmul_config(2048, 1024, "gpu", 128) == large  # 128 tiles, short K
     assert codegen.matmul_config(2048, 2048, "gpu", 128, batch=8) == large  # batch counts
-    assert codegen.matmul_config(1920, 1000, "gpu", 1024) == large  # 15 x 8 = 120 tiles
-    assert codegen.matmul_config(4096, 384, "gpu", 1536) == large  # 32 x 3 = 96 tiles
+    assert codegen.matmul_config(1920, 1000, "gpu", 1024) == large  # 120 tiles; 30 x 6 wide
+    assert codegen.matmul_config(3072, 512, "gpu", 512) == large  # 96 tiles; 48 x 3 wide
+    assert codegen.matmul_config(4096, 384, "gpu", 1536) == wide  # 96 tiles; 64 x 2 wide
+    assert codegen.matmul_config(128, 384, "gpu", 384, batch=32) == wide  # the same, batched
+    assert codegen.matmul_config(2048, 768, "gpu", 768) == wide  # 96 tiles; 32 x 4 wide
     assert codegen.matmul_config(1920, 768, "gpu", 1024) == medium  # 15 x 6 = 90 tiles
     assert codegen.matmul_config(1024, 1024, "gpu", 1024) == medium  # 64 tiles
     assert codegen.matmul_config(1024, 1024, "gpu", 4096) == medium  # 64 tiles, long K
@@ -427,7 +432,8 @@ def test_workgroup_bytes_parser() -> None:
 
 
 @pytest.mark.parametrize("block", [None, (128, 128, 16, 8, 8), (128, 64, 16, 8, 4),
-                                   (64, 64, 32, 4, 4), (64, 128, 16, 4, 8), (128, 128, 8, 8, 8)])
+                                   (64, 64, 32, 4, 4), (64, 128, 16, 4, 8), (128, 128, 8, 8, 8),
+                                   (64, 192, 16, 4, 12)])
 @pytest.mark.parametrize("mode", ["auto", "staged"])
 @pytest.mark.parametrize("storage", [WEBGPU_MIN_WORKGROUP_STORAGE, None])
 @pytest.mark.usefixtures("gpu_target")
@@ -481,16 +487,17 @@ def test_large_tile_stays_pipelined_on_small_devices(storage: int, bk: int, padd
 
 @pytest.mark.parametrize("storage", [16384, 32768])
 @pytest.mark.parametrize("block", [(128, 128, 16, 8, 8), (128, 64, 16, 8, 4), (64, 64, 32, 4, 4),
-                                   (128, 128, 8, 8, 8)])
+                                   (128, 128, 8, 8, 8), (64, 192, 16, 4, 12)])
 def test_a_tile_padded_where_it_fits_else_swizzled(block: tuple[int, int, int, int, int],
                                                    storage: int,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """The register-blocked A tile avoids bank conflicts by padding its rows when the tiles still
     fit the device's workgroup memory, by an XOR swizzle otherwise; both compute the product. The
-    128x128 tile keeps two sets of tiles (pipelined) where two swizzled sets fit."""
+    128x128 and 64x192 tiles keep two sets of tiles (pipelined) where two swizzled sets fit."""
     monkeypatch.setattr(codegen, "MATMUL_BLOCK", block)
     bm, bn, bk = block[:3]
-    sets = 2 if bm * bn >= 128 * 128 and 2 * 16 * bk * (bm + bn) // 4 <= storage else 1
+    sets = 2 if (bm * bn >= 128 * 128 or (bm, bn) == (64, 192)) and \
+        2 * 16 * bk * (bm + bn) // 4 <= storage else 1
     padded_bytes = sets * 16 * bk * (bm // 4 + 1 + bn // 4)
     (eqn,) = _kernel_eqns(lambda a, b: a @ b, S((300, 200)), S((200, 300)))
     k = codegen.generate(eqn, "gpu", storage)

@@ -129,7 +129,8 @@ def test_matmul_kernels(target: str, mkn: tuple[int, int, int], rng: np.random.G
     np.testing.assert_allclose(np.asarray(f(a, b, c)), want, rtol=1e-4, atol=1e-4 * np.sqrt(k))
 
 
-@pytest.mark.parametrize("block", [(128, 128, 16, 8, 8), (64, 128, 16, 4, 8), (128, 64, 8, 8, 4)])
+@pytest.mark.parametrize("block", [(128, 128, 16, 8, 8), (64, 128, 16, 4, 8), (64, 192, 16, 4, 12),
+                                   (128, 64, 8, 8, 4)])
 @pytest.mark.usefixtures("gpu_target")
 def test_matmul_block_configurations(block: tuple[int, ...], rng: np.random.Generator,
                                      monkeypatch: pytest.MonkeyPatch) -> None:
@@ -151,7 +152,7 @@ def test_matmul_block_configurations(block: tuple[int, ...], rng: np.random.Gene
 
 @pytest.mark.parametrize("mode", ["staged", "direct"])
 @pytest.mark.parametrize("block", [(128, 128, 16, 8, 8), (64, 64, 16, 4, 4), (64, 128, 16, 4, 8),
-                                   (128, 64, 16, 8, 4), (128, 128, 8, 8, 8)])
+                                   (128, 64, 16, 8, 4), (128, 128, 8, 8, 8), (64, 192, 16, 4, 12)])
 @pytest.mark.usefixtures("gpu_target")
 def test_matmul_epilogue_stores(mode: str, block: tuple[int, ...], rng: np.random.Generator,
                                 monkeypatch: pytest.MonkeyPatch) -> None:

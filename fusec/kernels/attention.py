@@ -1,7 +1,8 @@
 """Kernels of kind "attention": ``softmax(q @ kt * scale + bias) @ v`` in one kernel
 (:data:`fusec.ir.Op.ATTENTION`, made by :func:`fusec.passes.attention.rewrite_attention`).
 
-A thread per query row, :data:`ROWS` rows per workgroup. The workgroup walks the keys in tiles
+A thread per query row (or :data:`SPLIT`, see there), :data:`ROWS` rows per workgroup. The
+workgroup walks the keys in tiles
 of ``tile`` keys: it loads the tile's keys and values into workgroup memory (each element once
 per workgroup), then each thread goes through the tile key by key with an online softmax: the
 score, then, where it exceeds the row's running maximum, the running sum and the output
@@ -29,7 +30,13 @@ from ..emit import LOOP_BUDGET, Emitter, Idx, KernelCode, _bindings, _env, _help
 from ..ir import Atom, Eqn, Op, Program, Shape, Var
 from ..ops import wgsl_literal
 
-ROWS = 64  # query rows (threads) per workgroup
+# query rows per workgroup (a head's rows where it has fewer). H200, GPU us, best of 2 rounds
+# (bench/attention_ab.py --configs), rows x threads per row: 32x12 heads of 128x128, head dim
+# 32: 64x1 87.6, 128x1 71.9, 32x2 105.2, 64x2 75.5, 128x2 62.7, 32x4 96.1, 64x4 83.5; 1x12 heads
+# of 16x16: 1 thread per row 13.2-15.5, 2 8.6-9.0. (Each workgroup loads its head's keys and
+# values: fewer, larger workgroups load them fewer times.) Two or four rows per thread, each key
+# read from workgroup memory once for them all, measured no faster: 59.5-62.2 at 128x2 or 128x4.
+ROWS = 128
 MAX_TILE = 64  # keys per tile, fewer where workgroup memory is short
 # head dims (q's and v's last) up to this take the kernel. H100, GPU time by timestamps, kernel
 # against the written-out plan (matmul, softmax, matmul; bench/attention_ab.py), us: head dim
@@ -45,6 +52,13 @@ FEW_HEAD = 128
 FEW_KEYS = 2048
 FEW_THREADS = 128
 FEW_UNROLL = 8  # keys whose values a thread loads before it weighs them
+# Where the device has subgroup operations, a query row's head dims are split over SPLIT
+# neighbouring threads of one subgroup (a WebGPU subgroup has at least 4): each holds its share
+# of the query row and of the output accumulators, and the partial scores are summed with
+# subgroupShuffleXor, so that every thread of the row has the same score, bit for bit (the same
+# two sums in either order), and takes the same online-softmax steps. A thread per row runs too
+# few threads at once to hide the chain of dependent arithmetic behind each key.
+SPLIT = 2
 
 
 def _tile(d: int, e: int, storage: int) -> int:
@@ -78,8 +92,19 @@ def fits(q: Shape, kt: Shape, v: Shape, target: str, storage: int = 16384) -> bo
     if tile < 8:
         return False
     tiles = -(-t // tile)
-    loads = tiles * (-(-tile * d // ROWS) + -(-tile * e // ROWS))
+    threads = min(ROWS, q[-2])  # a workgroup's (software adapters: a thread per row)
+    loads = tiles * (-(-tile * d // threads) + -(-tile * e // threads))
     return target == "gpu" or t + tiles + loads <= LOOP_BUDGET
+
+
+def split_lanes(q: Shape, kt: Shape, v: Shape, target: str, subgroups: int) -> int:
+    """Threads per query row in the thread-per-row kernel: SPLIT where the device has subgroup
+    operations and both head dims split into whole vec4s, else 1."""
+    d, e = q[-1], v[-1]
+    if (SPLIT <= 1 or not subgroups or target != "gpu" or few_rows(q, kt, v, target)
+            or d % (4 * SPLIT) or e % (4 * SPLIT)):
+        return 1
+    return SPLIT
 
 
 def _value(body: Program, names: dict[int, str], counter: list[int], a: Atom, idx: Idx,
@@ -104,7 +129,6 @@ def generate(kernel: Eqn, target: str = "gpu", workgroup_storage: int = 16384) -
     nb = math.prod(batch)
     s_len, d, t_len, e_len = q.shape[-2], q.shape[-1], kt.shape[-1], v.shape[-1]
     tile = _tile(d, e_len, workgroup_storage)
-    row_blocks = -(-s_len // ROWS)
     binds, names = _bindings(body, tuple(kernel.params.get("inplace", ())))
     counter = [0]
 
@@ -127,12 +151,18 @@ def generate(kernel: Eqn, target: str = "gpu", workgroup_storage: int = 16384) -
     # workgroup-memory reads, and dot products)
     vec = d % 4 == 0 and e_len % 4 == 0
     lanes = 4 if vec else 1
+    split = int(e.params.get("split", 1))  # threads per row (split_lanes); thread part's share
+    assert split & (split - 1) == 0 and (
+        split == 1 or (vec and d % (4 * split) == 0 and e_len % (4 * split) == 0))
+    rows = min(ROWS, s_len)
+    row_blocks = -(-s_len // rows)
     q_loads: list[str] = []
-    for j in range(0, d, lanes):
+    for j in range(0, d // split, lanes):
         vals = []
         for jj in range(j, j + lanes):
+            col = f"{jj}u" if split == 1 else f"(qd + {jj}u)"
             val, lines = _value(body, names, counter, q,
-                                Idx(q.shape, coords=bc + ("r", f"{jj}u")), "    ")
+                                Idx(q.shape, coords=bc + ("r", col)), "    ")
             q_loads += lines
             vals.append(val)
         v0 = f"vec4<f32>({', '.join(vals)})" if vec else vals[0]
@@ -164,11 +194,12 @@ def generate(kernel: Eqn, target: str = "gpu", workgroup_storage: int = 16384) -
         bias_lines = em.lines
     code = "\n".join(q_loads + k_lines + v_lines + bias_lines)
     wgsl = _env().get_template("attention.wgsl.j2").render(
-        bindings=binds, helpers=_helpers(code), rows=ROWS, tile=tile, d=d, e=e_len, s=s_len,
-        t=t_len, nb=nb, row_blocks=row_blocks, prelude="\n".join(prelude),
+        bindings=binds, helpers=_helpers(code), rows=rows, tile=tile, d=d, e=e_len,
+        s=s_len, t=t_len, nb=nb, row_blocks=row_blocks, prelude="\n".join(prelude),
         q_loads="\n".join(q_loads), k_lines="\n".join(k_lines), k_val=k_val,
         v_lines="\n".join(v_lines), v_val=v_val, bias_lines="\n".join(bias_lines),
-        bias_val=bias_val, out_size=out.size, lanes=lanes,
+        bias_val=bias_val, lanes=lanes, split=split,
+        shuffle_masks=[1 << i for i in range(split.bit_length() - 1)],
         ty="vec4<f32>" if vec else "f32")
     key = hashlib.sha256(wgsl.encode()).hexdigest()
     return KernelCode(kernel.params["name"], "attention", wgsl, grid_for(nb * row_blocks),

@@ -13,6 +13,7 @@ from .dce import dce, used_inputs
 from .fuse import fuse
 from .loops import prepare_loops
 from .memory import MemoryAnalysis, analyse, plan_memory
+from .merge import merge_products
 from .quant import rewrite_quant
 from .scan import lower_scan
 from .scatter import lower_scatter
@@ -55,8 +56,11 @@ PIPELINE: list[tuple[str, Pass]] = [
     ("dce", lambda p, o: dce(p)),
     # float16 operands of the kernels that compute on 32-bit words, and of sums, widened
     ("widen_float16", lambda p, o: widen_float16(p)),
+    # products sharing their left operand (a transformer's Q, K and V projections) become one
+    # product with the weights joined (a fusion too: not in unfused plans)
+    ("merge_products", lambda p, o: merge_products(p) if o.fuse else p),
     # attention written out becomes one op of its own kernel (a fusion: not in unfused plans)
-    ("attention", lambda p, o: rewrite_attention(p, o.target) if o.fuse else p),
+    ("attention", lambda p, o: rewrite_attention(p, o.target, o.subgroups) if o.fuse else p),
     # products with a quantized matrix and few rows become one op whose kernel dequantises the
     # weights in registers (a fusion too)
     ("quant", lambda p, o: rewrite_quant(p, o.target) if o.fuse else p),
@@ -107,5 +111,5 @@ def run_pipeline(prog: Program, opts: Options, check: bool | None = None) -> Pro
 __all__ = ["PIPELINE", "Options", "run_pipeline", "INTERPRETER_PASSES", "run_interpreter_pipeline",
            "simplify", "cse", "dce", "split_reductions",
            "split_k", "fuse", "plan_memory", "lower_scatter", "lower_scan", "lower_sort",
-           "analyse", "MemoryAnalysis", "rewrite_attention", "rewrite_quant", "verify",
-           "VerifyError", "used_inputs", "prepare_loops", "widen_float16"]
+           "analyse", "MemoryAnalysis", "merge_products", "rewrite_attention", "rewrite_quant",
+           "verify", "VerifyError", "used_inputs", "prepare_loops", "widen_float16"]

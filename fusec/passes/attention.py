@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Optional
 
 from ..ir import Atom, Eqn, Lit, Op, Program, Var
-from ..kernels.attention import fits
+from ..kernels.attention import fits, split_lanes
 from .dce import dce
 
 
@@ -111,9 +111,11 @@ def _match(u: _Uses, out: Eqn) -> Optional[tuple[list[Atom], float]]:
     return ins, scale
 
 
-def rewrite_attention(prog: Program, target: str = "gpu") -> Program:
+def rewrite_attention(prog: Program, target: str = "gpu", subgroups: int = 0) -> Program:
     """Replace each attention chain (see the module's docstring) by one ``attention`` op; the
-    chain's other equations become dead and are dropped."""
+    chain's other equations become dead and are dropped. ``subgroups`` (Options.subgroups): where
+    the device has subgroup operations, a query row's head dims may be split over several
+    threads (:func:`fusec.kernels.attention.split_lanes`)."""
     if not any(e.op is Op.MATMUL for e in prog.eqns):
         return prog
     u = _Uses(prog)
@@ -129,8 +131,11 @@ def rewrite_attention(prog: Program, target: str = "gpu") -> Program:
         if not fits(q.shape, kt.shape, v.shape, target):
             continue
         # buffer_inputs (): the fusion pass reads the operands through their movement ops
-        found[id(e)] = Eqn(Op.ATTENTION, tuple(ins), (e.out,),
-                           {"scale": scale, "bias": len(ins) > 3, "buffer_inputs": ()})
+        params = {"scale": scale, "bias": len(ins) > 3, "buffer_inputs": ()}
+        split = split_lanes(q.shape, kt.shape, v.shape, target, subgroups)
+        if split > 1:
+            params["split"] = split
+        found[id(e)] = Eqn(Op.ATTENTION, tuple(ins), (e.out,), params)
     if not found:
         return prog
     # the chains' other equations are dead now
