@@ -8,10 +8,15 @@ package needed): where a decode step's wall time goes. Per step, medians of ``--
 
     python bench/llama_synthetic.py [--layers 30] [--steps 20] [--batch 1] [--profile]
         [--cprofile] [--submit-firsts 4,2,1,0 [--rounds 3]]
+        [--settings "default;fuse.PROLOGUE_MAX=0" [--rounds 3]]
 
 ``--submit-firsts`` times the step (call to token on the host) with each FUSEC_SUBMIT_FIRST
 setting, interleaved over ``--rounds`` rounds in this process (the GPU's clocks drift between
-processes), and prints each setting's best round.
+processes), and prints each setting's best round. ``--settings`` does the same for planner
+settings: each a list of ``module.NAME=value`` overrides (modules ``fuse``, ``codegen``,
+``merge``: fusec.passes.fuse, fusec.codegen, fusec.passes.merge), ``default`` for none, each
+round on a model built afresh (run with ``FUSEC_CACHE_DIR=off``: the settings are read at
+lowering); it prints each setting's kernel count, and its best round's step and GPU time.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ import numpy as np
 
 import fusec
 from fusec import quant
-from fusec.models.llama import Llama, LlamaConfig, _merged
+from fusec.models.llama import Llama, LlamaConfig, _bucket, _merged, step_inputs
 from fusec.runtime import get_runtime
 
 
@@ -65,6 +70,62 @@ def timed_steps(model: Llama, nxt: Any, steps: int) -> tuple[list[float], list[f
     return host, step, nxt
 
 
+def kernel_count(model: Llama, nxt: Any) -> int:
+    """Kernels of the model's decode step at its position (its lowered plan)."""
+    cos, sin, bias = step_inputs(model.cfg, model.cos_table, model.sin_table, model.pos, 1,
+                                 _bucket(model.pos + 1, model.max_len))
+    low = model._step.lower(model.params, model.cache, nxt, np.int32(model.pos), cos, sin, bias,
+                            model.key, cfg=model.cfg, how=model.sampling)
+    return len(low.kernels)
+
+
+def compare_settings(cfg: LlamaConfig, w: dict, a: argparse.Namespace) -> None:
+    """Each setting of ``--settings`` in ``--rounds`` interleaved rounds (see the docstring)."""
+    import importlib
+
+    modules = {name: importlib.import_module(path) for name, path in (
+        ("fuse", "fusec.passes.fuse"), ("codegen", "fusec.codegen"),
+        ("merge", "fusec.passes.merge"))}  # (fusec.passes.fuse is also the pass's function)
+    rt = get_runtime()
+    assert rt is not None
+    best: dict[str, tuple[float, float, float, int]] = {}
+    for _ in range(a.rounds):
+        for setting in a.settings.split(";"):
+            overrides = [] if setting == "default" else [o.split("=") for o in setting.split(",")]
+            saved = []
+            for name, value in overrides:
+                mod, attr = name.split(".")
+                saved.append((modules[mod], attr, getattr(modules[mod], attr)))
+                setattr(modules[mod], attr, int(value))
+            try:
+                model = Llama(cfg, w, max_len=256)
+                model.reset(a.batch)
+                nxt = model.step(np.full((a.batch, 8), 7, np.int32))
+                for _ in range(3):
+                    nxt = model.step(nxt)
+                    np.asarray(nxt)
+                count = kernel_count(model, nxt)
+                host, step, nxt = timed_steps(model, nxt, a.steps)
+                rt.profile = True
+                gpu = []
+                for _ in range(a.steps):
+                    nxt = model.step(nxt)
+                    ns = rt.last_gpu_ns()
+                    if ns is not None:
+                        gpu.append(ns / 1e6)
+                rt.profile = False
+            finally:
+                for mod, attr, value in reversed(saved):
+                    setattr(mod, attr, value)
+            med = statistics.median
+            row = (1e3 * med(host), 1e3 * med(step), med(gpu) if gpu else float("nan"), count)
+            if setting not in best or row[1] < best[setting][1]:
+                best[setting] = row
+    for setting, (h, st, g, count) in best.items():
+        print(f"{setting}: {count} kernels, host {h:.2f} ms, step {st:.2f} ms, gpu {g:.2f} ms "
+              f"(best of {a.rounds} rounds, medians of {a.steps})")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layers", type=int, default=30)
@@ -73,11 +134,15 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--submit-firsts", default="")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--settings", default="")
     ap.add_argument("--cprofile", action="store_true",
                     help="cProfile the host side of --steps steps: where the host time goes")
     a = ap.parse_args()
     t0 = time.perf_counter()
     cfg, w = synthetic(a.layers)
+    if a.settings:
+        compare_settings(cfg, w, a)
+        return
     model = Llama(cfg, w, max_len=256)
     print(f"weights made and uploaded in {time.perf_counter() - t0:.1f} s; "
           f"{fusec.default_device()}")

@@ -532,3 +532,42 @@ def test_elementwise_work_on_a_quantized_product_fuses_into_its_kernel(
         want = (x2.astype(np.float64) @ wd.T).T * 3
         assert np.all(np.abs(np.asarray(h(x2, q)) - want)
                       <= 3 * _dot_error(x2, wd).T + 1e-6 * np.abs(want))
+
+
+@pytest.mark.parametrize("target", ["cpu", "gpu"])
+def test_elementwise_x_computed_where_the_product_loads_it(rng: np.random.Generator,
+                                                           target: str) -> None:
+    """On GPUs, SwiGLU's ``silu(gate) * up`` before a quantized down projection is computed by
+    the product's kernel as it loads x (its prologue): no elementwise kernel writes x. NaN and
+    inf in x propagate; a normalisation's x (a reduction's epilogue) is not recomputed there;
+    software adapters (a thread per weight row) keep x's kernel. Against float64."""
+    from fusec import nn
+
+    w = _weights(rng, 97, 160)
+    q = quant.quantize(w, "q4_1")
+    wd = quant.dequantize_numpy(q).astype(np.float64)
+    gu = rng.standard_normal((3, 320)).astype(np.float32)
+    gu[1, 7] = np.nan  # row 1 of x has a NaN: its products are NaN
+    gu[2, 165] = np.inf  # up = inf at column 5 of row 2: inf or NaN there
+
+    def mlp(gu: Any, q: Any) -> Any:
+        return quant.matmul(nn.silu(gu[:, :160]) * gu[:, 160:], q)
+
+    g64 = gu.astype(np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        x64 = g64[:, :160] / (1 + np.exp(-g64[:, :160])) * g64[:, 160:]
+        want = x64 @ wd.T
+    with forced_target(target):
+        f = fusec.gpu_jit(mlp)
+        kinds = [k.kind for k in f.lower(gu, q).kernels]
+        assert kinds == (["quant"] if target == "gpu" else ["elementwise", "quant"])
+        got = np.asarray(f(gu, q))
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+        np.testing.assert_array_equal(np.isinf(got), np.isinf(want))
+        assert np.isnan(got[1]).all() and np.isfinite(want[0]).all()
+        # row 0 is finite: float32's error in the product, plus silu's own roundings
+        err = _dot_error(x64[:1].astype(np.float32), wd)[0]
+        assert np.all(np.abs(got[0] - want[0]) <= 2 * err + 1e-6 * np.abs(want[0]))
+        # a normalised x stays its reduction's epilogue
+        h = fusec.gpu_jit(lambda x, q: quant.matmul(nn.rms_norm(x, None), q))
+        assert [k.kind for k in h.lower(gu[:, :160], q).kernels] == ["reduce", "quant"]

@@ -18,7 +18,10 @@ absorb their elementwise prologues from the start. Then groups merge:
 * an elementwise group of the matmul's shape reading its result: the matmul's epilogue (bias,
   activation, residual), unless codegen says no (:func:`fusec.codegen.epilogue_fuses`: only
   under ``FUSEC_MATMUL_EPILOGUE=separate``); the same for a quantized product (``qmatmul``, a
-  kernel of kind "quant"), whose other kernels of their own kind never merge.
+  kernel of kind "quant"), whose other kernels of their own kind never merge;
+* on GPUs, a quantized product's x, where it is a little elementwise work over buffers (SwiGLU's
+  ``silu(gate) * up``), is not materialised: the product's kernel computes it as it loads x
+  (its prologue; :func:`_qmatmul_prologue`).
 
 A merge is made only if it creates no cycle between kernels, binds no more storage buffers than the
 device allows, and codegen can index it (a register holding a row's reduction can only be read for
@@ -115,8 +118,11 @@ class _Planner:
                 mat.update(id(e.inputs[j]) for j in must if isinstance(e.inputs[j], Var))
             if e.op in (Op.MATMUL, Op.ATTENTION, Op.QMATMUL):
                 # operands: only movement ops (and float16 -> float32 casts, which a load does
-                # anyway) are recomputed per tile load; arithmetic is not
-                for a in e.inputs:
+                # anyway) are recomputed per tile load; arithmetic is not, except on a quantized
+                # product's few rows of x (its prologue: see _qmatmul_prologue)
+                for j, a in enumerate(e.inputs):
+                    if j == 0 and e.op is Op.QMATMUL and _qmatmul_prologue(self, a):
+                        continue
                     v = a
                     while isinstance(v, Var) and id(v) in self.producer and (
                             self.producer[id(v)].op in MOVEMENT or e.op is Op.MATMUL
@@ -472,6 +478,45 @@ class _Planner:
         out = rest + [merged]
         out.sort(key=lambda g: min(self.order[id(r)] for r in g.roots))
         return out, merged
+
+
+# elementwise equations a quantized product may compute where it loads x (its prologue), at most
+PROLOGUE_MAX = 8
+
+
+def _qmatmul_prologue(planner: _Planner, x: object) -> bool:
+    """May the quantized product compute its x where it loads it? Where x is elementwise work
+    (SwiGLU's ``silu(gate) * up`` before the down projection) of at most PROLOGUE_MAX equations
+    over values that are buffers anyway (through movement ops): each weight row's team then
+    recomputes x's values as it loads them (K x N evaluations; a decode step's x has a few
+    thousand values, the weights a few hundred rows), and the elementwise kernel that wrote x is
+    gone. On GPUs: a software adapter's thread walks a whole weight row, and recomputing x there
+    made a 2-layer decode step 2.6x slower on lavapipe."""
+    if not planner.enabled or planner.target != "gpu" or not isinstance(x, Var):
+        return False
+    stack, seen, arith = [x], set(), 0
+    while stack:
+        v = stack.pop()
+        e = planner.producer.get(id(v))
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if e.op in REDUCING:
+            # a normalisation (x * rsqrt(mean(x * x) + eps) * w): its elementwise part is its
+            # reduction's epilogue anyway, so computing it here saves no kernel, and every
+            # weight row would recompute it (H200, the SmolLM2-shaped decode step: 4.50 ms of
+            # GPU time against 3.99 without prologues, the LM head's 49152 rows included)
+            return False
+        if e.op in MOVEMENT or id(e) in planner.trivial:
+            pass
+        elif e.op in ELEMENTWISE:
+            arith += 1
+        else:
+            continue  # a kernel's result: a buffer the prologue reads
+        if arith > PROLOGUE_MAX:
+            return False
+        stack += [a for a in e.inputs if isinstance(a, Var)]
+    return arith > 0
 
 
 def _qmatmul_epilogue(q: _Group, ew: _Group) -> Optional[Eqn]:
