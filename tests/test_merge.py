@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import fusec
+from fusec.ir import Op
 from fusec.passes import merge
 
 
@@ -40,7 +41,10 @@ def test_projections_merge_into_one_product(rng: np.random.Generator, lead: tupl
     ws = [_data(rng, d, n), _data(rng, n), _data(rng, d, n), _data(rng, n),
           _data(rng, d, n + 3), _data(rng, n + 3)]
     f = fusec.gpu_jit(_projections)
-    assert _kinds(f, x, *ws).count("matmul") == 1
+    merged = merge.merge_products(f.trace(x, *ws).program)
+    assert sum(e.op is Op.MATMUL for e in merged.eqns) == 1
+    if x.size // d * n > 64:  # (the GPU target computes tinier products as sums over K)
+        assert _kinds(f, x, *ws).count("matmul") == 1
     for got, want in zip(f(x, *ws), _reference(x, *ws)):
         np.testing.assert_allclose(np.asarray(got), want, rtol=2e-5, atol=2e-5)
     # the unfused plan keeps one kernel per product
