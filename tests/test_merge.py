@@ -92,6 +92,17 @@ def test_cases_left_alone(rng: np.random.Generator, monkeypatch: pytest.MonkeyPa
     for got, want in zip(h(x, a, b, c), (x64 @ a, (x64 @ b) * 2.0, x64 @ (c * 3.0))):
         np.testing.assert_allclose(np.asarray(got), want, rtol=2e-5, atol=2e-5)
 
+    # a bias of one value (broadcast over the columns) is no bias vector: those products stay
+    def scalar_bias(x: Any, a: Any, b: Any, c: Any, d: Any) -> Any:
+        return (x @ a + c) * (x @ b + d)
+
+    sb = [x, _data(rng, 8, 5), _data(rng, 8, 5), _data(rng, 1), _data(rng, 5)]
+    s = fusec.gpu_jit(scalar_bias)
+    assert sum(e.op is Op.MATMUL for e in merge.merge_products(s.trace(*sb).program).eqns) == 2
+    xs, as_, bs, cs, ds = (np.asarray(v, np.float64) for v in sb)
+    np.testing.assert_allclose(np.asarray(s(*sb)), (xs @ as_ + cs) * (xs @ bs + ds), rtol=2e-5,
+                               atol=2e-5)
+
     # products with a bias and products without form groups of their own
     def mixed(x: Any, a: Any, ba: Any, b: Any, bb: Any, c: Any, d: Any) -> Any:
         return (x @ a + ba) * (x @ b + bb) - (x @ c) * (x @ d)

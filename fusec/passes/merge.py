@@ -125,12 +125,14 @@ def merge_products(prog: Program) -> Program:
         bias: Optional[Var] = None
         if add is not None and add.op is Op.ADD and add.outs[0].shape == out.shape:
             other = add.inputs[1] if add.inputs[0] is out else add.inputs[0]
-            if (isinstance(other, Var) and id(other) in inputs and len(other.shape) == 1
-                    and other.dtype == out.dtype and other is not out):
+            # (a bias of one value broadcast over the columns is not a piece to join)
+            if (isinstance(other, Var) and id(other) in inputs
+                    and other.shape == out.shape[-1:] and other.dtype == out.dtype):
                 bias = other
         if bias is not None and add is not None and id(add.outs[0]) in outputs:
             continue
-        key = (id(x), w[0].shape[0], bias is not None, tuple(sorted(mm.params.items())))
+        key = (id(x), w[0].shape[0], w[1] is not None, bias is not None,
+               tuple(sorted(mm.params.items())))
         groups.setdefault(key, []).append(
             _Member(mm, w[0], w[1], add if bias is not None else None, bias))
     merged = [g for g in groups.values() if len(g) > 1]
