@@ -171,6 +171,32 @@ def test_grid_of_more_than_65535_workgroups() -> None:
 
 
 @pytest.mark.usefixtures("gpu_target")
+@pytest.mark.parametrize("s,t", [(3, 70), (40, 37)])  # the few-rows kernel; a thread per row
+def test_elementwise_queries_computed_in_the_kernel(s: int, t: int,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    # with prologues on (fuse.PROLOGUE_MAX; off by default), on GPUs the kernel computes a
+    # little elementwise work on its queries as it loads them (RoPE in a decode step): no
+    # kernel of its own writes them. NaN in a query row propagates.
+    import importlib
+
+    monkeypatch.setattr(importlib.import_module("fusec.passes.fuse"), "PROLOGUE_MAX", 8)
+    rng = np.random.default_rng(s + t)
+    q, k, v = _data(rng, 2, 3, s, 16), _data(rng, 2, 3, t, 16), _data(rng, 2, 3, t, 8)
+    c, sn = _data(rng, 16), _data(rng, 16)
+    q[1, 2, 0, 5] = np.nan
+    f = fusec.gpu_jit(lambda q, c, sn, k, v: _attention(q * c - fnp.flip(q, -1) * sn, k, v,
+                                                        scale=0.3))
+    assert _kinds(f, q, c, sn, k, v) == ["attention"]
+    got = np.asarray(f(q, c, sn, k, v))
+    q64 = q.astype(np.float64)
+    want = _reference(q64 * c - q64[..., ::-1] * sn, k, v, 0.3, None)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    assert np.isnan(got[1, 2, 0]).all() and np.isfinite(got[0]).all()
+    fin = np.isfinite(want)
+    np.testing.assert_allclose(got[fin], want[fin], rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.usefixtures("gpu_target")
 @pytest.mark.parametrize("split", [1, 2, 4])
 @pytest.mark.parametrize("batch,s,t,d,e", [
     ((2, 3), 70, 67, 8, 8),       # rows past a head's, keys past a tile, ragged

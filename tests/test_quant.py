@@ -536,12 +536,19 @@ def test_elementwise_work_on_a_quantized_product_fuses_into_its_kernel(
 
 @pytest.mark.parametrize("target", ["cpu", "gpu"])
 def test_elementwise_x_computed_where_the_product_loads_it(rng: np.random.Generator,
-                                                           target: str) -> None:
-    """On GPUs, SwiGLU's ``silu(gate) * up`` before a quantized down projection is computed by
-    the product's kernel as it loads x (its prologue): no elementwise kernel writes x. NaN and
-    inf in x propagate; a normalisation's x (a reduction's epilogue) is not recomputed there;
-    software adapters (a thread per weight row) keep x's kernel. Against float64."""
+                                                           target: str,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """With prologues on (fuse.PROLOGUE_MAX; off by default), on GPUs SwiGLU's ``silu(gate) *
+    up`` before a quantized down projection is computed by the product's kernel as it loads x:
+    no elementwise kernel writes x. NaN and inf in x propagate; a normalisation's x (a
+    reduction's epilogue) is not recomputed there; software adapters (a thread per weight row)
+    keep x's kernel, and so does the default. Against float64."""
+    import importlib
+
     from fusec import nn
+
+    fuse_module = importlib.import_module("fusec.passes.fuse")
+    monkeypatch.setattr(fuse_module, "PROLOGUE_MAX", 8)
 
     w = _weights(rng, 97, 160)
     q = quant.quantize(w, "q4_1")
@@ -571,3 +578,6 @@ def test_elementwise_x_computed_where_the_product_loads_it(rng: np.random.Genera
         # a normalised x stays its reduction's epilogue
         h = fusec.gpu_jit(lambda x, q: quant.matmul(nn.rms_norm(x, None), q))
         assert [k.kind for k in h.lower(gu[:, :160], q).kernels] == ["reduce", "quant"]
+        monkeypatch.setattr(fuse_module, "PROLOGUE_MAX", 0)
+        off = fusec.gpu_jit(mlp)
+        assert [k.kind for k in off.lower(gu, q).kernels] == ["elementwise", "quant"]

@@ -19,9 +19,10 @@ absorb their elementwise prologues from the start. Then groups merge:
   activation, residual), unless codegen says no (:func:`fusec.codegen.epilogue_fuses`: only
   under ``FUSEC_MATMUL_EPILOGUE=separate``); the same for a quantized product (``qmatmul``, a
   kernel of kind "quant"), whose other kernels of their own kind never merge;
-* on GPUs, a quantized product's x, where it is a little elementwise work over buffers (SwiGLU's
-  ``silu(gate) * up``), is not materialised: the product's kernel computes it as it loads x
-  (its prologue; :func:`_qmatmul_prologue`).
+* on GPUs, with ``PROLOGUE_MAX`` set (0 by default: measured, it did not pay), a quantized
+  product's x, where it is a little elementwise work over buffers (SwiGLU's ``silu(gate) *
+  up``), is not materialised: the product's kernel computes it as it loads x (its prologue;
+  :func:`_prologue`); so are an attention kernel's queries (RoPE in a decode step).
 
 A merge is made only if it creates no cycle between kernels, binds no more storage buffers than the
 device allows, and codegen can index it (a register holding a row's reduction can only be read for
@@ -119,9 +120,9 @@ class _Planner:
             if e.op in (Op.MATMUL, Op.ATTENTION, Op.QMATMUL):
                 # operands: only movement ops (and float16 -> float32 casts, which a load does
                 # anyway) are recomputed per tile load; arithmetic is not, except on a quantized
-                # product's few rows of x (its prologue: see _qmatmul_prologue)
+                # product's few rows of x and on attention's queries (a prologue: see _prologue)
                 for j, a in enumerate(e.inputs):
-                    if j == 0 and e.op is Op.QMATMUL and _qmatmul_prologue(self, a):
+                    if j == 0 and e.op in (Op.QMATMUL, Op.ATTENTION) and _prologue(self, a):
                         continue
                     v = a
                     while isinstance(v, Var) and id(v) in self.producer and (
@@ -480,18 +481,26 @@ class _Planner:
         return out, merged
 
 
-# elementwise equations a quantized product may compute where it loads x (its prologue), at most
-PROLOGUE_MAX = 8
+# elementwise equations a quantized product or an attention kernel may compute where it loads x
+# or its queries (a prologue; see _prologue), at most; 0: none. Off: measured, it did not pay. H200,
+# the SmolLM2-shaped decode step (bench/llama_synthetic.py --settings "default;fuse.PROLOGUE_MAX=0",
+# 30 layers, best of 2-3 interleaved rounds, medians of 20), with prologues / without: SwiGLU's x
+# alone 274 / 304 kernels, GPU time 4.05 / 4.55 ms, step 5.85 / 5.62 ms; with RoPE's queries too
+# 244 / 304 kernels, 4.73 / 4.60 ms, step 5.80 / 5.55 ms (host time 1.82 / 1.92 ms). Fewer
+# kernels, but the step (what a user waits for) was slower in both runs.
+PROLOGUE_MAX = 0
 
 
-def _qmatmul_prologue(planner: _Planner, x: object) -> bool:
-    """May the quantized product compute its x where it loads it? Where x is elementwise work
-    (SwiGLU's ``silu(gate) * up`` before the down projection) of at most PROLOGUE_MAX equations
-    over values that are buffers anyway (through movement ops): each weight row's team then
-    recomputes x's values as it loads them (K x N evaluations; a decode step's x has a few
-    thousand values, the weights a few hundred rows), and the elementwise kernel that wrote x is
-    gone. On GPUs: a software adapter's thread walks a whole weight row, and recomputing x there
-    made a 2-layer decode step 2.6x slower on lavapipe."""
+def _prologue(planner: _Planner, x: object) -> bool:
+    """May a quantized product compute its x, or an attention kernel its queries, where it loads
+    them? Where they are elementwise work of at most PROLOGUE_MAX equations over values that are
+    buffers anyway (through movement ops): SwiGLU's ``silu(gate) * up`` before the down
+    projection, RoPE on a decode step's queries. A quantized product's weight rows' teams each
+    recompute x's values as they load them (K x N evaluations; a decode step's x has a few
+    thousand values, the weights a few hundred rows); an attention kernel loads each query row
+    once (per thread or per workgroup). The elementwise kernel that wrote them is gone. On GPUs:
+    a software adapter's thread walks a whole weight row, and recomputing x there made a 2-layer
+    decode step 2.6x slower on lavapipe."""
     if not planner.enabled or planner.target != "gpu" or not isinstance(x, Var):
         return False
     stack, seen, arith = [x], set(), 0
