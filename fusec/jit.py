@@ -37,6 +37,7 @@ from .errors import (
 from .interpret import evaluate
 from .ir import MOVEMENT, REDUCE, Lit, Op, Program, Var, from_json, kernel_eqns, to_json
 from .passes import MemoryAnalysis, Options, analyse, run_pipeline, used_inputs
+from .passes import tuning as passes_tuning
 from .record import record
 from .runtime import (
     Array,
@@ -654,7 +655,8 @@ def _disk_key(traced: Traced) -> Optional[str]:
     device = ("cpu", "", 0) if rt is None else (rt.info.backend, rt.info.adapter,
                                                 rt.max_binding_size)
     return diskcache.key_of(traced.program.hash(), __version__, _source_hash(), device,
-                            dataclasses.asdict(traced.options), codegen.tuning())
+                            dataclasses.asdict(traced.options), codegen.tuning(),
+                            passes_tuning())
 
 
 def _check_sizes(traced: Traced, prog: Program, limit: int, adapter: str) -> None:

@@ -953,3 +953,23 @@ def test_codegen_tuning_is_part_of_the_disk_cache_key(tmp_path, monkeypatch):
     f.lower(spec, spec)
     delta = fusec.cache_info() - before
     assert delta.lowerings == 2 and delta.disk_hits == 0
+
+
+@pytest.mark.parametrize("module,name,value", [("fusec.passes.merge", "MAX_ROWS", 0),
+                                               ("fusec.passes.fuse", "PROLOGUE_MAX", 8),
+                                               ("fusec.passes.splitk", "RB_MIN_K", 64)])
+def test_pass_settings_are_part_of_the_disk_cache_key(tmp_path, monkeypatch, module, name,
+                                                      value):
+    # a plan lowered under one pass setting (merge_products' MAX_ROWS, the prologues,
+    # split_k's thresholds) must never be loaded under another
+    import importlib
+
+    monkeypatch.setenv("FUSEC_CACHE_DIR", str(tmp_path))
+    f = fusec.gpu_jit(lambda x, a, b: (x @ a) * (x @ b))
+    specs = (fusec.ShapeDtype((40, 8)), fusec.ShapeDtype((8, 8)), fusec.ShapeDtype((8, 8)))
+    before = fusec.cache_info()
+    f.lower(*specs)
+    monkeypatch.setattr(importlib.import_module(module), name, value)
+    f.lower(*specs)
+    delta = fusec.cache_info() - before
+    assert delta.lowerings == 2 and delta.disk_hits == 0

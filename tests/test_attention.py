@@ -229,6 +229,9 @@ def test_threads_per_row_match_float64(monkeypatch: pytest.MonkeyPatch, split: i
     assert rt is not None
     used = rt.subgroups > 0 and split > 1 and d % (4 * split) == 0 and e % (4 * split) == 0
     assert ("subgroupShuffleXor" in kernels[0].wgsl) == used
+    # at most 256 invocations a workgroup, WebGPU's default limit, whatever the split
+    size = int(kernels[0].wgsl.split("@workgroup_size(")[1].split(")")[0])
+    assert size <= 256 and size % (split if used else 1) == 0
     got = np.asarray(f(q, k, v, bias))
     want = _reference(q, k, v, scale, bias)
     np.testing.assert_array_equal(np.isnan(got), np.isnan(want))

@@ -103,6 +103,19 @@ def test_cases_left_alone(rng: np.random.Generator, monkeypatch: pytest.MonkeyPa
     np.testing.assert_allclose(np.asarray(s(*sb)), (xs @ as_ + cs) * (xs @ bs + ds), rtol=2e-5,
                                atol=2e-5)
 
+    # a weight of no columns joins nothing (its product is empty); the others still merge
+    def empty(x: Any, a: Any, b: Any, c: Any) -> Any:
+        return (x @ a) * 2.0, (x @ b).sum(), x @ c + 1.0
+
+    ea = [x, _data(rng, 8, 5), _data(rng, 8, 0), _data(rng, 8, 3)]
+    e = fusec.gpu_jit(empty)
+    assert sum(op.op is Op.MATMUL for op in merge.merge_products(e.trace(*ea).program).eqns) == 2
+    xe, ae, be, ce = (np.asarray(v, np.float64) for v in ea)
+    got = e(*ea)
+    np.testing.assert_allclose(np.asarray(got[0]), (xe @ ae) * 2.0, rtol=2e-5, atol=2e-5)
+    assert float(np.asarray(got[1])) == 0.0
+    np.testing.assert_allclose(np.asarray(got[2]), xe @ ce + 1.0, rtol=2e-5, atol=2e-5)
+
     # products with a bias and products without form groups of their own
     def mixed(x: Any, a: Any, ba: Any, b: Any, bb: Any, c: Any, d: Any) -> Any:
         return (x @ a + ba) * (x @ b + bb) - (x @ c) * (x @ d)

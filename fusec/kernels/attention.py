@@ -154,7 +154,8 @@ def generate(kernel: Eqn, target: str = "gpu", workgroup_storage: int = 16384) -
     split = int(e.params.get("split", 1))  # threads per row (split_lanes); thread part's share
     assert split & (split - 1) == 0 and (
         split == 1 or (vec and d % (4 * split) == 0 and e_len % (4 * split) == 0))
-    rows = min(ROWS, s_len)
+    # (a workgroup of at most 256 invocations: WebGPU's default limit)
+    rows = min(ROWS, s_len, 256 // split)
     row_blocks = -(-s_len // rows)
     q_loads: list[str] = []
     for j in range(0, d // split, lanes):

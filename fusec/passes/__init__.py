@@ -78,6 +78,25 @@ PIPELINE: list[tuple[str, Pass]] = [
 ]
 
 
+def tuning() -> dict[str, object]:
+    """The passes' settings that change a lowered program (beside codegen.tuning()): part of the
+    persistent cache's key, so that a process with other settings never loads another plan."""
+    import importlib
+
+    from . import merge, split, splitk
+
+    # (the attribute fusec.passes.fuse is the pass's function: the module by its name)
+    fuse_module = importlib.import_module(__name__ + ".fuse")
+
+    return {"fuse": (fuse_module.ROW_MAX, fuse_module.CONE_MAX, fuse_module.PROLOGUE_MAX),
+            "merge": merge.MAX_ROWS,
+            "split": (split.SPLIT_MIN, split.SPLIT_MAX_OUTPUTS, split.CHUNK, split.MAX_CHUNKS,
+                      split.COLUMN_THREADS, split.COLUMN_MIN),
+            "splitk": (splitk.TILE_LIMIT, splitk.GROUPS, splitk.MIN_CHUNK, splitk.RB_GROUPS,
+                       splitk.RB_MIN_K, splitk.RB_MIN_CHUNK, splitk.REDUCE_OUTPUTS,
+                       splitk.REDUCE_COLUMNS, splitk.REDUCE_WORK)}
+
+
 # What the numpy interpreter runs as the backend (runtime.CpuExecutable): the traced program
 # cleaned up, not lowered. numpy sorts, scans, scatters and reduces in one call each, so the
 # GPU's forms of those (radix passes, tiled scans, split reductions and split-k matmuls), fusion
@@ -112,4 +131,4 @@ __all__ = ["PIPELINE", "Options", "run_pipeline", "INTERPRETER_PASSES", "run_int
            "simplify", "cse", "dce", "split_reductions",
            "split_k", "fuse", "plan_memory", "lower_scatter", "lower_scan", "lower_sort",
            "analyse", "MemoryAnalysis", "merge_products", "rewrite_attention", "rewrite_quant",
-           "verify", "VerifyError", "used_inputs", "prepare_loops", "widen_float16"]
+           "verify", "VerifyError", "used_inputs", "prepare_loops", "widen_float16", "tuning"]

@@ -116,8 +116,8 @@ def merge_products(prog: Program) -> Program:
         w = weight(mm)
         if not isinstance(x, Var) or w is None or len(x.shape) < 2 or x.dtype != "float32":
             continue
-        if math.prod(x.shape[:-1]) > MAX_ROWS or w[0].dtype != x.dtype:
-            continue
+        if math.prod(x.shape[:-1]) > MAX_ROWS or w[0].dtype != x.dtype or w[0].shape[1] == 0:
+            continue  # (a weight of no columns: no piece to join)
         out = mm.outs[0]
         if id(out) in outputs:
             continue  # a result of the program's own: its slice would be copied out
