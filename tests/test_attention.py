@@ -311,3 +311,20 @@ def test_decode_step_of_a_llama_has_one_attention_kernel_per_layer() -> None:
     lowered = f.lower(params, cache, np.zeros((1,), np.int32), np.int32(5), cos, sin, bias,
                       frandom.key(0), cfg=cfg, how=Sampling())
     assert [k.kind for k in lowered.kernels].count("attention") == 2
+
+
+@pytest.mark.usefixtures("cpu_target")
+def test_keys_up_to_the_software_loop_budget() -> None:
+    # a software adapter ends a shader's loops after 65535 iterations in all and carries on
+    # with wrong results: on the cpu target the kernel takes only attentions whose loops stay
+    # within the budget, every loop's exit test included. The most keys it takes at head dim 1
+    # come out right, and one tile more takes the written-out plan (also right).
+    t = max(n for n in range(55000, 62000, 10)
+            if attention_kernel.fits((128, 1), (1, n), (n, 1), "cpu"))
+    rng = np.random.default_rng(8)
+    for n, kind in ((t, "attention"), (t + 64, "matmul")):
+        q, k, v = _data(rng, 128, 1), _data(rng, n, 1), _data(rng, n, 1)
+        f = fusec.gpu_jit(lambda q, k, v: _attention(q, k, v, scale=0.5))
+        assert _kinds(f, q, k, v)[0] == kind
+        np.testing.assert_allclose(np.asarray(f(q, k, v)), _reference(q, k, v, 0.5, None),
+                                   rtol=1e-4, atol=1e-6)
