@@ -30,7 +30,7 @@ from fusec import bench, nn
 from fusec.kernels import attention as attention_kernel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from timing import write_json  # noqa: E402  (bench/timing.py)
+from timing import overridden, write_json  # noqa: E402  (bench/timing.py)
 
 # (batch, heads, rows, keys, head dim): MiniLM at 32x128 and 1x16, a 512-token BERT-base
 # layer, the quick bench transformer's heads
@@ -70,18 +70,12 @@ def main(argv: list[str] | None = None) -> int:
         rec: dict[str, Any] = {"shape": [b, h, s, t, d]}
         outs = {}
         for label, setting in [v for _ in range(a.rounds) for v in variants]:
-            saved = {name: getattr(attention_kernel, name) for name in setting}
-            for name, value in setting.items():
-                setattr(attention_kernel, name, value)
-            try:
+            with overridden([(attention_kernel, name, value) for name, value in setting.items()]):
                 f = fusec.gpu_jit(lambda q, k, v, m: attention(q, k, v, m, scale))
                 kernels = [kk.kind for kk in f.lower(*dev).kernels]
                 outs[label] = np.asarray(f(*dev))
                 gpu = bench.fusec_time(f, dev, policy)
                 wall = bench.wall_time(lambda: f(*dev).block_until_ready(), policy)
-            finally:
-                for name, value in saved.items():
-                    setattr(attention_kernel, name, value)
             old = rec.get(label, {"gpu_us": math.inf, "wall_us": math.inf})
             rec[label] = {"kernels": kernels, "gpu_us": min(old["gpu_us"], 1e6 * gpu["time_s"]),
                           "wall_us": min(old["wall_us"], 1e6 * wall["time_s"])}

@@ -24,8 +24,10 @@ from __future__ import annotations
 import argparse
 import re
 import statistics
+import sys
 import time
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -34,6 +36,9 @@ import fusec
 from fusec import quant
 from fusec.models.llama import Llama, LlamaConfig, _bucket, _merged, step_inputs
 from fusec.runtime import get_runtime
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from timing import overridden, setting_changes  # noqa: E402  (bench/timing.py)
 
 
 def synthetic(layers: int, seed: int = 0) -> tuple[LlamaConfig, dict]:
@@ -70,6 +75,34 @@ def timed_steps(model: Llama, nxt: Any, steps: int) -> tuple[list[float], list[f
     return host, step, nxt
 
 
+def warmed_up(model: Llama, batch: int) -> Any:
+    """A prompt of 8 tokens fed, then 3 decode steps (the step compiled); the next token."""
+    model.reset(batch)
+    nxt = model.step(np.full((batch, 8), 7, np.int32))
+    np.asarray(nxt)
+    for _ in range(3):
+        nxt = model.step(nxt)
+        np.asarray(nxt)
+    return nxt
+
+
+def gpu_steps(model: Llama, nxt: Any, steps: int) -> tuple[list[float], Any]:
+    """The GPU time (ms, timestamps, one pass) of ``steps`` decode steps; and the last token."""
+    rt = get_runtime()
+    assert rt is not None
+    rt.profile = True
+    gpu = []
+    try:
+        for _ in range(steps):
+            nxt = model.step(nxt)
+            ns = rt.last_gpu_ns()
+            if ns is not None:
+                gpu.append(ns / 1e6)
+    finally:
+        rt.profile = False
+    return gpu, nxt
+
+
 def kernel_count(model: Llama, nxt: Any) -> int:
     """Kernels of the model's decode step at its position (its lowered plan)."""
     cos, sin, bias = step_inputs(model.cfg, model.cos_table, model.sin_table, model.pos, 1,
@@ -86,37 +119,15 @@ def compare_settings(cfg: LlamaConfig, w: dict, a: argparse.Namespace) -> None:
     modules = {name: importlib.import_module(path) for name, path in (
         ("fuse", "fusec.passes.fuse"), ("codegen", "fusec.codegen"),
         ("merge", "fusec.passes.merge"))}  # (fusec.passes.fuse is also the pass's function)
-    rt = get_runtime()
-    assert rt is not None
     best: dict[str, tuple[float, float, float, int]] = {}
     for _ in range(a.rounds):
         for setting in a.settings.split(";"):
-            overrides = [] if setting == "default" else [o.split("=") for o in setting.split(",")]
-            saved = []
-            for name, value in overrides:
-                mod, attr = name.split(".")
-                saved.append((modules[mod], attr, getattr(modules[mod], attr)))
-                setattr(modules[mod], attr, int(value))
-            try:
+            with overridden(setting_changes(setting, modules)):
                 model = Llama(cfg, w, max_len=256)
-                model.reset(a.batch)
-                nxt = model.step(np.full((a.batch, 8), 7, np.int32))
-                for _ in range(3):
-                    nxt = model.step(nxt)
-                    np.asarray(nxt)
+                nxt = warmed_up(model, a.batch)
                 count = kernel_count(model, nxt)
                 host, step, nxt = timed_steps(model, nxt, a.steps)
-                rt.profile = True
-                gpu = []
-                for _ in range(a.steps):
-                    nxt = model.step(nxt)
-                    ns = rt.last_gpu_ns()
-                    if ns is not None:
-                        gpu.append(ns / 1e6)
-                rt.profile = False
-            finally:
-                for mod, attr, value in reversed(saved):
-                    setattr(mod, attr, value)
+                gpu, nxt = gpu_steps(model, nxt, a.steps)
             med = statistics.median
             row = (1e3 * med(host), 1e3 * med(step), med(gpu) if gpu else float("nan"), count)
             if setting not in best or row[1] < best[setting][1]:
@@ -146,23 +157,9 @@ def main() -> None:
     model = Llama(cfg, w, max_len=256)
     print(f"weights made and uploaded in {time.perf_counter() - t0:.1f} s; "
           f"{fusec.default_device()}")
-    model.reset(a.batch)
-    nxt = model.step(np.full((a.batch, 8), 7, np.int32))
-    np.asarray(nxt)
-    for _ in range(3):  # compile the decode step
-        nxt = model.step(nxt)
-        np.asarray(nxt)
+    nxt = warmed_up(model, a.batch)
     host, step, nxt = timed_steps(model, nxt, a.steps)
-    rt = get_runtime()
-    assert rt is not None
-    rt.profile = True
-    gpu = []
-    for _ in range(a.steps):
-        nxt = model.step(nxt)
-        ns = rt.last_gpu_ns()
-        if ns is not None:
-            gpu.append(ns / 1e6)
-    rt.profile = False
+    gpu, nxt = gpu_steps(model, nxt, a.steps)
     med = statistics.median
     print(f"decode batch {a.batch}, {a.layers} layers, pos {model.pos}: host {1e3 * med(host):.2f} "
           f"ms, step {1e3 * med(step):.2f} ms, gpu {med(gpu) if gpu else float('nan'):.2f} ms "

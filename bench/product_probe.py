@@ -26,13 +26,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+from timing import overridden, setting_changes  # noqa: E402  (bench/timing.py)
 
 SHAPES = "16x384x384,16x1536x384,16x384x1536"  # M x K x N
-
-
-def _value(text: str) -> Any:
-    """An override's value: an int, or a tuple of ints written with colons (64:192:16:4:12)."""
-    return tuple(int(v) for v in text.split(":")) if ":" in text else int(text)
 
 
 def _torch_row(prods: list[tuple[str, list[Any]]], policy: Any) -> dict[str, Any]:
@@ -84,13 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.torch:
         print(_torch_row(prods, policy), flush=True)
     for setting in [st for _ in range(a.rounds) for st in a.settings.split(";")]:
-        overrides = [] if setting == "default" else [o.split("=") for o in setting.split(",")]
-        saved = []
-        for name, value in overrides:
-            mod, attr = name.split(".")
-            saved.append((modules[mod], attr, getattr(modules[mod], attr)))
-            setattr(modules[mod], attr, _value(value))
-        try:
+        with overridden(setting_changes(setting, modules)):
             row: dict[str, Any] = {"setting": setting}
             for label, args in prods:
                 f = fusec.gpu_jit(lambda x, w, bias: x @ w + bias)
@@ -104,9 +94,6 @@ def main(argv: list[str] | None = None) -> int:
                 row["encoder_wall_us"] = round(1e6 * bench.wall_time(
                     lambda enc=enc: enc(wts, idd, md).block_until_ready(), policy)["time_s"], 1)
             print(row, flush=True)
-        finally:
-            for mod, attr, value in reversed(saved):
-                setattr(mod, attr, value)
     return 0
 
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 
@@ -52,3 +53,31 @@ def report(res: Any, out: str = "") -> None:
     """Print ``res`` as JSON and, with ``out``, write it there too."""
     print(json.dumps(res, indent=1))
     write_json(res, out)
+
+
+def setting_changes(setting: str, modules: dict[str, Any]) -> list[tuple[Any, str, Any]]:
+    """The (module, name, value) changes a probe's setting names: ``default`` for none, else
+    ``module.NAME=value`` overrides joined by commas, ``module`` a key of ``modules``, a value an
+    int or a tuple of ints joined by colons (``codegen.MATMUL_BLOCK=64:192:16:4:12``)."""
+    if setting == "default":
+        return []
+    out = []
+    for item in setting.split(","):
+        name, value = item.split("=")
+        mod, attr = name.split(".")
+        out.append((modules[mod], attr, tuple(int(v) for v in value.split(":"))
+                    if ":" in value else int(value)))
+    return out
+
+
+@contextlib.contextmanager
+def overridden(changes: Sequence[tuple[Any, str, Any]]) -> Iterator[None]:
+    """Module constants set to other values for the ``with`` block, restored after it."""
+    saved = [(mod, attr, getattr(mod, attr)) for mod, attr, _ in changes]
+    for mod, attr, value in changes:
+        setattr(mod, attr, value)
+    try:
+        yield
+    finally:
+        for mod, attr, value in reversed(saved):
+            setattr(mod, attr, value)
