@@ -6,8 +6,9 @@ where JAX is installed.
     python bench/attention_ab.py [--configs 64x1,64x2,32x4] [--max-head 64] [--shapes 0,1]
         [--rounds 2] [--out r.json]
 
-``--configs``: variants of the thread-per-row kernel, ROWSxSPLIT (query rows per workgroup x
-threads per row; ``fusec.kernels.attention.ROWS`` / ``SPLIT``), each timed beside the
+``--configs``: variants of the thread-per-row kernel, ROWSxSPLIT[xCHUNK[xSTAGE]] (query rows per
+workgroup x threads per row x keys per chunk x staged bias 0/1; ``fusec.kernels.attention.ROWS``
+/ ``SPLIT`` / ``CHUNK`` / ``STAGE_BIAS``), each timed beside the
 written-out plan, in ``--rounds`` interleaved rounds (the best round's median is reported);
 ``--max-head`` lets wider heads take the kernel (``MAX_HEAD``); ``--shapes`` picks rows of
 SHAPES by index. The settings are read at lowering: run with ``FUSEC_CACHE_DIR=off``.
@@ -54,8 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     variants: list[tuple[str, dict[str, int]]] = [("kernel", {"MAX_HEAD": a.max_head})]
     for c in (c for c in a.configs.split(",") if c):
-        r, sp = (int(v) for v in c.split("x"))
-        variants.append((f"kernel_{c}", {"MAX_HEAD": a.max_head, "ROWS": r, "SPLIT": sp}))
+        vals = [int(v) for v in c.split("x")]
+        names = ("ROWS", "SPLIT", "CHUNK", "STAGE_BIAS")[:len(vals)]
+        variants.append((f"kernel_{c}", {"MAX_HEAD": a.max_head, **dict(zip(names, vals))}))
     variants.append(("written_out", {"MAX_HEAD": 0}))
     shapes = [SHAPES[int(i)] for i in a.shapes.split(",")] if a.shapes else SHAPES
     policy = bench.Policy(warmup=3, min_reps=10, max_reps=50, budget_s=1.0, heat_s=0.2)

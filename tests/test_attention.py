@@ -328,3 +328,39 @@ def test_keys_up_to_the_software_loop_budget() -> None:
         assert _kinds(f, q, k, v)[0] == kind
         np.testing.assert_allclose(np.asarray(f(q, k, v)), _reference(q, k, v, 0.5, None),
                                    rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("target", ["gpu", "cpu"])
+@pytest.mark.parametrize("chunk,stage", [(1, False), (4, True), (8, True), (8, False),
+                                         (16, True)])
+def test_key_chunks_and_staged_bias(monkeypatch: pytest.MonkeyPatch, target: str, chunk: int,
+                                    stage: bool) -> None:
+    # keys are weighed CHUNK at a time (one rescale per chunk); a bias that broadcasts over the
+    # rows (a padding mask) is computed once per tile into workgroup memory. Ragged key counts
+    # (the last chunk partly past the keys), a chunk of masked keys only, NaN and infinities
+    # in the staged bias, and a head whose keys are all masked.
+    from helpers import forced_target
+
+    monkeypatch.setattr(attention_kernel, "CHUNK", chunk)
+    monkeypatch.setattr(attention_kernel, "STAGE_BIAS", stage)
+    rng = np.random.default_rng(chunk * 10 + stage)
+    for t in (1, 13, 67, 130):
+        q, k, v = _data(rng, 5, 2, 21, 8), _data(rng, 5, 2, t, 8), _data(rng, 5, 2, t, 12)
+        mask = (rng.random((5, 1, 1, t)) < 0.8).astype(np.float32)
+        mask[:, :, :, 0] = 1.0
+        mask[2, :, :, : min(t - 1, 10)] = 0.0  # the first chunk(s) masked: m stays -inf a while
+        mask[2, :, :, t - 1] = 1.0
+        bias = np.where(mask > 0, 0.0, -np.inf).astype(np.float32)
+        bias[0, :, :, t // 2] = np.nan   # a NaN key: every row of that batch is NaN
+        bias[1, :, :, t - 1] = np.inf    # a +inf key: inf - inf
+        bias[3] = -np.inf                # every key masked: 0 / 0
+        f = fusec.gpu_jit(lambda q, k, v, b: _attention(q, k, v, b, scale=0.35))
+        with forced_target(target):
+            kernels = f.lower(q, k, v, bias).kernels
+            assert [kk.kind for kk in kernels] == ["attention"]
+            assert ("bs[" in kernels[0].wgsl) == stage
+            got = np.asarray(f(q, k, v, bias))
+        want = _reference(q, k, v, 0.35, bias)
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+        assert np.isnan(got[[0, 1, 3]]).all() and np.isfinite(got[[2, 4]]).all()
+        np.testing.assert_allclose(got[[2, 4]], want[[2, 4]], rtol=2e-5, atol=2e-6)

@@ -370,22 +370,32 @@ def test_two_functions_with_the_same_kernel_share_its_pipeline():
 
 def test_matmul_tile_choice(monkeypatch: pytest.MonkeyPatch) -> None:
     """The 128x128 tile from 96 such tiles on (batch included, whatever K), but 64x192 where
-    there are fewer than 128 and at most 128 of those; 128x64 for fewer (from 64), 64x64 for
-    fewer still or a side under 128; the 16x16 baseline under 32 (or for a K too long for a
-    software adapter's loop budget)."""
+    there are fewer than 128 and at most 128 of those, and 64x64 tiles of 128 threads over a
+    short K (up to 512 under 128 large tiles, up to 384 up to 512 of them, on GPUs); 128x64 for
+    fewer (from 64), 64x64 for fewer still or a side under 128; the 16x16 baseline under 32 (or
+    for a K too long for a software adapter's loop budget)."""
     monkeypatch.setattr(codegen, "MATMUL_BLOCK", None)
     large, medium, small = codegen.MATMUL_LARGE, codegen.MATMUL_MEDIUM, codegen.MATMUL_SMALL
-    wide = codegen.MATMUL_WIDE
+    wide, thin = codegen.MATMUL_WIDE, codegen.MATMUL_THIN
     assert codegen.matmul_config(4096, 4096, "gpu", 4096) == large
     assert codegen.matmul_config(2048, 2048, "gpu", 2047) == large  # 256 tiles
     assert codegen.matmul_config(4096, 4096, "gpu", 1024) == large  # 1024 tiles, K 1024
     assert codegen.matmul_config(2048, 1024, "gpu", 2816) == large  # 128 tiles
-    assert codegen.matmul_config(2048, 1024, "gpu", 128) == large  # 128 tiles, short K
+    assert codegen.matmul_config(2048, 1024, "gpu", 128) == thin  # 128 tiles, short K
+    assert codegen.matmul_config(2048, 1024, "cpu", 128) == large  # (GPUs only)
+    assert codegen.matmul_config(4096, 1536, "gpu", 384) == thin  # 384 tiles, K 384
+    assert codegen.matmul_config(4096, 1024, "gpu", 256) == thin  # 256 tiles, K 256
+    assert codegen.matmul_config(2048, 2048, "gpu", 512) == large  # 256 tiles, K 512
+    assert codegen.matmul_config(4096, 4096, "gpu", 128) == large  # 1024 tiles
     assert codegen.matmul_config(2048, 2048, "gpu", 128, batch=8) == large  # batch counts
     assert codegen.matmul_config(1920, 1000, "gpu", 1024) == large  # 120 tiles; 30 x 6 wide
-    assert codegen.matmul_config(3072, 512, "gpu", 512) == large  # 96 tiles; 48 x 3 wide
+    assert codegen.matmul_config(3072, 512, "gpu", 1024) == large  # 96 tiles; 48 x 3 wide
+    assert codegen.matmul_config(3072, 512, "gpu", 512) == thin  # ... K 512
     assert codegen.matmul_config(4096, 384, "gpu", 1536) == wide  # 96 tiles; 64 x 2 wide
-    assert codegen.matmul_config(128, 384, "gpu", 384, batch=32) == wide  # the same, batched
+    assert codegen.matmul_config(4096, 384, "gpu", 384) == thin  # ... K 384
+    assert codegen.matmul_config(4096, 384, "cpu", 384) == wide
+    assert codegen.matmul_config(128, 384, "gpu", 1536, batch=32) == wide  # batched
+    assert codegen.matmul_config(128, 384, "gpu", 384, batch=32) == thin
     assert codegen.matmul_config(2048, 768, "gpu", 768) == wide  # 96 tiles; 32 x 4 wide
     assert codegen.matmul_config(1920, 768, "gpu", 1024) == medium  # 15 x 6 = 90 tiles
     assert codegen.matmul_config(1024, 1024, "gpu", 1024) == medium  # 64 tiles
@@ -433,7 +443,7 @@ def test_workgroup_bytes_parser() -> None:
 
 @pytest.mark.parametrize("block", [None, (128, 128, 16, 8, 8), (128, 64, 16, 8, 4),
                                    (64, 64, 32, 4, 4), (64, 128, 16, 4, 8), (128, 128, 8, 8, 8),
-                                   (64, 192, 16, 4, 12)])
+                                   (64, 192, 16, 4, 12), (64, 64, 8, 8, 4)])
 @pytest.mark.parametrize("mode", ["auto", "staged"])
 @pytest.mark.parametrize("storage", [WEBGPU_MIN_WORKGROUP_STORAGE, None])
 @pytest.mark.usefixtures("gpu_target")
@@ -477,7 +487,7 @@ def test_large_tile_stays_pipelined_on_small_devices(storage: int, bk: int, padd
     """The default 128x128 tile keeps two sets of tiles on every device: 16 deep where two such
     sets fit (padded where that fits too), 8 deep on a device with the WebGPU minimum of 16 KiB."""
     monkeypatch.setattr(codegen, "MATMUL_BLOCK", None)
-    (eqn,) = _kernel_eqns(lambda a, b: a @ b, S((2048, 64)), S((64, 1024)))
+    (eqn,) = _kernel_eqns(lambda a, b: a @ b, S((2048, 1024)), S((1024, 1024)))
     k = codegen.generate(eqn, "gpu", storage)
     body = main_body(k.wgsl)
     assert "let cur = " in body and f"k0 += {bk}u" in body
@@ -487,7 +497,7 @@ def test_large_tile_stays_pipelined_on_small_devices(storage: int, bk: int, padd
 
 @pytest.mark.parametrize("storage", [16384, 32768])
 @pytest.mark.parametrize("block", [(128, 128, 16, 8, 8), (128, 64, 16, 8, 4), (64, 64, 32, 4, 4),
-                                   (128, 128, 8, 8, 8), (64, 192, 16, 4, 12)])
+                                   (128, 128, 8, 8, 8), (64, 192, 16, 4, 12), (64, 64, 8, 8, 4)])
 def test_a_tile_padded_where_it_fits_else_swizzled(block: tuple[int, int, int, int, int],
                                                    storage: int,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
@@ -496,8 +506,8 @@ def test_a_tile_padded_where_it_fits_else_swizzled(block: tuple[int, int, int, i
     128x128 and 64x192 tiles keep two sets of tiles (pipelined) where two swizzled sets fit."""
     monkeypatch.setattr(codegen, "MATMUL_BLOCK", block)
     bm, bn, bk = block[:3]
-    sets = 2 if (bm * bn >= 128 * 128 or (bm, bn) == (64, 192)) and \
-        2 * 16 * bk * (bm + bn) // 4 <= storage else 1
+    pipelined = bm * bn >= 128 * 128 or (bm, bn) == (64, 192) or block == codegen.MATMUL_THIN
+    sets = 2 if pipelined and 2 * 16 * bk * (bm + bn) // 4 <= storage else 1
     padded_bytes = sets * 16 * bk * (bm // 4 + 1 + bn // 4)
     (eqn,) = _kernel_eqns(lambda a, b: a @ b, S((300, 200)), S((200, 300)))
     k = codegen.generate(eqn, "gpu", storage)

@@ -73,10 +73,15 @@ def test_cases_left_alone(rng: np.random.Generator, monkeypatch: pytest.MonkeyPa
     x = _data(rng, 40, 8)
     ws = [_data(rng, 8, 5), _data(rng, 5), _data(rng, 8, 5), _data(rng, 5),
           _data(rng, 8, 4), _data(rng, 4)]
-    # more rows than MAX_ROWS: each product fills the GPU on its own
+    # more rows than MAX_ROWS and more tiles than MAX_TILES: each product fills the GPU on its own
     monkeypatch.setattr(merge, "MAX_ROWS", 39)
+    monkeypatch.setattr(merge, "MAX_TILES", 0)
     f = fusec.gpu_jit(_projections)
     assert _kinds(f, x, *ws).count("matmul") == 3
+    monkeypatch.setattr(merge, "MAX_TILES", 1)  # 40 rows of 5 columns: one tile
+    g = fusec.gpu_jit(_projections)
+    assert _kinds(g, x, *ws).count("matmul") == 1
+    monkeypatch.setattr(merge, "MAX_TILES", 0)
     monkeypatch.setattr(merge, "MAX_ROWS", 40)
     g = fusec.gpu_jit(_projections)
     assert _kinds(g, x, *ws).count("matmul") == 1

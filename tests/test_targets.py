@@ -130,12 +130,14 @@ def test_matmul_kernels(target: str, mkn: tuple[int, int, int], rng: np.random.G
 
 
 @pytest.mark.parametrize("block", [(128, 128, 16, 8, 8), (64, 128, 16, 4, 8), (64, 192, 16, 4, 12),
+                                   (64, 64, 8, 8, 4), (128, 64, 16, 16, 4), (64, 64, 16, 16, 4),
                                    (128, 64, 8, 8, 4)])
 @pytest.mark.usefixtures("gpu_target")
 def test_matmul_block_configurations(block: tuple[int, ...], rng: np.random.Generator,
                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every valid register-blocked configuration computes the product; an invalid one (tiles
-    that 256 threads cannot load in whole rounds) is refused, never run."""
+    """Every valid register-blocked configuration (16 x BM / TM threads: 64, 128 or 256)
+    computes the product; an invalid one (tiles that its threads cannot load in whole rounds) is
+    refused, never run."""
     from fusec import codegen
 
     monkeypatch.setattr(codegen, "MATMUL_BLOCK", block)
@@ -152,7 +154,8 @@ def test_matmul_block_configurations(block: tuple[int, ...], rng: np.random.Gene
 
 @pytest.mark.parametrize("mode", ["staged", "direct"])
 @pytest.mark.parametrize("block", [(128, 128, 16, 8, 8), (64, 64, 16, 4, 4), (64, 128, 16, 4, 8),
-                                   (128, 64, 16, 8, 4), (128, 128, 8, 8, 8), (64, 192, 16, 4, 12)])
+                                   (128, 64, 16, 8, 4), (128, 128, 8, 8, 8), (64, 192, 16, 4, 12),
+                                   (64, 64, 8, 8, 4)])
 @pytest.mark.usefixtures("gpu_target")
 def test_matmul_epilogue_stores(mode: str, block: tuple[int, ...], rng: np.random.Generator,
                                 monkeypatch: pytest.MonkeyPatch) -> None:

@@ -89,7 +89,7 @@ def tuning() -> dict[str, object]:
     fuse_module = importlib.import_module(__name__ + ".fuse")
 
     return {"fuse": (fuse_module.ROW_MAX, fuse_module.CONE_MAX, fuse_module.PROLOGUE_MAX),
-            "merge": merge.MAX_ROWS,
+            "merge": (merge.MAX_ROWS, merge.MAX_TILES),
             "split": (split.SPLIT_MIN, split.SPLIT_MAX_OUTPUTS, split.CHUNK, split.MAX_CHUNKS,
                       split.COLUMN_THREADS, split.COLUMN_MIN),
             "splitk": (splitk.TILE_LIMIT, splitk.GROUPS, splitk.MIN_CHUNK, splitk.RB_GROUPS,

@@ -11,10 +11,11 @@ input, and rewrites each such group as::
     y = x @ w [+ concatenate([b_0, ..., b_n])]      one product (the bias its epilogue)
     y_i = y[..., o_i : o_i + n_i]                    slices, read in place by their readers
 
-A group is merged only where the products have at most :data:`MAX_ROWS` rows: there each is too
-small to fill the GPU, and one kernel does the work of several in about the time of one. With
-more rows each product fills the GPU on its own, and the weights' join (on every call: they are
-arguments) costs more than one kernel in place of several saves. Products whose result has other
+A group is merged only where the products are small: at most :data:`MAX_ROWS` rows, or each at
+most :data:`MAX_TILES` tiles of 128x128. There each is too small to fill the GPU, and one kernel
+does the work of several in less time. With more work each product fills the GPU on its own, and
+the weights' join (on every call: they are arguments) costs about what one kernel in place of
+several saves. Products whose result has other
 readers than the bias add, or whose bias add is shared, are left alone; members with a bias and
 members without form separate groups.
 """
@@ -27,11 +28,17 @@ from typing import Any, Optional
 from ..ir import Atom, Eqn, Lit, Op, Program, Var
 from ..ops import infer_type
 
-# rows of the left operand (its leading axes' product) up to which products merge. H200, GPU us
-# of the MiniLM-L6 encoder (bench/product_probe.py, best of 2-3 rounds; rows = batch x tokens),
-# merged / not: 16 rows 797 / 966, 128 1175 / 1379, 512 1293 / 1447, 1024 1542 / 1610, but 2048
-# 2432 / 2406 and 4096 3462 / 3375 (there the merged product took 142 us against 3 x 48).
+# rows of the left operand (its leading axes' product) up to which products merge; beyond, those
+# whose result is at most MAX_TILES tiles of 128x128 each. H200, GPU us of the MiniLM-L6 encoder
+# (bench/product_probe.py, best of 2-3 rounds; rows = batch x tokens; its products have 384 or
+# 1536 columns), merged / not: 16 rows 797 / 966, 128 1175 / 1379, 512 1293 / 1447, 1024 1542 /
+# 1610; since short-K products take 64x64 tiles (codegen.MATMUL_THIN), 2048 (48 tiles) 2130 /
+# 2318, 4096 (96 tiles) 3112 / 3235 (the merged product 108 us against 3 x 46.5), but 8192 (192
+# tiles) 6476-6514 / 6488-6546. (With the 64x192 tiles before, 2048 rows measured 2432 / 2406 and
+# 4096 3462 / 3375.) The bench's transformer block (2048 rows, products of 1024 and 2816
+# columns: 128 and 352 tiles) stays as it was.
 MAX_ROWS = 1024
+MAX_TILES = 96
 
 
 class _Member:
@@ -116,7 +123,10 @@ def merge_products(prog: Program) -> Program:
         w = weight(mm)
         if not isinstance(x, Var) or w is None or len(x.shape) < 2 or x.dtype != "float32":
             continue
-        if math.prod(x.shape[:-1]) > MAX_ROWS or w[0].dtype != x.dtype or w[0].shape[1] == 0:
+        rows = math.prod(x.shape[:-1])
+        if rows > MAX_ROWS and -(-rows // 128) * -(-w[0].shape[1] // 128) > MAX_TILES:
+            continue  # each fills the GPU on its own
+        if w[0].dtype != x.dtype or w[0].shape[1] == 0:
             continue  # (a weight of no columns: no piece to join)
         out = mm.outs[0]
         if id(out) in outputs:
