@@ -7,16 +7,17 @@ package needed): where a decode step's wall time goes. Per step, medians of ``--
 - the kernel count, and (``--profile``) each kernel kind's GPU time, each kernel run alone.
 
     python bench/llama_synthetic.py [--layers 30] [--steps 20] [--batch 1] [--profile]
-        [--cprofile] [--submit-firsts 4,2,1,0 [--rounds 3]]
+        [--cprofile] [--submit-firsts 4,2,1,0,4/4 [--rounds 3]]
         [--settings "default;fuse.PROLOGUE_MAX=0" [--rounds 3]]
 
 ``--submit-firsts`` times the step (call to token on the host) with each FUSEC_SUBMIT_FIRST
-setting, interleaved over ``--rounds`` rounds in this process (the GPU's clocks drift between
-processes), and prints each setting's best round. ``--settings`` does the same for planner
-settings: each a list of ``module.NAME=value`` overrides (modules ``fuse``, ``codegen``,
-``merge``: fusec.passes.fuse, fusec.codegen, fusec.passes.merge), ``default`` for none, each
-round on a model built afresh (run with ``FUSEC_CACHE_DIR=off``: the settings are read at
-lowering); it prints each setting's kernel count, and its best round's step and GPU time.
+setting (``F/G``: and FUSEC_SUBMIT_GROWTH G), interleaved over ``--rounds`` rounds in this
+process (the GPU's clocks drift between processes), and prints each setting's best round.
+``--settings`` does the same for planner settings: each a list of ``module.NAME=value``
+overrides (modules ``fuse``, ``codegen``, ``merge``: fusec.passes.fuse, fusec.codegen,
+fusec.passes.merge), ``default`` for none, each round on a model built afresh (run with
+``FUSEC_CACHE_DIR=off``: the settings are read at lowering); it prints each setting's kernel
+count, and its best round's step and GPU time.
 """
 
 from __future__ import annotations
@@ -165,11 +166,14 @@ def main() -> None:
           f"ms, step {1e3 * med(step):.2f} ms, gpu {med(gpu) if gpu else float('nan'):.2f} ms "
           f"(medians of {a.steps})")
     if a.submit_firsts:
-        firsts = [int(v) for v in a.submit_firsts.split(",")]
-        best: dict[int, tuple[float, float]] = {}
+        # "F" or "F/G": FUSEC_SUBMIT_FIRST, and FUSEC_SUBMIT_GROWTH (0: the rest in one chunk)
+        firsts = [v for v in a.submit_firsts.split(",") if v]
+        best: dict[str, tuple[float, float]] = {}
         for _ in range(a.rounds):
             for first in firsts:
-                fusec.config.set("submit_first", first)
+                fusec.config.set("submit_first", int(first.split("/")[0]))
+                fusec.config.set("submit_growth",
+                                 int(first.split("/")[1]) if "/" in first else None)
                 hs, ss, nxt = timed_steps(model, nxt, a.steps)
                 if first not in best or med(ss) < best[first][1]:
                     best[first] = (med(hs), med(ss))
@@ -177,6 +181,7 @@ def main() -> None:
                     model.reset(a.batch)
                     nxt = model.step(np.full((a.batch, 8), 7, np.int32))
         fusec.config.set("submit_first", None)
+        fusec.config.set("submit_growth", None)
         for first in firsts:
             print(f"submit_first {first}: host {1e3 * best[first][0]:.2f} ms, step "
                   f"{1e3 * best[first][1]:.2f} ms (best of {a.rounds} rounds, medians of "

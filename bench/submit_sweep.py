@@ -3,7 +3,7 @@
 the call alone (recording up to its last submit), and the time in wgpu-native's ``finish`` and
 ``submit`` per call (issue 18).
 
-    python bench/submit_sweep.py [--only sort,transformer,...] [--firsts 0,1,2,3,4,8]
+    python bench/submit_sweep.py [--only sort,transformer,...] [--firsts 0,1,2,3,4,8,8/0]
                                  [--rounds 3] [--reps 20] [--bert 32x128,1x16] [--jax]
 
 Per workload (``fusec bench``'s full set, inputs on the device) and per setting, the median of
@@ -33,7 +33,9 @@ DEFAULT = "sort,transformer,mlp,matmul_skinny_m_bias_gelu,matmul_square_bias_gel
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", default=DEFAULT)
-    ap.add_argument("--firsts", default="0,1,2,3,4,8")
+    ap.add_argument("--firsts", default="0,1,2,3,4,8",
+                    help="FUSEC_SUBMIT_FIRST values, each optionally /FUSEC_SUBMIT_GROWTH")
+    ap.add_argument("--calls", type=int, default=10, help="calls per back-to-back run")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--bert", default="")
@@ -92,15 +94,19 @@ def main(argv: list[str] | None = None) -> int:
             ids, mask = ex.make_batch(b, s, 30522)
             idd, md = fusec.device_put(ids), fusec.device_put(mask)
             cases.append((f"bert {shape}", (lambda idd=idd, md=md: enc(wts, idd, md)), None))
-    firsts = [int(v) for v in a.firsts.split(",")]
-    best: dict[tuple[str, int], float] = {}
-    host: dict[tuple[str, int], tuple[float, float, float]] = {}
+    # "F" or "F/G": the first chunk's dispatches, and each later chunk's growth (0: the rest)
+    firsts = [v for v in a.firsts.split(",") if v]
+    best: dict[tuple[str, str], float] = {}
+    b2b: dict[tuple[str, str], float] = {}
+    host: dict[tuple[str, str], tuple[float, float, float]] = {}
     jax_t: dict[str, float] = {}
     for name, call, jf in cases:
         call().block_until_ready()
         for rnd in range(a.rounds):
             for first in firsts:
-                fusec.config.set("submit_first", first)
+                fusec.config.set("submit_first", int(first.split("/")[0]))
+                fusec.config.set("submit_growth", int(first.split("/")[1]) if "/" in first
+                                 else None)
                 call().block_until_ready()
                 ts, alone = [], []
                 spent[0], spent[1] = 0.0, 0
@@ -116,6 +122,11 @@ def main(argv: list[str] | None = None) -> int:
                     best[name, first] = m
                     host[name, first] = (statistics.median(alone), spent[0] / a.reps,
                                          spent[1] / a.reps)
+                t = time.perf_counter()
+                rs = [call() for _ in range(a.calls)]
+                rs[-1].block_until_ready()
+                per = (time.perf_counter() - t) / a.calls
+                b2b[name, first] = min(b2b.get((name, first), float("inf")), per)
             if jf is not None:
                 jf()
                 ts = []
@@ -125,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
                     ts.append(time.perf_counter() - t)
                 jax_t[name] = min(jax_t.get(name, float("inf")), statistics.median(ts))
         fusec.config.set("submit_first", None)
+        fusec.config.set("submit_growth", None)
         line = [f"{name:28s}"]
         for first in firsts:
             line.append(f"{first}: {1e6 * best[name, first]:8.1f}")
@@ -134,7 +146,8 @@ def main(argv: list[str] | None = None) -> int:
         for first in firsts:
             al, sp, ns = host[name, first]
             print(f"    first {first}: call alone {1e6 * al:7.1f} us, finish+submit "
-                  f"{1e6 * sp:7.1f} us in {ns:.1f} submits", flush=True)
+                  f"{1e6 * sp:7.1f} us in {ns:.1f} submits; back to back "
+                  f"{1e6 * b2b[name, first]:8.1f} us per call", flush=True)
     native.Encoder.submit = orig  # type: ignore[method-assign]
     return 0
 

@@ -1823,6 +1823,7 @@ class GpuExecutable(_Steps):
         timed pass of its own, its name appended to ``timed``."""
         rt = self.rt
         dispatched = 0
+        growth = int(config.get("submit_growth")) if split else 0
         for st in self.steps:
             if type(st) is _Alias:
                 bufs[st.dst] = bufs[st.src]
@@ -1837,7 +1838,7 @@ class GpuExecutable(_Steps):
                 bg = _bind_group(rt, st, bound)
             if split and dispatched == split:
                 enc, cpass = rt.submit_chunk(enc, cpass)
-                split *= 2
+                split = split * growth if growth else 1 << 62
             dispatched += 1
             if kq is not None:
                 # each kernel timed alone: submitted on its own once the GPU is idle (timed
@@ -1871,6 +1872,7 @@ class GpuExecutable(_Steps):
         raw = cpass.raw
         last = None
         dispatched = 0
+        growth = int(config.get("submit_growth")) if split else 0
         for st in self.steps:
             if type(st) is _Alias:
                 bufs[st.dst] = bufs[st.src]
@@ -1900,7 +1902,7 @@ class GpuExecutable(_Steps):
                 enc, cpass = rt.submit_chunk(enc, cpass)
                 raw = cpass.raw
                 last = None
-                split *= 2
+                split = split * growth if growth else 1 << 62
             dispatched += 1
             pipe = st.pipeline
             if pipe is not last:
