@@ -471,7 +471,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 out, ex.reference(w, ids, mask, eps, layers=a.layers))
         if a.torch_device != "none":
             s.update(bench_torch(a, timer, w, ids, mask, eps, out, s["fusec"]["round_trip"]))
-        s["fusec"].pop("round_trip")
+        s["fusec"].pop("round_trip", None)
         s["ratios"] = {key: {"wall": s["fusec"]["wall_ms"] / s[key]["wall_ms"],
                              "b2b": s["fusec"]["b2b_ms"] / s[key]["b2b_ms"]}
                        for key, _ in IMPLS[1:] if key in s and "wall_ms" in s[key]}

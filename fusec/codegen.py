@@ -101,17 +101,19 @@ MATMUL_BLOCK: Optional[tuple[int, ...]] = (
 
 
 def _check_matmul_block(cfg: tuple[int, ...]) -> tuple[int, int, int, int, int]:
-    """16 x (BM / TM) threads (4, 8 or 16 rows of 16), each TMxTN (multiples of 4), tiles loaded
-    in whole rounds of a vec4 per thread."""
+    """16 x (BM / TM) threads (4, 8 or 16 rows of 16), each TMxTN (positive multiples of 4),
+    tiles loaded in whole rounds of a vec4 per thread; BM at least 32 (a swizzled A tile's row
+    of BM / 4 vec4s takes the XOR with k % 8)."""
     if len(cfg) != 5:
         raise ValueError(f"a matmul block is BM,BN,BK,TM,TN; got {cfg}")
     bm, bn, bk, tm, tn = cfg
-    threads = 16 * (bm // tm) if tm and bm % tm == 0 else 0
-    if (bm // max(tm, 1) not in (4, 8, 16) or bm % max(tm, 1) or bn != 16 * tn or tm % 4
-            or tn % 4 or (bm * bk) % (4 * threads) or (bk * bn) % (4 * threads)):
+    ok = (tm > 0 and tn > 0 and bk > 0 and tm % 4 == 0 and tn % 4 == 0 and bm % tm == 0
+          and bm // tm in (4, 8, 16) and bm >= 32 and bn == 16 * tn)
+    threads = 16 * (bm // tm) if ok else 1
+    if not ok or (bm * bk) % (4 * threads) or (bk * bn) % (4 * threads):
         raise ValueError(f"matmul block {cfg} does not fit 16 x (BM / TM) threads: need BM = 4, "
-                         "8 or 16 TM, BN = 16 TN, TM and TN multiples of 4, BM*BK and BK*BN "
-                         "multiples of 4 x the threads")
+                         "8 or 16 TM and at least 32, BN = 16 TN, TM and TN positive multiples "
+                         "of 4, BM*BK and BK*BN multiples of 4 x the threads")
     return bm, bn, bk, tm, tn
 
 

@@ -58,7 +58,8 @@ _ENV = {
     # dispatches encoded before the first submit of a call with many kernels (0: one submit):
     # the GPU starts on them while the host encodes the rest; later chunks grow (submit_growth)
     "submit_first": ("FUSEC_SUBMIT_FIRST", 4),  # read at each call that is not batched
-    # ...and each chunk after it is this many times longer (0: the rest in one chunk)
+    # ...then submits after this many times as many dispatches each time (2: after 4, 8, 16, ...;
+    # 1 or less: the rest of the call in one submit)
     "submit_growth": ("FUSEC_SUBMIT_GROWTH", 2),
     # a while_loop's chunks of iterations between reads of its flag grow up to this (runtime)
     "while_chunk_max": ("FUSEC_WHILE_CHUNK_MAX", 0),

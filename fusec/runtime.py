@@ -1779,9 +1779,9 @@ class GpuExecutable(_Steps):
             if rt.kernel_profile is not None and "timestamp-query" in rt.info.features:
                 kq = rt.kernel_queries(len(self.steps))
         timed: list[str] = []
-        # a call of many kernels submits its first dispatches early, then chunks twice as long,
-        # so that the GPU starts while the host records the rest (FUSEC_SUBMIT_FIRST; not under
-        # the profilers, whose timestamps bracket one pass)
+        # a call of many kernels submits its first dispatches early, then after twice as many and
+        # so on, so that the GPU starts while the host records the rest (FUSEC_SUBMIT_FIRST and
+        # FUSEC_SUBMIT_GROWTH; not under the profilers, whose timestamps bracket one pass)
         split = 0 if batched or rt.profile or kq is not None else int(config.get("submit_first"))
         if type(cpass) is Pass and kq is None:
             enc, cpass = self._record_native(bufs, raws, enc, cpass, split)
@@ -1819,8 +1819,9 @@ class GpuExecutable(_Steps):
                 kq: Any, timed: list[str]) -> tuple[Any, Any]:
         """``_run``'s loop over the steps through wgpu-py's passes (``FUSEC_NATIVE=0``, the
         profilers): bind the slots' buffers, record each dispatch, submit the first ``split``
-        early (then chunks twice as long); under ``fusec.profile()`` (``kq``) each kernel in a
-        timed pass of its own, its name appended to ``timed``."""
+        early (then after ``submit_growth`` times as many dispatches each time); under
+        ``fusec.profile()`` (``kq``) each kernel in a timed pass of its own, its name appended to
+        ``timed``."""
         rt = self.rt
         dispatched = 0
         growth = int(config.get("submit_growth")) if split else 0
@@ -1838,7 +1839,7 @@ class GpuExecutable(_Steps):
                 bg = _bind_group(rt, st, bound)
             if split and dispatched == split:
                 enc, cpass = rt.submit_chunk(enc, cpass)
-                split = split * growth if growth else 1 << 62
+                split = split * growth if growth > 1 else 1 << 62
             dispatched += 1
             if kq is not None:
                 # each kernel timed alone: submitted on its own once the GPU is idle (timed
@@ -1902,7 +1903,7 @@ class GpuExecutable(_Steps):
                 enc, cpass = rt.submit_chunk(enc, cpass)
                 raw = cpass.raw
                 last = None
-                split = split * growth if growth else 1 << 62
+                split = split * growth if growth > 1 else 1 << 62
             dispatched += 1
             pipe = st.pipeline
             if pipe is not last:

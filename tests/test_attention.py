@@ -314,19 +314,34 @@ def test_decode_step_of_a_llama_has_one_attention_kernel_per_layer() -> None:
 
 
 @pytest.mark.usefixtures("cpu_target")
-def test_keys_up_to_the_software_loop_budget() -> None:
+@pytest.mark.parametrize("rows,bias", [(128, False), (1, True)])
+def test_keys_up_to_the_software_loop_budget(rows: int, bias: bool) -> None:
     # a software adapter ends a shader's loops after 65535 iterations in all and carries on
     # with wrong results: on the cpu target the kernel takes only attentions whose loops stay
     # within the budget, every loop's exit test included. The most keys it takes at head dim 1
-    # come out right, and one tile more takes the written-out plan (also right).
-    t = max(n for n in range(55000, 62000, 10)
-            if attention_kernel.fits((128, 1), (1, n), (n, 1), "cpu"))
+    # come out right, and one tile more takes the written-out plan (also right): 128 rows, and
+    # one row with a staged bias (a workgroup of one thread loads every key, value and bias)
+    lo, hi = 1, 1 << 20
+    while hi - lo > 1:  # the most keys that fit
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if attention_kernel.fits((rows, 1), (1, mid), (mid, 1), "cpu") \
+            else (lo, mid)
+    t = lo
     rng = np.random.default_rng(8)
     for n, kind in ((t, "attention"), (t + 64, "matmul")):
-        q, k, v = _data(rng, 128, 1), _data(rng, n, 1), _data(rng, n, 1)
-        f = fusec.gpu_jit(lambda q, k, v: _attention(q, k, v, scale=0.5))
-        assert _kinds(f, q, k, v)[0] == kind
-        np.testing.assert_allclose(np.asarray(f(q, k, v)), _reference(q, k, v, 0.5, None),
+        q, k, v = _data(rng, rows, 1), _data(rng, n, 1), _data(rng, n, 1)
+        args = [q, k, v]
+        if bias:  # the last keys weigh most: a loop cut short misses them
+            b = np.zeros((1, n), np.float32)
+            b[0, -50:] = 20.0
+            args.append(b)
+        f = fusec.gpu_jit((lambda q, k, v, b: _attention(q, k, v, b, scale=0.5)) if bias
+                          else (lambda q, k, v: _attention(q, k, v, scale=0.5)))
+        kernels = f.lower(*args).kernels
+        assert kernels[0].kind == kind
+        assert ("bs[" in kernels[0].wgsl) == (bias and kind == "attention")
+        np.testing.assert_allclose(np.asarray(f(*args)),
+                                   _reference(q, k, v, 0.5, args[3] if bias else None),
                                    rtol=1e-4, atol=1e-6)
 
 
@@ -344,12 +359,16 @@ def test_key_chunks_and_staged_bias(monkeypatch: pytest.MonkeyPatch, target: str
     monkeypatch.setattr(attention_kernel, "CHUNK", chunk)
     monkeypatch.setattr(attention_kernel, "STAGE_BIAS", stage)
     rng = np.random.default_rng(chunk * 10 + stage)
-    for t in (1, 13, 67, 130):
-        q, k, v = _data(rng, 5, 2, 21, 8), _data(rng, 5, 2, t, 8), _data(rng, 5, 2, t, 12)
+    for t, d, e in ((1, 8, 12), (13, 8, 12), (67, 16, 16), (130, 8, 12)):
+        # (16 x 16 on the gpu target: two threads per row where subgroups allow)
+        q, k, v = _data(rng, 5, 2, 21, d), _data(rng, 5, 2, t, d), _data(rng, 5, 2, t, e)
+        v[4, :, t - 1, 0] = np.inf   # infinite values: a ragged last chunk must not make NaN
+        v[4, :, t - 1, 1] = -np.inf  # of them (its padded keys weigh 0)
         mask = (rng.random((5, 1, 1, t)) < 0.8).astype(np.float32)
         mask[:, :, :, 0] = 1.0
         mask[2, :, :, : min(t - 1, 10)] = 0.0  # the first chunk(s) masked: m stays -inf a while
         mask[2, :, :, t - 1] = 1.0
+        mask[4, :, :, t - 1] = 1.0  # (the infinite values' key)
         bias = np.where(mask > 0, 0.0, -np.inf).astype(np.float32)
         bias[0, :, :, t // 2] = np.nan   # a NaN key: every row of that batch is NaN
         bias[1, :, :, t - 1] = np.inf    # a +inf key: inf - inf
@@ -362,5 +381,8 @@ def test_key_chunks_and_staged_bias(monkeypatch: pytest.MonkeyPatch, target: str
             got = np.asarray(f(q, k, v, bias))
         want = _reference(q, k, v, 0.35, bias)
         np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
-        assert np.isnan(got[[0, 1, 3]]).all() and np.isfinite(got[[2, 4]]).all()
-        np.testing.assert_allclose(got[[2, 4]], want[[2, 4]], rtol=2e-5, atol=2e-6)
+        np.testing.assert_array_equal(np.isinf(got), np.isinf(want))
+        assert np.isnan(got[[0, 1, 3]]).all() and np.isfinite(got[2]).all()
+        assert np.isinf(got[4, :, :, :2]).all()
+        fin = np.isfinite(want)
+        np.testing.assert_allclose(got[fin], want[fin], rtol=2e-5, atol=2e-6)

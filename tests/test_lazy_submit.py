@@ -205,15 +205,15 @@ def test_an_unknown_wait_mode_is_a_clear_error() -> None:
 
 
 @pytest.mark.parametrize("first,growth,submits", [(0, 2, 1), (1, 2, 7), (3, 2, 5), (3, 4, 3),
-                                                  (5, 0, 2), (1, 3, 5)])
+                                                  (5, 0, 2), (5, 1, 2), (1, 3, 5)])
 def test_a_call_of_many_kernels_submits_in_growing_chunks(first: int, growth: int, submits: int,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """A call too large to join the batch (40 dependent products) submits its first ``first``
-    dispatches at once, then chunks ``growth`` times as long (FUSEC_SUBMIT_FIRST, 0: one submit;
-    FUSEC_SUBMIT_GROWTH, 0: the rest in one chunk): the results are those of one submit, and
-    the submits are as many as the rule says (1, 2: after dispatches 1, 2, 4, 8, 16 and 32, then
-    the rest; 3, 2: after 3, 6, 12 and 24; 3, 4: after 3 and 12; 5, 0: after 5; 1, 3: after 1,
-    3, 9 and 27)."""
+    dispatches at once, then after ``growth`` times as many each time (FUSEC_SUBMIT_FIRST, 0:
+    one submit; FUSEC_SUBMIT_GROWTH, 1 or less: the rest in one chunk): the results are those of
+    one submit, and the submits are as many as the rule says (1, 2: after dispatches 1, 2, 4, 8,
+    16 and 32, then the rest; 3, 2: after 3, 6, 12 and 24; 3, 4: after 3 and 12; 5, 0 and 5, 1:
+    after 5; 1, 3: after 1, 3, 9 and 27)."""
     rt = _rt()
     monkeypatch.setitem(fusec.config._overrides, "submit_first", first)
     monkeypatch.setitem(fusec.config._overrides, "submit_growth", growth)

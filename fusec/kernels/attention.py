@@ -73,10 +73,11 @@ CHUNK = 8
 STAGE_BIAS = True
 
 
-def _tile(d: int, e: int, storage: int) -> int:
-    """Keys per tile: the most, a power of two up to MAX_TILE, whose keys and values fit."""
+def _tile(d: int, e: int, storage: int, staged: bool = True) -> int:
+    """Keys per tile: the most, a power of two up to MAX_TILE, whose keys and values (and a
+    staged bias) fit."""
     t = MAX_TILE
-    while t > 1 and t * (d + e + 1) * 4 > storage:  # (+1: a staged bias)
+    while t > 1 and t * (d + e + staged) * 4 > storage:
         t //= 2
     return t
 
@@ -105,10 +106,12 @@ def fits(q: Shape, kt: Shape, v: Shape, target: str, storage: int = 16384) -> bo
         return False
     tiles = -(-t // tile)
     threads = min(ROWS, q[-2])  # a workgroup's (software adapters: a thread per row)
-    loads = tiles * (-(-tile * d // threads) + -(-tile * e // threads))
-    # each tile: the tile loop's step and the exit tests of its three inner loops count too
-    # (with one test per tile, keys past ~59,900 at head dim 1 came out wrong on lavapipe)
-    return target == "gpu" or t + 4 * tiles + loads <= LOOP_BUDGET
+    # each tile, counted as the software adapter counts (every iteration and every exit test;
+    # with one test per tile, keys past ~59,900 at head dim 1 came out wrong on lavapipe): the
+    # loop over its chunks of keys, the loads of its keys, values and (staged) bias, the step
+    per_tile = (-(-tile // min(CHUNK, tile)) + -(-tile * d // threads) + -(-tile * e // threads)
+                + -(-tile // threads) + 5)
+    return target == "gpu" or tiles * per_tile <= LOOP_BUDGET
 
 
 def split_lanes(q: Shape, kt: Shape, v: Shape, target: str, subgroups: int) -> int:
@@ -142,7 +145,9 @@ def generate(kernel: Eqn, target: str = "gpu", workgroup_storage: int = 16384) -
     batch = q.shape[:-2]
     nb = math.prod(batch)
     s_len, d, t_len, e_len = q.shape[-2], q.shape[-1], kt.shape[-1], v.shape[-1]
-    tile = _tile(d, e_len, workgroup_storage)
+    # a bias the same for every query row (its row axis broadcast) is staged per tile
+    staged = bias is not None and STAGE_BIAS and (len(bias.shape) < 2 or bias.shape[-2] == 1)
+    tile = _tile(d, e_len, workgroup_storage, staged)
     binds, names = _bindings(body, tuple(kernel.params.get("inplace", ())))
     counter = [0]
 
@@ -201,8 +206,6 @@ def generate(kernel: Eqn, target: str = "gpu", workgroup_storage: int = 16384) -
     k_val, k_lines = tile_load(kt, ("kd", "kt"), 0)
     v_val, v_lines = tile_load(v, ("vt", "ve"), 1)
     bias_val, bias_lines = "", []
-    # a bias the same for every query row (its row axis broadcast) is staged per tile
-    staged = bias is not None and STAGE_BIAS and (len(bias.shape) < 2 or bias.shape[-2] == 1)
     if bias is not None:
         scores = q.shape[:-1] + (t_len,)
         em = Emitter(body, names, indent="            " if staged else "                ",

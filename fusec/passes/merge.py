@@ -124,7 +124,9 @@ def merge_products(prog: Program) -> Program:
         if not isinstance(x, Var) or w is None or len(x.shape) < 2 or x.dtype != "float32":
             continue
         rows = math.prod(x.shape[:-1])
-        if rows > MAX_ROWS and -(-rows // 128) * -(-w[0].shape[1] // 128) > MAX_TILES:
+        # (tiles as the product's kernel makes them: of each matrix of a batched x)
+        tiles = math.prod(x.shape[:-2]) * -(-x.shape[-2] // 128) * -(-w[0].shape[1] // 128)
+        if rows > MAX_ROWS and tiles > MAX_TILES:
             continue  # each fills the GPU on its own
         if w[0].dtype != x.dtype or w[0].shape[1] == 0:
             continue  # (a weight of no columns: no piece to join)
