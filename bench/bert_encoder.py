@@ -62,7 +62,7 @@ sys.path.insert(0, str(ROOT / "examples"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import minilm_encoder as ex  # noqa: E402  (examples/minilm_encoder.py; imports no fusec)
-from timing import back_to_back  # noqa: E402  (bench/timing.py)
+from timing import back_to_back, torch_kernels  # noqa: E402  (bench/timing.py)
 
 D, FFN, VOCAB, POSITIONS, TYPES, EPS = 384, 1536, 30522, 512, 2, 1e-12
 ACCEPTANCE = {(32, 128): "torch_compile", (1, 16): "torch_eager"}
@@ -307,21 +307,6 @@ def bench_torch(a: argparse.Namespace, timer: Timer, w: dict[str, np.ndarray], i
         rows["interleaved"] = inter  # type: ignore[assignment]
     torch._dynamo.reset()  # each shape's compile starts from nothing
     return rows
-
-
-def torch_kernels(torch: Any, fn: Callable[[], Any]) -> list[dict[str, Any]]:
-    """The CUDA kernels of one call of ``fn`` by torch.profiler, summed by name, largest first:
-    what torch's time is made of, beside fusec.profile's table."""
-    from torch.profiler import ProfilerActivity, profile
-
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    rows = [{"kernel": e.key, "runs": e.count, "gpu_us": e.device_time_total}
-            for e in prof.key_averages() if e.device_time_total > 0]
-    return sorted(rows, key=lambda r: -r["gpu_us"])
 
 
 def hf_model(torch: Any, w: dict[str, np.ndarray], ti: Any, tm: Any, eps: float, dev: str,

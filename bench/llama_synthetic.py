@@ -39,7 +39,7 @@ from fusec.models.llama import Llama, LlamaConfig, _bucket, _merged, step_inputs
 from fusec.runtime import get_runtime
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from timing import overridden, setting_changes  # noqa: E402  (bench/timing.py)
+from timing import overridden, setting_changes, submit_setting  # noqa: E402  (bench/timing.py)
 
 
 def synthetic(layers: int, seed: int = 0) -> tuple[LlamaConfig, dict]:
@@ -166,22 +166,19 @@ def main() -> None:
           f"ms, step {1e3 * med(step):.2f} ms, gpu {med(gpu) if gpu else float('nan'):.2f} ms "
           f"(medians of {a.steps})")
     if a.submit_firsts:
-        # "F" or "F/G": FUSEC_SUBMIT_FIRST, and FUSEC_SUBMIT_GROWTH (0: the rest in one chunk)
+        # "F" or "F/G": FUSEC_SUBMIT_FIRST, and FUSEC_SUBMIT_GROWTH (timing.submit_setting)
         firsts = [v for v in a.submit_firsts.split(",") if v]
         best: dict[str, tuple[float, float]] = {}
         for _ in range(a.rounds):
             for first in firsts:
-                fusec.config.set("submit_first", int(first.split("/")[0]))
-                fusec.config.set("submit_growth",
-                                 int(first.split("/")[1]) if "/" in first else None)
+                submit_setting(first)
                 hs, ss, nxt = timed_steps(model, nxt, a.steps)
                 if first not in best or med(ss) < best[first][1]:
                     best[first] = (med(hs), med(ss))
                 if model.pos > 200:
                     model.reset(a.batch)
                     nxt = model.step(np.full((a.batch, 8), 7, np.int32))
-        fusec.config.set("submit_first", None)
-        fusec.config.set("submit_growth", None)
+        submit_setting(None)
         for first in firsts:
             print(f"submit_first {first}: host {1e3 * best[first][0]:.2f} ms, step "
                   f"{1e3 * best[first][1]:.2f} ms (best of {a.rounds} rounds, medians of "

@@ -26,7 +26,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
-from timing import overridden, setting_changes  # noqa: E402  (bench/timing.py)
+from timing import overridden, setting_changes, torch_kernels  # noqa: E402  (bench/timing.py)
 
 SHAPES = "16x384x384,16x1536x384,16x384x1536"  # M x K x N
 
@@ -36,7 +36,6 @@ def _torch_row(prods: list[tuple[str, list[Any]]], policy: Any) -> dict[str, Any
     time by torch.profiler (CUPTI), mean of 20 calls, and CUDA events around a call (launch
     included) after it."""
     import torch
-    from torch.profiler import ProfilerActivity, profile
 
     from fusec import bench
 
@@ -45,17 +44,10 @@ def _torch_row(prods: list[tuple[str, list[Any]]], policy: Any) -> dict[str, Any
     for label, args in prods:
         x, w, bias = (torch.from_numpy(np.asarray(v)).cuda() for v in args)
         call = lambda x=x, w=w, bias=bias: torch.addmm(bias, x, w)  # noqa: E731
-        for _ in range(5):
-            call()
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(20):
-                call()
-            torch.cuda.synchronize()
-        kernel = sum(e.device_time_total for e in prof.key_averages()) / 20
-        names = sorted({e.key[:60] for e in prof.key_averages() if e.device_time_total > 0})
-        row[label] = (round(kernel, 1), round(1e6 * bench.torch_cuda_time(call, policy)["time_s"],
-                                              1), names)
+        kernels = torch_kernels(torch, call, calls=20, warmup=5)
+        row[label] = (round(sum(r["gpu_us"] for r in kernels), 1),
+                      round(1e6 * bench.torch_cuda_time(call, policy)["time_s"], 1),
+                      sorted({r["kernel"][:60] for r in kernels}))
     return row
 
 

@@ -26,6 +26,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+from timing import submit_setting  # noqa: E402  (bench/timing.py)
 
 DEFAULT = "sort,transformer,mlp,matmul_skinny_m_bias_gelu,matmul_square_bias_gelu,cumsum,argmax"
 
@@ -104,9 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         call().block_until_ready()
         for rnd in range(a.rounds):
             for first in firsts:
-                fusec.config.set("submit_first", int(first.split("/")[0]))
-                fusec.config.set("submit_growth", int(first.split("/")[1]) if "/" in first
-                                 else None)
+                submit_setting(first)
                 call().block_until_ready()
                 ts, alone = [], []
                 spent[0], spent[1] = 0.0, 0
@@ -135,8 +134,7 @@ def main(argv: list[str] | None = None) -> int:
                     jf()
                     ts.append(time.perf_counter() - t)
                 jax_t[name] = min(jax_t.get(name, float("inf")), statistics.median(ts))
-        fusec.config.set("submit_first", None)
-        fusec.config.set("submit_growth", None)
+        submit_setting(None)
         line = [f"{name:28s}"]
         for first in firsts:
             line.append(f"{first}: {1e6 * best[name, first]:8.1f}")

@@ -7,7 +7,7 @@ import json
 import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, Optional
 
 
 def median_wall(fn: Callable[[], Any], reps: int, warmup: int = 3) -> float:
@@ -40,6 +40,35 @@ def back_to_back(fn: Callable[[], Any], sync: Callable[[], Any], calls: int, rep
         sync()
         ts.append((time.perf_counter() - t) / calls)
     return statistics.median(ts)
+
+
+def submit_setting(setting: Optional[str]) -> None:
+    """Set how a long call submits: ``F`` (FUSEC_SUBMIT_FIRST) or ``F/G`` (and
+    FUSEC_SUBMIT_GROWTH G, else its default); None goes back to the environment's settings."""
+    import fusec
+
+    first, _, growth = (setting or "").partition("/")
+    fusec.config.set("submit_first", int(first) if setting is not None else None)
+    fusec.config.set("submit_growth", int(growth) if growth else None)
+
+
+def torch_kernels(torch: Any, fn: Callable[[], Any], calls: int = 1,
+                  warmup: int = 1) -> list[dict[str, Any]]:
+    """The CUDA kernels of ``calls`` calls of ``fn`` by torch.profiler (CUPTI: the kernels' own
+    time, no launch gaps), by name: its runs in all and its time per call, largest first; after
+    ``warmup`` untimed calls."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    rows = [{"kernel": e.key, "runs": e.count, "gpu_us": e.device_time_total / calls}
+            for e in prof.key_averages() if e.device_time_total > 0]
+    return sorted(rows, key=lambda r: -r["gpu_us"])
 
 
 def write_json(res: Any, out: str) -> None:

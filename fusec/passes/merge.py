@@ -15,9 +15,8 @@ A group is merged only where the products are small: at most :data:`MAX_ROWS` ro
 most :data:`MAX_TILES` tiles of 128x128. There each is too small to fill the GPU, and one kernel
 does the work of several in less time. With more work each product fills the GPU on its own, and
 the weights' join (on every call: they are arguments) costs about what one kernel in place of
-several saves. Products whose result has other
-readers than the bias add, or whose bias add is shared, are left alone; members with a bias and
-members without form separate groups.
+several saves. Products whose result has other readers than the bias add, or whose bias add is
+shared, are left alone; members with a bias and members without form separate groups.
 """
 
 from __future__ import annotations
