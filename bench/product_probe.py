@@ -59,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-encoder", action="store_true")
     ap.add_argument("--torch", action="store_true", help="also time the products with cuBLAS")
     ap.add_argument("--rounds", type=int, default=1, help="interleaved rounds of the settings")
+    ap.add_argument("--plain", action="store_true", help="x @ w alone, no bias")
     a = ap.parse_args(argv)
     if a.torch:
         import torch  # noqa: F401  (before fusec: see the guide's note on torch and lavapipe)
@@ -89,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
         with overridden(setting_changes(setting, modules)):
             row: dict[str, Any] = {"setting": setting}
             for label, args in prods:
-                f = fusec.gpu_jit(lambda x, w, bias: x @ w + bias)
+                f = fusec.gpu_jit((lambda x, w, bias: x @ w) if a.plain
+                                  else (lambda x, w, bias: x @ w + bias))
                 kinds = [kk.kind for kk in f.lower(*args).kernels]
                 row[label] = (round(1e6 * bench.fusec_time(f, args, policy)["time_s"], 1), kinds)
             if not a.no_encoder:

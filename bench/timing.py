@@ -94,9 +94,15 @@ def setting_changes(setting: str, modules: dict[str, Any]) -> list[tuple[Any, st
     for item in setting.split(","):
         name, value = item.split("=")
         mod, attr = name.split(".")
-        out.append((modules[mod], attr, tuple(int(v) for v in value.split(":"))
-                    if ":" in value else int(value)))
+        out.append((modules[mod], attr, _value(value)))
     return out
+
+
+def _value(text: str) -> Any:
+    try:
+        return tuple(int(v) for v in text.split(":")) if ":" in text else int(text)
+    except ValueError:
+        return text
 
 
 @contextlib.contextmanager

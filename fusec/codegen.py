@@ -48,6 +48,8 @@ ELEMS_PER_THREAD = 4  # elementwise kernels over large arrays
 VEC_MIN = 1 << 16  # elementwise kernels at least this large use vec4 loads and stores on GPUs
 # vec4s per thread: on the H200 (2^26 float32) 2 gave 4.1-4.3 TB/s where 1 gave 3.2-3.6 (4: as 2)
 VEC_PER_THREAD = int(os.environ.get("FUSEC_VEC_PER_THREAD", 2))
+# Register-blocked matmuls store their epilogue's runs of 4 columns as vec4s (_vector_stores).
+VEC_STORES = 1
 # row kernels on GPUs keep up to this many elements per thread in registers (FUSEC_ROW_CACHE):
 # 4096x16384 softmax (rows longer than fuse.ROW_MAX: a statistics kernel, then an elementwise one)
 # took 199 us on the H200 with 64, 250 us with 32 (the statistics kernel re-reading the row).
@@ -190,11 +192,11 @@ def tuning() -> dict[str, Any]:
             "fewcol": (FEWCOL, FEWCOL_M, FEWCOL_K_TILE),
             "matmul": (MATMUL_BLOCK, MATMUL_LARGE, MATMUL_MEDIUM, MATMUL_SMALL, MATMUL_EPILOGUE,
                        LARGE_TILES, MATMUL_WIDE, WIDE_TILES, MATMUL_THIN, THIN_K,
-                       THIN_K_MANY, THIN_TILES, PIPELINE_ALL),
+                       THIN_K_MANY, THIN_TILES, PIPELINE_ALL, VEC_STORES),
             "attention": (_attention.ROWS, _attention.SPLIT, _attention.MAX_TILE,
                           _attention.MAX_HEAD, _attention.FEW_ROWS, _attention.FEW_HEAD,
                           _attention.FEW_KEYS, _attention.FEW_THREADS, _attention.FEW_UNROLL,
-                          _attention.CHUNK, _attention.STAGE_BIAS),
+                          _attention.CHUNK, _attention.STAGE_BIAS, _attention.VEC_STORES),
             "quant": (_quant.QMATMUL_M, _quant.WORKGROUP, _quant.MAX_TEAM, _quant.UNROLL,
                       _quant.CPU_ROWS),
             "sort": (_sort.LOCAL_MAX, _sort.RADIX_PER_THREAD, _sort.RADIX_BLOCKS,
@@ -232,7 +234,7 @@ def _generate(kernel: Eqn, target: str, workgroup_storage: int) -> KernelCode:
     if kind == "elementwise" and target == "gpu":
         vec = _vector_buffers(body, inplace)
     elif kind == "matmul":
-        vec = _matmul_vector_buffers(body, inplace, target)
+        vec = _matmul_vector_buffers(body, inplace, target, workgroup_storage)
     binds, names = _bindings(body, inplace, vec)
     if kind == "elementwise":
         wgsl, groups = (_elementwise_vec4(body, names, vec) if vec
@@ -688,15 +690,22 @@ def _large_tile(cfg: tuple[int, int, int, int, int]) -> bool:
     return cfg[0] * cfg[1] >= MATMUL_LARGE[0] * MATMUL_LARGE[1]
 
 
-def _epilogue_stores(body: Program, mm: Eqn, ee: Emitter, here: Idx) -> list[str]:
-    """Stores of a matmul kernel's outputs, computed where the product's register lives."""
-    stores = []
-    for j, o in enumerate(body.outputs):
+def _epilogue_values(body: Program, mm: Eqn, ee: Emitter, here: Idx) -> list[str]:
+    """The values of a matmul kernel's outputs at ``here``, computed where the product's register
+    lives (the statements before them go to ``ee.lines``)."""
+    vals = []
+    for o in body.outputs:
         assert isinstance(o, Var)
         if o.shape != mm.out.shape:
             raise Unaligned("a matmul epilogue output must have the product's shape")
-        stores.append(f"        out{j}[{here.flat}] = {store_expr(ee.value(o, here), o.dtype)};")
-    return stores
+        vals.append(store_expr(ee.value(o, here), o.dtype))
+    return vals
+
+
+def _epilogue_stores(body: Program, mm: Eqn, ee: Emitter, here: Idx) -> list[str]:
+    """Stores of a matmul kernel's outputs, computed where the product's register lives."""
+    return [f"        out{j}[{here.flat}] = {v};"
+            for j, v in enumerate(_epilogue_values(body, mm, ee, here))]
 
 
 def _batch_coords(em: Emitter, batch: list[int]) -> tuple[str, ...]:
@@ -704,15 +713,22 @@ def _batch_coords(em: Emitter, batch: list[int]) -> tuple[str, ...]:
     return tuple(em.coords(Idx(tuple(batch), flat="bt"))) if batch else ()
 
 
-def _epilogue_at(body: Program, mm: Eqn, ee: Emitter, bc: tuple[str, ...], row: str,
-                 col: str, product: str) -> list[str]:
-    """The epilogue's stores for C[bt, row, col] (batch coordinates ``bc``), whose product is
-    held in ``product``; the statements before them go to ``ee.lines``."""
+def _epilogue_here(mm: Eqn, ee: Emitter, bc: tuple[str, ...], row: str, col: str,
+                   product: str) -> Idx:
+    """The index of C[bt, row, col] (batch coordinates ``bc``), whose product is held in
+    ``product``."""
     *_, m, n = mm.out.shape
     here = Idx(mm.out.shape, flat=ee.let(f"(bt * {m}u + {row}) * {n}u + {col}", "i"),
                coords=bc + (row, col))
     ee.registers[id(mm.out)] = (_nonunit(bc + (row, col), mm.out.shape), product)
-    return _epilogue_stores(body, mm, ee, here)
+    return here
+
+
+def _epilogue_at(body: Program, mm: Eqn, ee: Emitter, bc: tuple[str, ...], row: str,
+                 col: str, product: str) -> list[str]:
+    """The epilogue's stores for C[bt, row, col] (batch coordinates ``bc``), whose product is
+    held in ``product``; the statements before them go to ``ee.lines``."""
+    return _epilogue_stores(body, mm, ee, _epilogue_here(mm, ee, bc, row, col, product))
 
 
 def _mm_dims(mm: Eqn) -> tuple[Var, Var, list[int], int, int, int, int]:
@@ -901,16 +917,39 @@ def _b_vec_index(em: Emitter, b: Var, here: Idx, branch: bool) -> tuple[str, str
 
 
 def _matmul_vector_buffers(body: Program, inplace: tuple[tuple[int, int], ...],
-                           target: str) -> set[str]:
-    """The binding a register-blocked matmul reads B through as vec4s (see _b_source)."""
+                           target: str, workgroup_storage: int = WORKGROUP_STORAGE) -> set[str]:
+    """The bindings a register-blocked matmul reads and writes as vec4s: the input it reads B
+    from (see _b_source), and its outputs where its epilogue stores straight from the registers
+    four adjacent columns at a time (see _vector_stores)."""
     mm = next(e for e in body.eqns if e.op is Op.MATMUL)
     _, _, _, m, k, n, nb = _mm_dims(mm)
-    src = _b_source(body, mm) if matmul_config(m, n, target, k, nb) is not None else None
+    cfg = matmul_config(m, n, target, k, nb)
+    if cfg is None:
+        return set()
+    vec = set()
+    src = _b_source(body, mm)
     aliased = dict(inplace)
     for i, v in enumerate(body.inputs):
         if v is src and i not in aliased:
-            return {f"in{i}"}
-    return set()
+            vec.add(f"in{i}")
+            break
+    if _vector_stores(body, mm, _fit_storage(cfg, workgroup_storage), aliased):
+        vec |= {f"out{j}" for j in range(len(body.outputs))}
+    return vec
+
+
+def _vector_stores(body: Program, mm: Eqn, cfg: tuple[int, int, int, int, int],
+                   aliased: dict[int, int]) -> bool:
+    """Does the epilogue store each run of a thread's four adjacent columns as one vec4? Where it
+    stores from the registers (not staged), N is a multiple of 4 (a run starts on a vec4 and lies
+    wholly inside C or wholly outside), and no output is also read as an input (written in place)
+    or boolean. One 16-byte store where there were four 4-byte ones: a warp's store covers whole
+    32-byte sectors."""
+    *_, n = mm.out.shape
+    return (bool(VEC_STORES) and n % 4 == 0 and not _staged_rows(body, cfg)
+            and not aliased
+            and all(isinstance(o, Var) and o.shape == mm.out.shape and o.dtype != "bool"
+                    for o in body.outputs))
 
 
 def _matmul_rb(body: Program, names: dict[int, str], mm: Eqn,
@@ -986,10 +1025,22 @@ def _matmul_rb(body: Program, names: dict[int, str], mm: Eqn,
     cols = [ee.let(f"col0 + {(j // 4) * 64 + j % 4}u + tx * 4u", "c") for j in range(tn)]
     bc = _batch_coords(ee, batch)
     blocks = []
+    vec_out = "out0" in vec
     for i in range(tm):
-        for j in range(tn):
+        for j in range(0, tn, 4 if vec_out else 1):
             r, c = rows[i], cols[j]
-            stores = _epilogue_at(body, mm, ee, bc, r, c, f"acc{i}_{j // 4}[{j % 4}]")
+            if vec_out:  # the run's four lanes, then one vec4 store per output
+                heres: list[Idx] = []
+                run: list[list[str]] = []
+                for q in range(4):  # each lane's values right after its register is named
+                    heres.append(_epilogue_here(mm, ee, bc, r, cols[j + q],
+                                                f"acc{i}_{j // 4}[{q}]"))
+                    run.append(_epilogue_values(body, mm, ee, heres[-1]))
+                stores = [f"        out{o}[{heres[0].flat} / 4u] = vec4<{WGSL_STORAGE[v.dtype]}>("
+                          + ", ".join(lane[o] for lane in run) + ");"
+                          for o, v in enumerate(body.outputs)]
+            else:
+                stores = _epilogue_at(body, mm, ee, bc, r, c, f"acc{i}_{j // 4}[{j % 4}]")
             blocks.extend(ee.lines)
             ee.lines = []
             blocks.append(f"    if ({r} < {m}u && {c} < {n}u) {{\n"

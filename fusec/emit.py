@@ -263,6 +263,12 @@ class Emitter:
                     # a padded array needs coordinates; from a split of its axes (split_k's
                     # chunks of K) they are sums, where the flat index would need divisions
                     return (yield (src, Idx(src.shape, coords=merged)))
+                grouped = self.grouped_coords(idx, src.shape) if idx.coords is not None else None
+                if grouped is not None:
+                    # coordinates axis group by axis group (a head axis split out of a row's
+                    # columns: a shift and a mask), where flattening the whole index and taking
+                    # it apart again would divide by every stride
+                    return (yield (src, Idx(src.shape, coords=grouped)))
                 return (yield (src, Idx(src.shape, flat=self.flat(idx))))
             if op is Op.PAD:
                 return (yield from self._padded(e, idx))
@@ -345,6 +351,54 @@ class Emitter:
         if any(d != 1 for d in dims[j:]):
             return None
         return tuple(self.let(c, "c") for c in out)
+
+    def grouped_coords(self, idx: Idx, shape: Shape) -> Optional[tuple[str, ...]]:
+        """Coordinates into ``shape`` (a reshape's operand) for ``idx``, computed per group of
+        axes whose sizes match on both sides (their products equal), when there is more than one
+        such group; None otherwise. A group of one axis of ``shape`` sums ``idx``'s coordinates;
+        one of one axis of ``idx`` takes that coordinate apart; any other group goes through its
+        own flat index. The coordinates must lie inside ``idx.shape`` (as every index into a
+        value does), else they would not stay inside the group."""
+        cs = self.coords(idx)
+        a = [(c, d) for c, d in zip(cs, idx.shape) if d != 1]
+        b = [d for d in shape if d != 1]
+        groups: list[tuple[list[tuple[str, int]], list[int]]] = []
+        i = j = 0
+        while i < len(a) and j < len(b):
+            ga, gb = [a[i]], [b[j]]
+            pa, pb = a[i][1], b[j]
+            i, j = i + 1, j + 1
+            while pa != pb:
+                if pa < pb and i < len(a):
+                    ga.append(a[i])
+                    pa, i = pa * a[i][1], i + 1
+                elif pb < pa and j < len(b):
+                    gb.append(b[j])
+                    pb, j = pb * b[j], j + 1
+                else:
+                    return None
+            groups.append((ga, gb))
+        if i != len(a) or j != len(b) or len(groups) < 2:
+            return None
+        out: list[str] = []
+        for ga, gb in groups:
+            terms, step = [], 1
+            for c, d in reversed(ga):
+                terms.append(c if step == 1 else f"{c} * {step}u")
+                step *= d
+            flat = " + ".join(reversed(terms))
+            if len(gb) == 1:
+                out.append(self.let(flat, "c"))
+                continue
+            if len(ga) > 1:
+                flat = self.let(flat, "i")
+            rest = math.prod(gb)
+            for k, d in enumerate(gb):
+                rest //= d
+                q = flat if rest == 1 else f"{flat} / {rest}u"
+                out.append(self.let(q if k == 0 else f"({q}) % {d}u", "c"))
+        it = iter(out)
+        return tuple("0u" if d == 1 else next(it) for d in shape)
 
     def _padded(self, e: Eqn, idx: Idx) -> Generator[tuple[Atom, Idx], str, str]:
         """A padded array's element: its input's, or the pad value outside it. The input is read

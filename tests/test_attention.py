@@ -56,6 +56,9 @@ def test_matches_float64_and_is_one_kernel(batch: tuple[int, ...], s: int, t: in
     scale = 1.0 / np.sqrt(d)
     f = fusec.gpu_jit(lambda q, k, v: _attention(q, k, v, scale=scale))
     assert _kinds(f, q, k, v) == ["attention"]
+    # head dims in whole vec4s: the output is stored a vec4 at a time
+    vec = d % 4 == 0 and e % 4 == 0
+    assert ("out0: array<vec4<f32>>" in f.lower(q, k, v).kernels[0].wgsl) == vec
     got = np.asarray(f(q, k, v))
     np.testing.assert_allclose(got, _reference(q, k, v, scale, None), rtol=2e-5, atol=2e-6)
 

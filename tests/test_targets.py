@@ -251,7 +251,9 @@ def test_matmul_pipelined_tiles_and_vec4_b(block: tuple[int, ...], storage: int,
         f = fusec.gpu_jit(fn)
         mm = next(k for k in f.lower(*args).kernels if k.kind == "matmul")
         assert ("let cur = " in mm.wgsl) == pipelined
-        assert ("array<vec4<f32>>" in mm.wgsl) == vec
+        assert ("read> in1: array<vec4<f32>>" in mm.wgsl) == vec
+        # the epilogue stores runs of 4 columns as vec4s where N is a multiple of 4
+        assert ("out0: array<vec4<f32>>" in mm.wgsl) == (want.shape[-1] % 4 == 0)
         padded = args[0].shape[-1] == 4100
         # past the end of a padded B the pipelined tile skips the read, the others select zero;
         # the pipelined tile tests every vec4 read of B (measured faster, see _b_vec_index)
@@ -315,7 +317,7 @@ def test_matmul_strided_b(block: tuple[int, ...], storage: int, rng: np.random.G
         f = fusec.gpu_jit(fn)
         mm = next(kk for kk in f.lower(*args).kernels if kk.kind == "matmul")
         assert ("B is read along K" in mm.wgsl) == ("cols" in how)
-        assert ("array<vec4<f32>>" in mm.wgsl) == ("vec4" in how)
+        assert ("read> in1: array<vec4<f32>>" in mm.wgsl) == ("vec4" in how)
         assert ("neighbouring threads\n            // read neighbouring rows" in mm.wgsl) == (
             "rows" in how)
         kd = args[0].shape[-2 if "rows" in how else -1]
@@ -493,3 +495,47 @@ def test_small_products(target: str, mkn: tuple[int, int, int], plan: str,
     want_kinds = {"sum": {"reduce"}, "whole": {"matmul"}}.get(plan, {"matmul", "reduce"})
     assert set(kinds) == want_kinds and len(kinds) <= 2, kinds
     assert ("pad" in low.as_text()) == (plan == "padded")
+
+
+@pytest.mark.usefixtures("gpu_target")
+def test_matmul_vec4_stores_and_their_exceptions(rng: np.random.Generator) -> None:
+    """The register-blocked epilogue stores runs of 4 columns as vec4s where N is a multiple of
+    4, and not where it is not; NaN and infinities stay in their rows and columns. A donated
+    input the epilogue reads is not written in place by a matmul (only elementwise kernels are,
+    see fusec.passes.memory), so its output is still stored as vec4s."""
+    a = rng.standard_normal((131, 45)).astype(np.float32)
+    b = rng.standard_normal((45, 260)).astype(np.float32)
+    c = rng.standard_normal((131, 260)).astype(np.float32)
+    a[3, 7], b[11, 5], c[100, 259] = np.nan, np.inf, -np.inf
+    want = a.astype(np.float64) @ b.astype(np.float64) + c
+    for donate, n, vec in [((), 260, True), ((), 258, False), ((2,), 260, True)]:
+        f = fusec.gpu_jit(lambda x, y, z: nn.relu(x @ y + z), donate_argnums=donate)
+        args = (a, b[:, :n].copy(), c[:, :n].copy())
+        mm = next(k for k in f.lower(*args).kernels if k.kind == "matmul")
+        assert ("out0: array<vec4<f32>>" in mm.wgsl) == vec
+        got = np.asarray(f(*(fusec.device_put(v) for v in args)))
+        np.testing.assert_allclose(got, np.maximum(want[:, :n], 0), rtol=1e-4, atol=1e-3)
+        assert np.isnan(got[3]).all() and np.isposinf(got[:, 5]).sum() >= 1
+
+
+@pytest.mark.usefixtures("gpu_target")
+def test_reshaped_operands_by_axis_groups(rng: np.random.Generator) -> None:
+    """An operand reshaped by splitting or merging axes is indexed group by group (a head axis
+    split out of a row's columns: no division by the whole row's strides), and one reshaped
+    across groups (6x10 read as 4x15) through the group's own flat index: both against float64,
+    at odd sizes, in a matmul's operands and in an attention-style head transpose."""
+    b, s, h, e = 3, 7, 5, 6
+    x = rng.standard_normal((b, h, s, e)).astype(np.float32)
+    w = rng.standard_normal((h * e, 9)).astype(np.float32)
+    y = rng.standard_normal((6, 10)).astype(np.float32)
+    v = rng.standard_normal((15, 11)).astype(np.float32)
+    x64, w64, y64, v64 = (t.astype(np.float64) for t in (x, w, y, v))
+    f = fusec.gpu_jit(lambda x, w: fnp.transpose(x, (0, 2, 1, 3)).reshape(b, s, h * e) @ w)
+    mm = next(k for k in f.lower(x, w).kernels if k.kind == "matmul")
+    assert f"/ {e}u;" in mm.wgsl and f"/ {s * h * e}u" not in mm.wgsl
+    np.testing.assert_allclose(np.asarray(f(x, w)),
+                               x64.transpose(0, 2, 1, 3).reshape(b, s, h * e) @ w64,
+                               rtol=1e-5, atol=1e-5)
+    g = fusec.gpu_jit(lambda y, v: y.reshape(4, 15) @ v + y.reshape(15, 4).T.sum())
+    np.testing.assert_allclose(np.asarray(g(y, v)), y64.reshape(4, 15) @ v64 + y64.sum(),
+                               rtol=1e-5, atol=1e-4)

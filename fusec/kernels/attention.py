@@ -71,6 +71,8 @@ CHUNK = 8
 # tile's bias once into workgroup memory, beside its keys, instead of every row loading it
 # (chunks of 8, as above: 62.1 us loaded by every row, 59.3 staged).
 STAGE_BIAS = True
+# The output stored as vec4s where the head dims allow (see generate).
+VEC_STORES = 1
 
 
 def _tile(d: int, e: int, storage: int, staged: bool = True) -> int:
@@ -148,7 +150,8 @@ def generate(kernel: Eqn, target: str = "gpu", workgroup_storage: int = 16384) -
     # a bias the same for every query row (its row axis broadcast) is staged per tile
     staged = bias is not None and STAGE_BIAS and (len(bias.shape) < 2 or bias.shape[-2] == 1)
     tile = _tile(d, e_len, workgroup_storage, staged)
-    binds, names = _bindings(body, tuple(kernel.params.get("inplace", ())))
+    inplace = tuple(kernel.params.get("inplace", ()))
+    binds, names = _bindings(body, inplace)
     counter = [0]
 
     # the batch coordinates of the workgroup's (flattened) batch index bh
@@ -170,6 +173,11 @@ def generate(kernel: Eqn, target: str = "gpu", workgroup_storage: int = 16384) -
     # workgroup-memory reads, and dot products)
     vec = d % 4 == 0 and e_len % 4 == 0
     lanes = 4 if vec else 1
+    # ... and the output stored as vec4s: one 16-byte store where there were four 4-byte ones
+    # (unless an input is read through the output's binding, written in place)
+    out_vec = vec and VEC_STORES and not inplace
+    if out_vec:
+        binds, _ = _bindings(body, inplace, {"out0"})
     split = int(e.params.get("split", 1))  # threads per row (split_lanes); thread part's share
     assert split & (split - 1) == 0 and (
         split == 1 or (vec and d % (4 * split) == 0 and e_len % (4 * split) == 0))
@@ -221,7 +229,8 @@ def generate(kernel: Eqn, target: str = "gpu", workgroup_storage: int = 16384) -
         s=s_len, t=t_len, nb=nb, row_blocks=row_blocks, prelude="\n".join(prelude),
         q_loads="\n".join(q_loads), k_lines="\n".join(k_lines), k_val=k_val,
         v_lines="\n".join(v_lines), v_val=v_val, bias_lines="\n".join(bias_lines),
-        bias_val=bias_val, lanes=lanes, split=split, chunk=chunk, ragged=t_len % chunk != 0,
+        bias_val=bias_val, lanes=lanes, out_vec=out_vec, split=split, chunk=chunk,
+        ragged=t_len % chunk != 0,
         staged_bias=staged,
         shuffle_masks=[1 << i for i in range(split.bit_length() - 1)],
         ty="vec4<f32>" if vec else "f32")
