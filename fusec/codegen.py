@@ -50,6 +50,7 @@ VEC_MIN = 1 << 16  # elementwise kernels at least this large use vec4 loads and 
 VEC_PER_THREAD = int(os.environ.get("FUSEC_VEC_PER_THREAD", 2))
 # Register-blocked matmuls store their epilogue's runs of 4 columns as vec4s (_vector_stores).
 VEC_STORES = 1
+VEC_STORES_BARE_K = 4096
 # row kernels on GPUs keep up to this many elements per thread in registers (FUSEC_ROW_CACHE):
 # 4096x16384 softmax (rows longer than fuse.ROW_MAX: a statistics kernel, then an elementwise one)
 # took 199 us on the H200 with 64, 250 us with 32 (the statistics kernel re-reading the row).
@@ -192,7 +193,8 @@ def tuning() -> dict[str, Any]:
             "fewcol": (FEWCOL, FEWCOL_M, FEWCOL_K_TILE),
             "matmul": (MATMUL_BLOCK, MATMUL_LARGE, MATMUL_MEDIUM, MATMUL_SMALL, MATMUL_EPILOGUE,
                        LARGE_TILES, MATMUL_WIDE, WIDE_TILES, MATMUL_THIN, THIN_K,
-                       THIN_K_MANY, THIN_TILES, PIPELINE_ALL, VEC_STORES),
+                       THIN_K_MANY, THIN_TILES, PIPELINE_ALL, VEC_STORES,
+                       VEC_STORES_BARE_K),
             "attention": (_attention.ROWS, _attention.SPLIT, _attention.MAX_TILE,
                           _attention.MAX_HEAD, _attention.FEW_ROWS, _attention.FEW_HEAD,
                           _attention.FEW_KEYS, _attention.FEW_THREADS, _attention.FEW_UNROLL,
@@ -944,10 +946,18 @@ def _vector_stores(body: Program, mm: Eqn, cfg: tuple[int, int, int, int, int],
     stores from the registers (not staged), N is a multiple of 4 (a run starts on a vec4 and lies
     wholly inside C or wholly outside), and no output is also read as an input (written in place)
     or boolean. One 16-byte store where there were four 4-byte ones: a warp's store covers whole
-    32-byte sectors."""
+    32-byte sectors. H200, GPU us, 3 interleaved rounds, 4-byte / vec4 stores: with a bias,
+    4096x8x384 13.3-13.9 / 7.4-7.5, 4096x384x384 44.8-45.6 / 39.8-40.3, 4096x1536x384
+    146.4-146.8 / 137.1-139.3, 2048x1024x2816 336.3-336.7 / 313.8-315.4, 4096^3 3117-3126 /
+    3088-3094; bare, 2048x1024x2816 334 / 321-322 (both on the 128x128 tile). Except the bare
+    4096^3 product: 3115-3122 / 3247-3248, though the same kernel with a bias was faster. Bare
+    products on the 128x128 tile over a K of VEC_STORES_BARE_K or more keep their 4-byte stores
+    (a bound measured at those two points only)."""
     *_, n = mm.out.shape
+    *_, k = mm.inputs[0].shape
+    bare = len(body.outputs) == 1 and body.outputs[0] is mm.out
     return (bool(VEC_STORES) and n % 4 == 0 and not _staged_rows(body, cfg)
-            and not aliased
+            and not (bare and _large_tile(cfg) and k >= VEC_STORES_BARE_K) and not aliased
             and all(isinstance(o, Var) and o.shape == mm.out.shape and o.dtype != "bool"
                     for o in body.outputs))
 

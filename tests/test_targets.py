@@ -516,6 +516,17 @@ def test_matmul_vec4_stores_and_their_exceptions(rng: np.random.Generator) -> No
         got = np.asarray(f(*(fusec.device_put(v) for v in args)))
         np.testing.assert_allclose(got, np.maximum(want[:, :n], 0), rtol=1e-4, atol=1e-3)
         assert np.isnan(got[3]).all() and np.isposinf(got[:, 5]).sum() >= 1
+    # a bare product on the 128x128 tile over K >= VEC_STORES_BARE_K keeps its 4-byte stores
+    # (measured slower with vec4s at 4096^3); with a bias it stores vec4s
+    from fusec import codegen
+    sd = (fusec.ShapeDtype((4096, 4096), "float32"),) * 2
+    assert codegen.matmul_config(4096, 4096, "gpu", 4096, 1) == codegen.MATMUL_LARGE
+    bare = fusec.gpu_jit(lambda x, y: x @ y).lower(*sd).kernels
+    biased = fusec.gpu_jit(lambda x, y, z: x @ y + z).lower(
+        *sd, fusec.ShapeDtype((4096,), "float32")).kernels
+    assert len(bare) == len(biased) == 1  # not split along K
+    bare, biased = bare[0].wgsl, biased[0].wgsl
+    assert "out0: array<f32>" in bare and "out0: array<vec4<f32>>" in biased
 
 
 @pytest.mark.usefixtures("gpu_target")
