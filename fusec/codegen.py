@@ -911,7 +911,8 @@ def _b_vec_index(em: Emitter, b: Var, here: Idx, branch: bool) -> tuple[str, str
         assert st is not None, "_b_source reads only strided views as vec4s"
         at = _strided_index(em, here, st)
         return at, f"{at} < {src.size}u" if branch else ""
-    coords = em.merged_coords(here, path[0].inputs[0].shape)  # the padded array's (row, col)
+    # the padded array's (row, col)
+    coords = em.grouped_coords(here, path[0].inputs[0].shape, merges_only=True)
     assert coords is not None, "split_k's reshape only cuts K into chunks"
     row, col = coords
     inside = row if branch else em.let(f"min({row}, {src.shape[0] - 1}u)", "c")

@@ -258,7 +258,7 @@ class Emitter:
                     cs = tuple("0u" if d == 1 else next(it) for d in src.shape)
                     return (yield (src, Idx(src.shape, coords=cs)))
                 padded = id(src) in self.producer and self.producer[id(src)].op is Op.PAD
-                merged = self.merged_coords(idx, src.shape) if padded else None
+                merged = self.grouped_coords(idx, src.shape, merges_only=True) if padded else None
                 if merged is not None:
                     # a padded array needs coordinates; from a split of its axes (split_k's
                     # chunks of K) they are sums, where the flat index would need divisions
@@ -327,38 +327,16 @@ class Emitter:
                 out.append(self.let(f"{s0}u - {c} * {-st}u", "c"))
         return tuple(out)
 
-    def merged_coords(self, idx: Idx, shape: Shape) -> Optional[tuple[str, ...]]:
-        """Coordinates into ``shape`` for ``idx`` when each axis of ``shape`` merges a run of
-        ``idx``'s axes (a reshape that only splits axes); None otherwise."""
-        cs, dims = self.coords(idx), idx.shape
-        out: list[str] = []
-        j = 0
-        for d in shape:
-            group: list[int] = []
-            prod = 1
-            while prod < d and j < len(dims):
-                group.append(j)
-                prod *= dims[j]
-                j += 1
-            if prod != d:
-                return None
-            terms, step = [], 1
-            for g in reversed(group):
-                if dims[g] != 1:
-                    terms.append(cs[g] if step == 1 else f"{cs[g]} * {step}u")
-                step *= dims[g]
-            out.append(" + ".join(reversed(terms)) if terms else "0u")
-        if any(d != 1 for d in dims[j:]):
-            return None
-        return tuple(self.let(c, "c") for c in out)
-
-    def grouped_coords(self, idx: Idx, shape: Shape) -> Optional[tuple[str, ...]]:
+    def grouped_coords(self, idx: Idx, shape: Shape,
+                       merges_only: bool = False) -> Optional[tuple[str, ...]]:
         """Coordinates into ``shape`` (a reshape's operand) for ``idx``, computed per group of
         axes whose sizes match on both sides (their products equal), when there is more than one
         such group; None otherwise. A group of one axis of ``shape`` sums ``idx``'s coordinates;
         one of one axis of ``idx`` takes that coordinate apart; any other group goes through its
         own flat index. The coordinates must lie inside ``idx.shape`` (as every index into a
-        value does), else they would not stay inside the group."""
+        value does), else they would not stay inside the group. ``merges_only``: only where each
+        axis of ``shape`` merges a run of ``idx``'s axes (a reshape that only splits axes: sums,
+        no divisions), however many groups."""
         cs = self.coords(idx)
         a = [(c, d) for c, d in zip(cs, idx.shape) if d != 1]
         b = [d for d in shape if d != 1]
@@ -378,7 +356,9 @@ class Emitter:
                 else:
                     return None
             groups.append((ga, gb))
-        if i != len(a) or j != len(b) or len(groups) < 2:
+        if i != len(a) or j != len(b):
+            return None
+        if (any(len(gb) > 1 for _, gb in groups) if merges_only else len(groups) < 2):
             return None
         out: list[str] = []
         for ga, gb in groups:

@@ -151,7 +151,6 @@ def generate(kernel: Eqn, target: str = "gpu", workgroup_storage: int = 16384) -
     staged = bias is not None and STAGE_BIAS and (len(bias.shape) < 2 or bias.shape[-2] == 1)
     tile = _tile(d, e_len, workgroup_storage, staged)
     inplace = tuple(kernel.params.get("inplace", ()))
-    binds, names = _bindings(body, inplace)
     counter = [0]
 
     # the batch coordinates of the workgroup's (flattened) batch index bh
@@ -176,8 +175,7 @@ def generate(kernel: Eqn, target: str = "gpu", workgroup_storage: int = 16384) -
     # ... and the output stored as vec4s: one 16-byte store where there were four 4-byte ones
     # (unless an input is read through the output's binding, written in place)
     out_vec = vec and VEC_STORES and not inplace
-    if out_vec:
-        binds, _ = _bindings(body, inplace, {"out0"})
+    binds, names = _bindings(body, inplace, {"out0"} if out_vec else None)
     split = int(e.params.get("split", 1))  # threads per row (split_lanes); thread part's share
     assert split & (split - 1) == 0 and (
         split == 1 or (vec and d % (4 * split) == 0 and e_len % (4 * split) == 0))
