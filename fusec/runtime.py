@@ -640,6 +640,12 @@ class Runtime:
         return pipe, bgl
 
 
+def _next_submit(split: int, growth: int) -> int:
+    """The dispatch count at which a long call submits next, after submitting at ``split``
+    (FUSEC_SUBMIT_GROWTH ``growth``; 1 or less: the rest of the call in one submit)."""
+    return split * growth if growth > 1 else 1 << 62
+
+
 def _shader_module(device: Any, wgsl: str, label: str, checked: bool) -> Any:
     """Compile ``wgsl``. Unless ``checked``, as a trusted module: wgpu then adds no bounds check to
     array indices and no iteration bound to loops. Every kernel fusec generates keeps its own
@@ -1839,7 +1845,7 @@ class GpuExecutable(_Steps):
                 bg = _bind_group(rt, st, bound)
             if split and dispatched == split:
                 enc, cpass = rt.submit_chunk(enc, cpass)
-                split = split * growth if growth > 1 else 1 << 62
+                split = _next_submit(split, growth)
             dispatched += 1
             if kq is not None:
                 # each kernel timed alone: submitted on its own once the GPU is idle (timed
@@ -1903,7 +1909,7 @@ class GpuExecutable(_Steps):
                 enc, cpass = rt.submit_chunk(enc, cpass)
                 raw = cpass.raw
                 last = None
-                split = split * growth if growth > 1 else 1 << 62
+                split = _next_submit(split, growth)
             dispatched += 1
             pipe = st.pipeline
             if pipe is not last:
