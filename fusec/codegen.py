@@ -148,6 +148,7 @@ GEMV_MIN_KN = 1 << 21
 # loads of B each thread has in flight (divides GEMV_K_TILE). On the H100, 8x4096 @ 4096x4096
 # took 104 us with 1, 72 with 4, 71 with 8 or 16 (torch 61); 1x4096 @ 4096x4096 82, 46, 46 (46).
 GEMV_UNROLL = 8
+GEMV_FIT_K = 1  # a K shorter than GEMV_K_TILE takes a tile of its length (see _matmul_gemv)
 assert GEMV_K_TILE % GEMV_UNROLL == 0, "the K tile is walked in whole steps of GEMV_UNROLL"
 # Products with few columns (see use_fewcol) and at least FEWCOL_M rows (times the batch) on GPUs:
 # a row per few threads walking K (fewcol_lanes), B staged FEWCOL_K_TILE rows at a time, each
@@ -334,6 +335,61 @@ def reduce_strategy(n_out: int, r: int, last_axis_reduced: bool, target: str = "
     return "thread"
 
 
+FIRST_INDEX = 1  # argmax / argmin as one pass of (value, index) pairs (see _first_index)
+
+
+def _first_index(body: Program, reds: list[Eqn]) -> Optional[str]:
+    """The helper that orders (value, index) pairs (``fusec_argmax_f32`` ...) where the kernel's
+    reductions are argmax's or argmin's two, as fusec.numpy traces them: m = max (min) of x along
+    one axis, then the least index i with x[i] == m, or isnan(x[i]) for floats. Both then come
+    from one pass over the row, each thread keeping its best (value, index) pair (its elements
+    come in increasing index, so a later equal value never replaces an earlier one), and one
+    combine across the threads. The second reduction's own pass (its arithmetic, and a second
+    combine's barriers) cost more than the first: rows of 8192x8192 float32 on the H200, max
+    alone 66 us, argmax in two passes 102.4-103.1, in one pass of pairs 79.6-79.7 (3 interleaved
+    rounds, bench/workload_probe.py)."""
+    if not FIRST_INDEX or len(reds) != 2:
+        return None
+    e0, e1 = reds
+    axes = tuple(e0.params["axes"])
+    x = e0.inputs[0]
+    if (e0.op not in (Op.RMAX, Op.RMIN) or e1.op is not Op.RMIN or len(axes) != 1
+            or e1.out.dtype != "int32" or not isinstance(x, Var)
+            or x.dtype not in ("float32", "float16", "int32", "uint32")):
+        return None
+    producer = {id(o): e for e in body.eqns for o in e.outs}
+
+    def made(v: Any, op: Op) -> Optional[Eqn]:
+        e = producer.get(id(v)) if isinstance(v, Var) else None
+        return e if e is not None and e.op is op else None
+
+    pick = made(e1.inputs[0], Op.WHERE)
+    if pick is None:
+        return None
+    hit, iota, sentinel = pick.inputs
+    iota_eqn = made(iota, Op.IOTA)
+    if (iota_eqn is None or iota_eqn.params["axis"] != axes[0] or not isinstance(sentinel, Lit)
+            or sentinel.value != x.shape[axes[0]]):
+        return None
+    if x.dtype in ("float32", "float16"):  # where(isnan(x), True, x == m)
+        either = made(hit, Op.WHERE)
+        if (either is None or not isinstance(either.inputs[1], Lit)
+                or either.inputs[1].value is not True):
+            return None
+        nan = made(either.inputs[0], Op.ISNAN)
+        if nan is None or nan.inputs[0] is not x:
+            return None
+        hit = either.inputs[2]
+    eq = made(hit, Op.EQ)
+    if eq is None or eq.inputs[0] is not x:
+        return None
+    m = eq.inputs[1]
+    kept = made(m, Op.RESHAPE)
+    if m is not e0.out and (kept is None or kept.inputs[0] is not e0.out):
+        return None
+    return f"fusec_arg{'max' if e0.op is Op.RMAX else 'min'}_{WGSL_TYPE[x.dtype]}"
+
+
 def _reduce(body: Program, names: dict[int, str], target: str = "gpu") -> tuple[str, int]:
     """A row kernel: every reduction of the body runs over the same rows, one after another, each
     result held in a register for the rest of the kernel; then row-shaped outputs are computed in a
@@ -429,32 +485,46 @@ def _reduce(body: Program, names: dict[int, str], target: str = "gpu") -> tuple[
         return Idx(shape, flat=flat, coords=tuple(coords))
 
     out_index = {id(o): j for j, o in enumerate(body.outputs)}
+    # argmax / argmin: the index reduction rides on the value reduction's pass (_first_index)
+    take = _first_index(body, reds)
     stages = []
     for k, e in enumerate(reds):
         info = REDUCTIONS[e.op]
         dt = e.out.dtype
         acc = f"acc{k}"
-        if cached:
-            def emit(em: Emitter, idx: Idx, e: Eqn = e, acc: str = acc,
-                     info: Any = info, dt: str = dt) -> list[str]:
-                val = em.value(e.inputs[0], idx)
-                return [f"{indent}{acc} = {info.combine(acc, val, dt)};"]
+
+        def update(val: str, idx: Idx, acc: str = acc, info: Any = info, dt: str = dt) -> str:
+            """The accumulator's step with the element ``val`` at ``idx``."""
+            if take is None:
+                return f"{indent}{acc} = {info.combine(acc, val, dt)};"
+            assert idx.coords is not None, "row_index names every coordinate"
+            at = f"i32({idx.coords[axes[0]]})"
+            return (f"{indent}if ({take}({acc}, acc1, {val}, {at})) {{\n{indent}    {acc} = {val};"
+                    f"\n{indent}    acc1 = {at};\n{indent}}}")
+
+        if take is not None and k == 1:  # the pairs' index: computed by stage 0
+            code = val = ""
+        elif cached:
+            def emit(em: Emitter, idx: Idx, e: Eqn = e,
+                     update: Callable[[str, Idx], str] = update) -> list[str]:
+                return [update(em.value(e.inputs[0], idx), idx)]
 
             code, val = unrolled(k, emit), ""
         else:
             em = stage_emitter()
             idx = row_index(em)
             val = em.value(e.inputs[0], idx)
-            code = "\n".join(em.lines)
+            code = "\n".join(em.lines) + "\n" + update(val, idx)
         stages.append({
             "acc": acc, "ty": WGSL_TYPE[dt], "identity": wgsl_literal(info.identity(dt), dt),
-            "body": code, "cached": cached,
-            "loop": "" if cached else loop(
-                f"{code}\n{indent}{acc} = {info.combine(acc, val, dt)};"),
+            "body": code, "cached": cached, "loop": "" if cached else loop(code),
             "shared": f"sdata{k}",
             "combine_shared": info.combine(f"sdata{k}[lid]", f"sdata{k}[lid + s]", dt),
-            "result": f"red{k}", "after": ""})
+            "result": f"red{k}", "after": "", "take": take if k == 0 else "",
+            "skip": take is not None and k == 1})
         registers[id(e.out)] = (held, f"red{k}")
+        if take is not None and k == 0:  # both results are known after this stage
+            registers[id(reds[1].out)] = (held, "red1")
         stages[-1]["after"] = _hoist(body, names, registers, held, out_shape, prelude.memo,
                                      counter)
 
@@ -1131,7 +1201,10 @@ def _staged_rows(body: Program, cfg: tuple[int, int, int, int, int]) -> int:
 
 def _matmul_gemv(body: Program, names: dict[int, str], mm: Eqn) -> tuple[str, int]:
     a, b, batch, m, k, n, nb = _mm_dims(mm)
-    kt = GEMV_K_TILE
+    # a K shorter than the tile (split-K's chunks of 128) takes a tile of its own length, rounded
+    # up to the unrolled step: the rest would be zeros multiplied in (H200, 8x4096 @ 4096x4096 in
+    # 32 chunks: 44.5-45.3 us with the 256 tile, 34.4-34.6 fitted; bench/workload_probe.py)
+    kt = min(GEMV_K_TILE, -(-k // GEMV_UNROLL) * GEMV_UNROLL) if GEMV_FIT_K else GEMV_K_TILE
     col_blocks = -(-n // WORKGROUP)
     counter = [0]
     load_a, va = _operand(body, names, a, batch, ("row", "ka"), " " * 16, counter)

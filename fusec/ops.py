@@ -548,6 +548,30 @@ fn fusec_rem_i32(x: i32, y: i32) -> i32 {
 }""",}
 
 
+def _arg_helper(largest: bool, ty: str) -> str:
+    """``fusec_arg{max,min}_{ty}(va, ia, vb, ib)``: does (vb, ib) come before (va, ia) in argmax
+    (argmin) order, that is the first NaN, else the larger (smaller) value, else the smaller
+    index? Indices are non-negative, so compared as u32 (see fusec_min_i32 for why the H100's
+    i32 compares are avoided); int32 values are compared as order-preserving u32 keys."""
+    cmp = ">" if largest else "<"
+    name = f"fusec_arg{'max' if largest else 'min'}_{ty}"
+    key = {"f32": "{}", "u32": "{}", "i32": "(bitcast<u32>({}) ^ 0x80000000u)"}[ty]
+    a, b = key.format("va"), key.format("vb")
+    order = f"{b} {cmp} {a} || ({b} == {a} && first)"
+    if ty == "f32":
+        body = (f"    let na = fusec_isnan(va);\n    let nb = fusec_isnan(vb);\n"
+                f"    return select(select({order}, false, na), !na || first, nb);")
+    else:
+        body = f"    return {order};"
+    return (f"\nfn {name}(va: {ty}, ia: i32, vb: {ty}, ib: i32) -> bool {{\n"
+            f"    let first = bitcast<u32>(ib) < bitcast<u32>(ia);\n{body}\n}}")
+
+
+# argmax / argmin as one pass of (value, index) pairs (codegen._first_index)
+HELPERS.update({f"fusec_arg{kind}_{ty}": _arg_helper(kind == "max", ty)
+                for kind in ("max", "min") for ty in ("f32", "i32", "u32")})
+
+
 @dataclass(frozen=True)
 class Elementwise:
     """Facts about one elementwise primitive."""

@@ -446,6 +446,60 @@ def test_each_function_alone_with_nan(rng: np.random.Generator) -> None:
 
 
 @pytest.mark.parametrize("target", ["cpu", "gpu"])
+@pytest.mark.parametrize("shape,axis", [((11, 300), 1), ((11, 7), 1), ((11, 20001), 1),
+                                        ((300, 11), 0), ((2200, 40), 1)])
+def test_argmax_pairs_every_strategy(rng: np.random.Generator, target: str,
+                                     shape: tuple[int, int], axis: int) -> None:
+    """argmax and argmin jitted alone take one pass of (value, index) pairs (codegen's
+    _first_index): the first NaN, else the first of tied extremes, in every strategy (register-
+    cached rows, rows too long for registers, columns, a thread per row for 2200 short rows, the
+    "cpu" target's kernels). Float32 rows of each NaN / inf kind and rows of few distinct values
+    (many ties); int32 rows at INT_MIN and INT_MAX; uint32 rows at 0 and 2^32-1."""
+    length = shape[axis]
+    rows = _nan_rows(rng, length, 1)
+    other = shape[1 - axis]
+    reps = -(-other // rows.shape[0])
+    floats = np.concatenate([rows] * reps)[:other]
+    floats[-3:] = rng.integers(-2, 3, (3, length)).astype(np.float32)  # ties everywhere
+    ints = rng.integers(-3, 4, (other, length)).astype(np.int32)
+    ints[0], ints[1] = np.iinfo(np.int32).min, np.iinfo(np.int32).max
+    ints[2, length // 2] = np.iinfo(np.int32).min
+    uints = rng.integers(0, 4, (other, length)).astype(np.uint32)
+    uints[0], uints[1] = 0, np.iinfo(np.uint32).max
+    for x in (floats, ints, uints):
+        if axis == 0:
+            x = np.ascontiguousarray(x.T)
+        for name in ("argmax", "argmin"):
+            fn = getattr(fnp, name)
+            with forced_target(target):
+                f = fusec.gpu_jit(lambda a, fn=fn: fn(a, axis=axis))
+                text = f.lower(x).as_text("wgsl")
+                got = f(x)
+            ty = {"float32": "f32", "int32": "i32", "uint32": "u32"}[x.dtype.name]
+            helper = f"fusec_{name}_{ty}("
+            assert helper in text, f"{name} of {x.dtype} {x.shape} did not take the pair pass"
+            want = getattr(np, name)(x, axis=axis).astype(np.int32)
+            assert_same(got, want, 0, 0, what=f"{name} {x.dtype} {x.shape} axis {axis} ({target})")
+
+
+def test_argmax_pairs_off_gives_two_passes() -> None:
+    """With FIRST_INDEX off the kernel is the two reductions again (so the test above compares
+    the pair pass, not the old kernel), with the same results."""
+    x = np.array([[1.0, 3.0, 3.0, np.nan, 2.0], [-np.inf] * 5], dtype=np.float32)
+    saved = codegen.FIRST_INDEX
+    try:
+        codegen.FIRST_INDEX = 0
+        with forced_target("gpu"):
+            f = fusec.gpu_jit(lambda a: fnp.argmax(a, axis=1))
+            text = f.lower(x).as_text("wgsl")
+            got = f(x)
+    finally:
+        codegen.FIRST_INDEX = saved
+    assert "fusec_argmax_f32(" not in text and "fusec_min_i32(" in text
+    assert_same(got, np.array([3, 0], dtype=np.int32), 0, 0)
+
+
+@pytest.mark.parametrize("target", ["cpu", "gpu"])
 def test_softmax_nan_and_inf_rows(rng: np.random.Generator, target: str) -> None:
     """softmax and log_softmax (max, then sum of exp, fused): a row with a NaN is NaN, as numpy's
     formula gives; a row of -inf is NaN (-inf - -inf); one +inf gives NaN too (inf - inf)."""
@@ -518,7 +572,7 @@ def test_no_let_shadows_a_type() -> None:
     shadow the type that iota's cast calls)."""
     with forced_target("gpu"):
         lo = fusec.gpu_jit(lambda a: fnp.argmax(a, axis=1)).lower(
-            fusec.ShapeDtype((11, 300), "float32"))
+            fusec.ShapeDtype((11, 3000), "float32"))
     text = lo.as_text("wgsl")
     assert "i32(" in text and max(int(n) for n in re.findall(r"let i(\d+) ", text)) > 32
     assert "let i32 " not in text

@@ -403,6 +403,8 @@ def test_few_row_template_only_for_a_large_b() -> None:
             assert [kc.kind for kc in lowered.kernels] == ["matmul", "reduce"], lowered.kernels
             few_row = any("Few-row matmul" in kc.wgsl for kc in lowered.kernels)
             assert few_row == gemv, (k, n)
+            if few_row:  # chunks of 128 of K: a tile of 128, not 256 with half of it zeros
+                assert "kk0 < 128u" in lowered.kernels[0].wgsl
 
 
 # (batch, M, K, N, kernels of the GPU target's plan with the few-column template, or 0 for none)
