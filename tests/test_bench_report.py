@@ -190,6 +190,36 @@ def test_report_without_matplotlib(report: dict[str, Any], tmp_path: Path,
     assert "matplotlib is not installed" in md and "| chain2 |" in md
 
 
+def test_interleaved_walls_alternate_windows() -> None:
+    """fusec's and JAX's wall clocks are measured in alternating windows, each call's whole
+    window (a warm-up call, then the timed ones) before the other's, round after round."""
+    order: list[str] = []
+    calls = {"fused": lambda: order.append("fused"), "jax": lambda: order.append("jax")}
+    policy = bench.Policy(warmup=0, min_reps=2, max_reps=2, budget_s=0.0, heat_s=0.0,
+                          wall_rounds=3)
+    walls = bench.interleaved_walls(calls, lambda _: None, policy)
+    assert {k: len(v) for k, v in walls.items()} == {"fused": 3, "jax": 3}
+    assert all(t > 0 for v in walls.values() for t in v)
+    assert order == (["fused"] * 3 + ["jax"] * 3) * 3
+
+
+@pytest.mark.skipif(_jax_platform() is None, reason="needs JAX (the CI's set-up installs it)")
+def test_interleaved_walls_feed_the_jax_ratio() -> None:
+    """With JAX and more than one wall round, the fused wall clock and JAX's are the medians of
+    their interleaved windows, and their ratio is made of those."""
+    w = bench.Workload("tiny", "elementwise", "memory", lambda B, x, y: B.tanh(x * y),
+                       (bench.Input((37,)), bench.Input((37,))), "37")
+    opts = bench.Options(quick=True, torch=False)
+    rec = bench.run_workload(w, opts, bench.Policy(0, 1, 2, 0.0, 0.0, wall_rounds=3), False,
+                             {"copy_reference": {"GB/s": 1.0}}, _jax_platform())
+    fused, jax = rec["results"]["fused"], rec["results"]["jax"]
+    for r in (fused, jax):
+        assert len(r["wall_rounds_s"]) == 3
+        assert r["wall_s"] == pytest.approx(float(np.median(r["wall_rounds_s"])))
+    assert jax["method"] == "wall clock, interleaved with fusec's"
+    assert rec["fused_wall_over_jax"] == pytest.approx(fused["wall_s"] / jax["wall_s"])
+
+
 def test_no_jax(monkeypatch: pytest.MonkeyPatch) -> None:
     """--no-jax reaches the options; a workload run without JAX says why and has no ratio."""
     seen: list[bench.Options] = []
