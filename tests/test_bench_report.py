@@ -220,6 +220,22 @@ def test_interleaved_walls_feed_the_jax_ratio() -> None:
     assert rec["fused_wall_over_jax"] == pytest.approx(fused["wall_s"] / jax["wall_s"])
 
 
+def test_fused_wall_clock_alone_where_jax_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where JAX was to run but fails, the fused wall clock is still measured (alone)."""
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("no XLA here")
+
+    monkeypatch.setattr(bench, "_jax_result", broken)
+    w = bench.Workload("tiny", "elementwise", "memory", lambda B, x, y: B.tanh(x * y),
+                       (bench.Input((37,)), bench.Input((37,))), "37")
+    rec = bench.run_workload(w, bench.Options(quick=True, torch=False),
+                             bench.Policy(0, 1, 2, 0.0, 0.0, wall_rounds=3), False,
+                             {"copy_reference": {"GB/s": 1.0}}, "cpu")
+    fused = rec["results"]["fused"]
+    assert fused["wall_s"] > 0 and "wall_rounds_s" not in fused
+    assert "no XLA here" in rec["results"]["jax"]["error"] and rec["fused_wall_over_jax"] is None
+
+
 def test_no_jax(monkeypatch: pytest.MonkeyPatch) -> None:
     """--no-jax reaches the options; a workload run without JAX says why and has no ratio."""
     seen: list[bench.Options] = []
