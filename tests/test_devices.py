@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import os
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -444,3 +445,57 @@ def test_an_adapter_that_cannot_compute_is_a_clear_error() -> None:
     with pytest.raises(fusec.FusecError, match=r"Some GPU.*cannot be used for compute.*"
                                                r"COMPUTE_SHADER.*fusec.devices\(\)"):
         runtime.Runtime(NoCompute())
+
+
+EXIT_SCRIPT = '''
+import atexit
+import json
+
+import numpy as np
+
+pollers = {}
+
+
+def report():
+    # registered before fusec opens a device, so it runs after fusec's exit functions
+    print(json.dumps({"alive": {str(i): t.is_alive() for i, t in pollers.items()}}), flush=True)
+
+
+atexit.register(report)
+
+import fusec
+from fusec.runtime import runtime_for
+
+for d in fusec.devices():
+    try:
+        rt = runtime_for(d.index)
+    except fusec.FusecError:
+        continue
+    pollers[d.index] = rt.device._poller
+    x = fusec.device_put(np.arange(5, dtype=np.float32), d)
+    assert np.asarray(fusec.gpu_jit(lambda a: a * 2.0)(x)).tolist() == [0, 2, 4, 6, 8]
+'''
+
+
+def test_device_threads_end_before_the_interpreter_finalises(tmp_path: Path) -> None:
+    """wgpu-py's per-device poller is a daemon thread. Left running into finalisation, it can
+    be frozen holding its event's lock, and the device's ``__del__`` then waits on that lock for
+    ever: a process that finished its work and never exits. fusec's exit function stops and
+    joins it while threads still run; this checks, in a fresh process, that every opened
+    device's poller has ended by the time later exit functions run, and that the process exits."""
+    import json
+    import subprocess
+    import sys
+
+    script = tmp_path / "exit_script.py"
+    script.write_text(EXIT_SCRIPT)
+    env = dict(os.environ, FUSEC_BACKEND="gpu", FUSEC_CACHE_DIR="off")
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))]
+        + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    p = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    alive = json.loads(p.stdout.strip().splitlines()[-1])["alive"]
+    assert alive, "no device opened"
+    assert not any(alive.values()), alive
