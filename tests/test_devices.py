@@ -9,8 +9,11 @@ OpenGL, both software); where there is only one they fail with a message saying 
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -483,16 +486,12 @@ def test_device_threads_end_before_the_interpreter_finalises(tmp_path: Path) -> 
     ever: a process that finished its work and never exits. fusec's exit function stops and
     joins it while threads still run; this checks, in a fresh process, that every opened
     device's poller has ended by the time later exit functions run, and that the process exits."""
-    import json
-    import subprocess
-    import sys
-
     script = tmp_path / "exit_script.py"
     script.write_text(EXIT_SCRIPT)
     env = dict(os.environ, FUSEC_BACKEND="gpu", FUSEC_CACHE_DIR="off")
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))]
-        + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    repo = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join([repo] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH")
+                                                  else []))
     p = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True,
                        timeout=120)
     assert p.returncode == 0, p.stdout + p.stderr
