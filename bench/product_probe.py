@@ -60,6 +60,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--torch", action="store_true", help="also time the products with cuBLAS")
     ap.add_argument("--rounds", type=int, default=1, help="interleaved rounds of the settings")
     ap.add_argument("--plain", action="store_true", help="x @ w alone, no bias")
+    ap.add_argument("--merged", action="store_true",
+                    help="also three projections of x (M x K) to N columns each, which merge "
+                         "into one product, read by one elementwise kernel (q * k + v)")
     a = ap.parse_args(argv)
     if a.torch:
         import torch  # noqa: F401  (before fusec: see the guide's note on torch and lavapipe)
@@ -84,6 +87,13 @@ def main(argv: list[str] | None = None) -> int:
         args = [fusec.device_put(rng.standard_normal(sz).astype(np.float32))
                 for sz in ((m, k), (k, n), (n,))]
         prods.append((f"{m}x{k}x{n}", args))
+    merged = [(f"merged {lab}", [args[0]] + [fusec.device_put(
+        rng.standard_normal(np.shape(v)).astype(np.float32)) for _ in range(3)
+        for v in args[1:]]) for lab, args in prods] if a.merged else []
+
+    def projections(x: Any, wq: Any, bq: Any, wk: Any, bk: Any, wv: Any, bv: Any) -> Any:
+        return (x @ wq + bq) * (x @ wk + bk) + (x @ wv + bv)
+
     if a.torch:
         print(_torch_row(prods, policy), flush=True)
     for setting in [st for _ in range(a.rounds) for st in a.settings.split(";")]:
@@ -92,6 +102,10 @@ def main(argv: list[str] | None = None) -> int:
             for label, args in prods:
                 f = fusec.gpu_jit((lambda x, w, bias: x @ w) if a.plain
                                   else (lambda x, w, bias: x @ w + bias))
+                kinds = [kk.kind for kk in f.lower(*args).kernels]
+                row[label] = (round(1e6 * bench.fusec_time(f, args, policy)["time_s"], 1), kinds)
+            for label, args in merged:
+                f = fusec.gpu_jit(projections)
                 kinds = [kk.kind for kk in f.lower(*args).kernels]
                 row[label] = (round(1e6 * bench.fusec_time(f, args, policy)["time_s"], 1), kinds)
             if not a.no_encoder:

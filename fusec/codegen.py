@@ -1174,7 +1174,7 @@ def _matmul_rb(body: Program, names: dict[int, str], mm: Eqn,
     pieces = _b_pieces(body, mm)
     if pieces is None or not all(names.get(id(p)) in vec for p, _ in pieces):
         pieces = None
-    join_b = _join_loads(pieces, names, n, indent) if pieces is not None else ""
+    join_b = _join_loads(pieces, names, n, bn, indent) if pieces is not None else ""
     # else the input bound as vec4s for B (_matmul_vector_buffers), if any
     src = None if pieces is not None else next(
         (v for v in body.inputs if names.get(id(v)) in vec), None)
@@ -1251,23 +1251,31 @@ def _matmul_rb(body: Program, names: dict[int, str], mm: Eqn,
                       epilogue="\n".join(blocks), rounds=0, rr=0, per_thread=0, lanes="")
 
 
-def _join_loads(pieces: list[tuple[Var, int]], names: dict[int, str], n: int,
+def _join_loads(pieces: list[tuple[Var, int]], names: dict[int, str], n: int, bn: int,
                 indent: str) -> str:
     """The statements setting ``b4`` to the vec4 of a joined B at (``kb``, ``col``): a test of
     ``col`` against each piece's end (uniform across a tile where the widths are whole tiles),
     then one load from that piece."""
     lines = []
+    uniform = JOIN_B >= 3 and all(off % bn == 0 for _, off in pieces)
+    at = "col0" if uniform else "col"
     for i, (p, off) in enumerate(pieces):
         end = off + p.shape[-1]
         col = f"(col - {off}u)" if off else "col"
-        load = f"b4 = {names[id(p)]}[kb * {p.shape[-1] // 4}u + {col} / 4u];"
+        idx = f"kb * {p.shape[-1] // 4}u + {col} / 4u"
         if i == 0:
-            lines.append(f"{indent}if (col < {end}u) {{")
+            lines.append(f"{indent}if ({at} < {end}u) {{")
         elif i < len(pieces) - 1:
-            lines.append(f"{indent}}} else if (col < {end}u) {{")
+            lines.append(f"{indent}}} else if ({at} < {end}u) {{")
         else:
             lines.append(f"{indent}}} else {{")
-        lines.append(f"{indent}    {load}")
+        if JOIN_B >= 2:
+            lines.append(f"{indent}    let bi = {idx};")
+            lines.append(f"{indent}    if (bi < {p.size // 4}u) {{")
+            lines.append(f"{indent}        b4 = {names[id(p)]}[bi];")
+            lines.append(f"{indent}    }}")
+        else:
+            lines.append(f"{indent}    b4 = {names[id(p)]}[{idx}];")
     lines.append(f"{indent}}}")
     assert end == n, "the pieces fill B's columns"
     return "\n".join(lines)
