@@ -98,10 +98,6 @@ THIN_K_MANY = 384
 THIN_TILES = 512
 # Every tile pipelined where two sets fit (for probes: bench/product_probe.py).
 PIPELINE_ALL = 0
-# A register-blocked matmul whose B is a join along N of inputs (merged projections' weights,
-# fusec.passes.merge; a concatenate) reads each vec4 of B from its piece: the join needs no
-# kernel of its own (see b_join).
-JOIN_B = 1
 MATMUL_BLOCK: Optional[tuple[int, ...]] = (
     tuple(int(v) for v in os.environ["FUSEC_MATMUL_BLOCK"].split(","))
     if os.environ.get("FUSEC_MATMUL_BLOCK") else None)
@@ -939,107 +935,6 @@ def _b_source(body: Program, mm: Eqn) -> Optional[Var]:
     return src
 
 
-def _last_coordinate_below(producer: dict[int, Eqn], cond: Any, total: int) -> Optional[int]:
-    """``end`` if ``cond`` is ``iota < end`` over the last axis (of length ``total``), broadcast
-    over leading axes, as a join's selects test it; else None."""
-    while isinstance(cond, Var) and id(cond) in producer and producer[id(cond)].op in (
-            Op.BROADCAST, Op.RESHAPE):
-        view = producer[id(cond)]
-        src = view.inputs[0]
-        if not isinstance(src, Var) or src.shape[-1:] != cond.shape[-1:] or (
-                view.op is Op.RESHAPE and any(d != 1 for d in src.shape[:-1])):
-            return None
-        cond = src
-    e = producer.get(id(cond)) if isinstance(cond, Var) else None
-    if e is None or e.op is not Op.LT or not isinstance(e.inputs[1], Lit):
-        return None
-    pos = e.inputs[0]
-    while isinstance(pos, Var) and id(pos) in producer and producer[id(pos)].op is Op.BROADCAST:
-        src = producer[id(pos)].inputs[0]
-        if not isinstance(src, Var) or src.shape[-1:] != pos.shape[-1:]:
-            return None
-        pos = src
-    it = producer.get(id(pos)) if isinstance(pos, Var) else None
-    if (it is None or it.op is not Op.IOTA or int(it.params["axis"]) != len(pos.shape) - 1
-            or pos.shape[-1] != total or pos.dtype not in ("uint32", "int32")):
-        return None
-    end = e.inputs[1].value
-    return int(end) if float(end) == int(end) else None
-
-
-def join_pieces(producer: dict[int, Eqn], v: Var) -> Optional[list[tuple[Var, int]]]:
-    """The pieces of ``v`` and their offsets along its last axis, where ``v`` is a join along
-    that axis as ``fusec.numpy.concatenate`` and :mod:`fusec.passes.merge` trace it (each piece
-    padded to the whole along the last axis, and a chain of selects on the last coordinate,
-    ``where(iota < end_0, piece_0, where(iota < end_1, piece_1, ... piece_last))``); else None.
-    ``producer``: each value's defining equation, by id."""
-    if not v.shape:
-        return None
-    total = v.shape[-1]
-    chain: list[tuple[Eqn, Optional[int]]] = []  # each piece's pad, and where its run ends
-    cur: Any = v
-    while True:
-        e = producer.get(id(cur)) if isinstance(cur, Var) else None
-        if e is not None and e.op is Op.PAD:
-            chain.append((e, None))
-            break
-        if e is None or e.op is not Op.WHERE:
-            return None
-        placed = producer.get(id(e.inputs[1])) if isinstance(e.inputs[1], Var) else None
-        end = _last_coordinate_below(producer, e.inputs[0], total)
-        if placed is None or placed.op is not Op.PAD or end is None:
-            return None
-        chain.append((placed, end))
-        cur = e.inputs[2]
-    pieces: list[tuple[Var, int]] = []
-    start = 0
-    for placed, end in chain:
-        p = placed.inputs[0]
-        widths = placed.params["widths"]
-        stop = total if end is None else end
-        # piece i must fill exactly the columns its select picks it for: [end_(i-1), end_i)
-        if (not isinstance(p, Var) or placed.out.shape != v.shape
-                or any(tuple(w) != (0, 0) for w in widths[:-1])
-                or widths[-1][0] != start or start + p.shape[-1] != stop):
-            return None
-        pieces.append((p, start))
-        start = stop
-    return pieces if len(pieces) > 1 else None
-
-
-def b_join(producer: dict[int, Eqn], b: Var) -> Optional[list[tuple[Var, int]]]:
-    """``join_pieces`` of a matmul's B operand ``b`` (through broadcasts over a batch), where the
-    register-blocked template can read each vec4 of B from its piece: 2-D float32 pieces, each
-    a whole number of vec4s wide. (The fusion pass asks, to leave such a join unmaterialised.)"""
-    if not JOIN_B:
-        return None
-    src, path = _operand_path(producer, b)
-    if len(src.shape) != 2 or src.dtype != "float32" or any(
-            e.op is not Op.BROADCAST or e.out.shape[-2:] != src.shape for e in path):
-        return None
-    pieces = join_pieces(producer, src)
-    if pieces is None or any(p.shape[-1] % 4 or p.dtype != "float32" for p, _ in pieces):
-        return None
-    return pieces
-
-
-def _b_pieces(body: Program, mm: Eqn) -> Optional[list[tuple[Var, int]]]:
-    """The inputs matmul ``mm``'s B is joined from along N, and their first columns, where the
-    tile loads read each vec4 of B from its piece (see b_join): pieces that are inputs of the
-    kernel read by nothing else in it, and not written by it."""
-    producers = {id(o): e for e in body.eqns for o in e.outs}
-    pieces = b_join(producers, _mm_dims(mm)[1])
-    if pieces is None:
-        return None
-    pads = {id(e) for e in body.eqns if e.op is Op.PAD and any(e.inputs[0] is p for p, _ in pieces)}
-    for p, _ in pieces:
-        if not any(v is p for v in body.inputs) or any(o is p for o in body.outputs):
-            return None
-        if any(x is p for e in body.eqns if id(e) not in pads for x in e.inputs):
-            return None
-    return pieces
-
-
 def _runs_along(body: Program, x: Var, axis: int) -> bool:
     """Is operand ``x`` a strided view of an input in which ``axis`` (-2 or -1) runs contiguously
     and the other of its last two axes does not?"""
@@ -1112,11 +1007,6 @@ def _matmul_vector_buffers(body: Program, inplace: tuple[tuple[int, int], ...],
         if v is src and i not in aliased:
             vec.add(f"in{i}")
             break
-    pieces = _b_pieces(body, mm) if src is None else None
-    if pieces is not None:
-        at = [next(i for i, v in enumerate(body.inputs) if v is p) for p, _ in pieces]
-        if not any(i in aliased for i in at):
-            vec |= {f"in{i}" for i in at}
     if _vector_stores(body, mm, _fit_storage(cfg, workgroup_storage), aliased):
         vec |= {f"out{j}" for j in range(len(body.outputs))}
     return vec
@@ -1169,15 +1059,8 @@ def _matmul_rb(body: Program, names: dict[int, str], mm: Eqn,
                  for _ in range(4)]
         load_a.append([p[0] for p in pairs])
         val_a.append([p[1] for p in pairs])
-    # B joined from pieces bound as vec4s (_matmul_vector_buffers): each vec4 of B lies in one
-    # piece (its widths are whole vec4s), read from there
-    pieces = _b_pieces(body, mm)
-    if pieces is None or not all(names.get(id(p)) in vec for p, _ in pieces):
-        pieces = None
-    join_b = _join_loads(pieces, names, n, bn, indent) if pieces is not None else ""
-    # else the input bound as vec4s for B (_matmul_vector_buffers), if any
-    src = None if pieces is not None else next(
-        (v for v in body.inputs if names.get(id(v)) in vec), None)
+    # the input bound as vec4s for B (_matmul_vector_buffers), if any
+    src = next((v for v in body.inputs if names.get(id(v)) in vec), None)
     bvec = names[id(src)] if src is not None else ""
     # a float16 B's vec4<f16> (8 bytes) widened to the vec4<f32> the tiles hold
     bwiden = "vec4<f32>" if src is not None and src.dtype == "float16" else ""
@@ -1185,8 +1068,6 @@ def _matmul_rb(body: Program, names: dict[int, str], mm: Eqn,
     at_bv: list[str] = []
     guard_bv: list[str] = []
     for _ in range(b_groups):
-        if pieces is not None:
-            continue
         if src is not None:  # one vec4 load at the flat index of B[bt, kb, col]
             em = Emitter(body, names, indent=indent, counter=counter)
             here = Idx(b.shape, coords=_batch_coords(em, batch) + ("kb", "col"))
@@ -1200,10 +1081,9 @@ def _matmul_rb(body: Program, names: dict[int, str], mm: Eqn,
         load_b.append([p[0] for p in pairs])
         val_b.append([p[1] for p in pairs])
     loads = dict(a_loads=a_groups, b_loads=b_groups, load_a=load_a, val_a=val_a, load_b=load_b,
-                 val_b=val_b, vec_b=bool(bvec or join_b), bvec=bvec, bwiden=bwiden,
-                 load_bv=load_bv, at_bv=at_bv, guard_bv=guard_bv, guard_branch=pipelined,
-                 pipelined=pipelined, ap=ap, join_b=join_b,
-                 b_cols=not (bvec or join_b) and _b_columns(body, mm), a_rows=_a_rows(body, mm))
+                 val_b=val_b, vec_b=bool(bvec), bvec=bvec, bwiden=bwiden, load_bv=load_bv,
+                 at_bv=at_bv, guard_bv=guard_bv, guard_branch=pipelined, pipelined=pipelined, ap=ap,
+                 b_cols=not bvec and _b_columns(body, mm), a_rows=_a_rows(body, mm))
     staged = _staged_rows(body, cfg)
     if staged:
         rounds, rr = tm // staged, staged
@@ -1249,36 +1129,6 @@ def _matmul_rb(body: Program, names: dict[int, str], mm: Eqn,
                           + "\n".join("    " + st[4:] for st in stores) + "\n    }")
     return _render_rb(mm, cfg, m, n, k, tm_tiles, tn_tiles, nb, loads,
                       epilogue="\n".join(blocks), rounds=0, rr=0, per_thread=0, lanes="")
-
-
-def _join_loads(pieces: list[tuple[Var, int]], names: dict[int, str], n: int, bn: int,
-                indent: str) -> str:
-    """The statements setting ``b4`` to the vec4 of a joined B at (``kb``, ``col``): a test of
-    ``col`` against each piece's end (uniform across a tile where the widths are whole tiles),
-    then one load from that piece."""
-    lines = []
-    uniform = JOIN_B >= 3 and all(off % bn == 0 for _, off in pieces)
-    at = "col0" if uniform else "col"
-    for i, (p, off) in enumerate(pieces):
-        end = off + p.shape[-1]
-        col = f"(col - {off}u)" if off else "col"
-        idx = f"kb * {p.shape[-1] // 4}u + {col} / 4u"
-        if i == 0:
-            lines.append(f"{indent}if ({at} < {end}u) {{")
-        elif i < len(pieces) - 1:
-            lines.append(f"{indent}}} else if ({at} < {end}u) {{")
-        else:
-            lines.append(f"{indent}}} else {{")
-        if JOIN_B >= 2:
-            lines.append(f"{indent}    let bi = {idx};")
-            lines.append(f"{indent}    if (bi < {p.size // 4}u) {{")
-            lines.append(f"{indent}        b4 = {names[id(p)]}[bi];")
-            lines.append(f"{indent}    }}")
-        else:
-            lines.append(f"{indent}    b4 = {names[id(p)]}[{idx}];")
-    lines.append(f"{indent}}}")
-    assert end == n, "the pieces fill B's columns"
-    return "\n".join(lines)
 
 
 def _render_rb(mm: Eqn, cfg: tuple[int, int, int, int, int], m: int, n: int, k: int,

@@ -7,10 +7,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import forced_target
 
 import fusec
-from fusec import codegen
 from fusec.ir import Op
 from fusec.passes import merge
 
@@ -152,70 +150,3 @@ def test_gradient_through_merged_projections(rng: np.random.Generator) -> None:
     v = x64 @ wv + bv
     want = (2 * a) @ (2.0 * wq - wk).T + (2 * v) @ wv.T
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
-
-
-@pytest.mark.parametrize("target", ["gpu", "cpu"])
-@pytest.mark.parametrize("lead,d,n", [((64,), 40, 36), ((3, 41), 17, 64), ((131,), 5, 12),
-                                      ((2, 37), 33, 132)])
-def test_joined_weights_are_read_where_they_lie(rng: np.random.Generator, target: str,
-                                                lead: tuple[int, ...], d: int, n: int) -> None:
-    # weights whose widths are whole vec4s: the register-blocked product reads each vec4 of the
-    # joined B from its own weight, and the join is no kernel of its own
-    x = _data(rng, *lead, d)
-    ws = [_data(rng, d, n), _data(rng, n), _data(rng, d, n), _data(rng, n),
-          _data(rng, d, n + 4), _data(rng, n + 4)]
-    ws[2][d // 2, n - 1] = np.nan  # the last column of the second weight only
-    ws[4][0, 0] = np.inf
-    with forced_target(target):
-        f = fusec.gpu_jit(_projections)
-        kinds = _kinds(f, x, *ws)
-        got = f(x, *ws)
-        # the same plan with the join left to a kernel of its own (codegen.JOIN_B off)
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(codegen, "JOIN_B", 0)
-            apart = _kinds(fusec.gpu_jit(_projections), x, *ws)
-    assert kinds.count("matmul") == 1 and apart.count("matmul") == 1
-    assert len(kinds) == len(apart) - 1
-    with np.errstate(invalid="ignore"):
-        want = _reference(x, *ws)
-    for g, w in zip(got, want):
-        g = np.asarray(g)
-        np.testing.assert_array_equal(np.isnan(g), np.isnan(w))
-        np.testing.assert_array_equal(np.isinf(g), np.isinf(w))
-        fin = np.isfinite(w)
-        np.testing.assert_allclose(g[fin], w[fin], rtol=2e-5, atol=2e-5)
-    assert np.isnan(np.asarray(got[0])[..., n - 1]).all()
-    assert np.isfinite(np.asarray(got[0])[..., : n - 1]).all()
-
-
-@pytest.mark.usefixtures("gpu_target")
-def test_concatenated_right_operand(rng: np.random.Generator) -> None:
-    # a user's own join of weights along N: read in place where every piece is whole vec4s; a
-    # piece 6 wide, or a join the program also returns, keeps the join's kernel; all exact
-    fnp = fusec.numpy
-    x = _data(rng, 97, 29)
-    a, b, c, odd = _data(rng, 29, 8), _data(rng, 29, 40), _data(rng, 29, 4), _data(rng, 29, 6)
-    x64 = x.astype(np.float64)
-
-    def joined(x: Any, a: Any, b: Any, c: Any) -> Any:
-        return fnp.tanh(x @ fnp.concatenate([a, b, c], axis=1))
-
-    f = fusec.gpu_jit(joined)
-    assert _kinds(f, x, a, b, c) == ["matmul"]
-    want = np.tanh(x64 @ np.concatenate([a, b, c], axis=1))
-    np.testing.assert_allclose(np.asarray(f(x, a, b, c)), want, rtol=2e-5, atol=2e-5)
-    g = fusec.gpu_jit(joined)
-    assert _kinds(g, x, a, odd, c) == ["elementwise", "matmul"]
-    want = np.tanh(x64 @ np.concatenate([a, odd, c], axis=1))
-    np.testing.assert_allclose(np.asarray(g(x, a, odd, c)), want, rtol=2e-5, atol=2e-5)
-
-    def returned(x: Any, a: Any, b: Any) -> Any:
-        w = fnp.concatenate([a, b], axis=1)
-        return x @ w, w
-
-    h = fusec.gpu_jit(returned)
-    assert _kinds(h, x, a, b).count("matmul") == 1 and len(_kinds(h, x, a, b)) == 2
-    y, w = h(x, a, b)
-    np.testing.assert_array_equal(np.asarray(w), np.concatenate([a, b], axis=1))
-    np.testing.assert_allclose(np.asarray(y), x64 @ np.concatenate([a, b], axis=1), rtol=2e-5,
-                               atol=2e-5)

@@ -102,10 +102,6 @@ class _Planner:
                 index_only.add(id(e))
             if id(e) in index_only or e.op in MOVEMENT or e.outs[0].size <= 1:
                 self.trivial.add(id(e))
-        self.n_readers: dict[int, int] = {}
-        for e in prog.eqns:
-            for vid in {id(a) for a in e.inputs if isinstance(a, Var)}:
-                self.n_readers[vid] = self.n_readers.get(vid, 0) + 1
         mat: set[int] = set(self.input_pos) | self.out_ids
         for e in prog.eqns:
             if e.op in REDUCING or e.op is Op.MATMUL or (not enabled and e.op not in MOVEMENT):
@@ -128,11 +124,6 @@ class _Planner:
                 for j, a in enumerate(e.inputs):
                     if j == 0 and e.op in (Op.QMATMUL, Op.ATTENTION) and _prologue(self, a):
                         continue
-                    if j == 1 and e.op is Op.MATMUL:
-                        pieces = self.joined_b(e)
-                        if pieces is not None:
-                            mat.update(id(p) for p in pieces)
-                            continue
                     v = a
                     while isinstance(v, Var) and id(v) in self.producer and (
                             self.producer[id(v)].op in MOVEMENT or e.op is Op.MATMUL
@@ -143,35 +134,6 @@ class _Planner:
         if enabled:
             _cap_cones(prog, mat)
         self.mat = mat
-
-    def joined_b(self, mm: Eqn) -> Optional[list[Var]]:
-        """The pieces of matmul ``mm``'s B where B is a join along N that its kernel reads from
-        the pieces themselves (:func:`fusec.codegen.b_join`, on the register-blocked tiles): the
-        join then is part of the product's kernel, not a kernel of its own. Only where nothing
-        else reads the join or its partial selects (they would be recomputed there)."""
-        if not self.enabled or codegen.mm_config(mm, self.target) is None:
-            return None
-        b = mm.inputs[1]
-        if not isinstance(b, Var):
-            return None
-        pieces = codegen.b_join(self.producer, b)
-        if pieces is None or any(id(p) in self.out_ids for p, _ in pieces):
-            return None
-        # the values between the pieces and the product: each read once, inside the join
-        inside: list[Var] = []
-        stack = [b]
-        ends = {id(p) for p, _ in pieces}
-        while stack:
-            v = stack.pop()
-            if id(v) in ends or id(v) not in self.producer:
-                continue
-            inside.append(v)
-            stack.extend(x for x in self.producer[id(v)].inputs if isinstance(x, Var))
-        if any(id(v) in self.out_ids or self.n_readers.get(id(v), 0) > 1 for v in inside
-               if id(self.producer[id(v)]) not in self.trivial or self.producer[id(v)].op
-               in MOVEMENT):
-            return None
-        return [p for p, _ in pieces]
 
     # -- building blocks --
     def cone(self, root: Eqn) -> dict[int, Eqn]:
