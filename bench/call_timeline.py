@@ -3,7 +3,7 @@ and submitted as fusec really does it (in chunks: ``FUSEC_SUBMIT_FIRST``/``GROWT
 timestamp at the beginning and the end of every compute pass it records (one pass per submitted
 chunk), and the host's clock at the call's start, at each submit and at its return.
 
-    python bench/call_timeline.py [--cases tiny,bert32x128,bert1x16] [--reps 30]
+    python bench/call_timeline.py [--cases tiny,bert32x128,bert1x16,bench:mlp] [--reps 30]
                                   [--firsts 4/2,0] [--out r.json]
 
 Per case and setting, medians over ``--reps`` calls (call + ``block_until_ready``, the GPU idle
@@ -15,7 +15,10 @@ before each):
   chunks (idle, or starting the next command buffer);
 - **outside** = wall - span: the host's time before the GPU starts plus after it ends (recording
   and submitting the first chunk, the GPU's start, noticing the end);
-- **last submit**: when the host submitted the call's last chunk, from the call's start;
+- **to record**, **first submit**, **last submit**: when the call's recording started, and when
+  its first and last chunks' submits returned, from the call's start; **finish first**, **queue
+  first**: the first chunk's wgpu-native ``finish`` and ``submit``, and **finish all**, **queue
+  all** the call's in all;
 - **profiled**: the call's GPU time as ``fusec bench`` measures it (one pass, timestamps around
   it: ``fusec.bench.fusec_time``).
 
@@ -50,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--firsts", default="4/2,0")
     ap.add_argument("--out", default="")
+    ap.add_argument("--heat", type=float, default=1.0, help="seconds of calls before a case")
     a = ap.parse_args(argv)
     import bert_encoder as be
     import minilm_encoder as ex
@@ -96,6 +100,34 @@ def main(argv: list[str] | None = None) -> int:
             state["submits"].append(time.perf_counter())
 
     native.Encoder.submit = timed_submit  # type: ignore[method-assign]
+    # the host's own marks: where the call's recording starts, and each finish and submit
+    plain_finish, plain_queue_submit = n.finish, n.submit
+
+    def timed_finish(*a: Any) -> Any:
+        t = time.perf_counter()
+        try:
+            return plain_finish(*a)
+        finally:
+            if state["on"]:
+                state["finish"].append(time.perf_counter() - t)
+
+    def timed_queue_submit(*a: Any) -> Any:
+        t = time.perf_counter()
+        try:
+            return plain_queue_submit(*a)
+        finally:
+            if state["on"]:
+                state["queue"].append(time.perf_counter() - t)
+
+    n.finish, n.submit = timed_finish, timed_queue_submit
+    plain_record = runtime.GpuExecutable._record_native
+
+    def timed_record(self: Any, *a: Any) -> Any:
+        if state["on"] and "record" not in state:
+            state["record"] = time.perf_counter()
+        return plain_record(self, *a)
+
+    runtime.GpuExecutable._record_native = timed_record  # type: ignore[method-assign]
 
     policy = bench.Policy(warmup=3, min_reps=10, max_reps=30, budget_s=1.0, heat_s=0.2)
     cases: list[tuple[str, Any, list[Any]]] = []
@@ -109,12 +141,17 @@ def main(argv: list[str] | None = None) -> int:
             ids, mask = ex.make_batch(b, s, 30522)
             enc = fusec.gpu_jit(lambda w, i, m: ex.encode(fnp, nn, w, i, m, 1e-12))
             cases.append((c, enc, [wts, fusec.device_put(ids), fusec.device_put(mask)]))
+        elif c.startswith("bench:"):
+            w = bench.select(bench.workloads(quick=False), [c[6:]])[0]
+            args = [fusec.device_put(v) for v in w.make_inputs(np.random.default_rng(0))]
+            cases.append((c, fusec.gpu_jit(w.bind(bench.FusecOps)), args))
         else:
             raise SystemExit(f"unknown case {c!r}")
 
     def one(f: Callable[..., Any], args: list[Any]) -> dict[str, float]:
         rt.sync()
-        state.update(on=True, passes=0, keep=[], submits=[])
+        state.update(on=True, passes=0, keep=[], submits=[], finish=[], queue=[])
+        state.pop("record", None)
         t0 = time.perf_counter()
         out = f(*args)
         out.block_until_ready()
@@ -129,13 +166,23 @@ def main(argv: list[str] | None = None) -> int:
         span = (ends.max() - begins.min()) / 1e3
         passes = float((ends - begins).sum()) / 1e3
         wall = (t1 - t0) * 1e6
+        subs = state["submits"]
         return {"wall": wall, "span": span, "passes": passes, "gaps": span - passes,
                 "outside": wall - span, "chunks": k,
-                "last_submit": (state["submits"][-1] - t0) * 1e6 if state["submits"] else 0.0}
+                "to_record": (state["record"] - t0) * 1e6 if "record" in state else 0.0,
+                "first_submit": (subs[0] - t0) * 1e6 if subs else 0.0,
+                "last_submit": (subs[-1] - t0) * 1e6 if subs else 0.0,
+                "finish_first": state["finish"][0] * 1e6 if state["finish"] else 0.0,
+                "queue_first": state["queue"][0] * 1e6 if state["queue"] else 0.0,
+                "finish_all": sum(state["finish"]) * 1e6,
+                "queue_all": sum(state["queue"]) * 1e6}
 
     results = []
     for name, f, args in cases:
         kernels = len(f.lower(*args).kernels)
+        end = time.perf_counter() + a.heat
+        while time.perf_counter() < end:  # the GPU's clocks up before the first setting
+            f(*args).block_until_ready()
         for setting in a.firsts.split(","):
             submit_setting(setting)
             for _ in range(3):
