@@ -43,13 +43,16 @@ def back_to_back(fn: Callable[[], Any], sync: Callable[[], Any], calls: int, rep
 
 
 def submit_setting(setting: Optional[str]) -> None:
-    """Set how a long call submits: ``F`` (FUSEC_SUBMIT_FIRST) or ``F/G`` (and
-    FUSEC_SUBMIT_GROWTH G, else its default); None goes back to the environment's settings."""
+    """Set how a long call submits: ``F`` (FUSEC_SUBMIT_FIRST), ``F/G`` (and
+    FUSEC_SUBMIT_GROWTH G, else its default) or ``F/G/P`` (and FUSEC_SUBMIT_PLAN P); None goes
+    back to the environment's settings."""
     import fusec
 
-    first, _, growth = (setting or "").partition("/")
+    first, _, rest = (setting or "").partition("/")
+    growth, _, plan = rest.partition("/")
     fusec.config.set("submit_first", int(first) if setting is not None else None)
     fusec.config.set("submit_growth", int(growth) if growth else None)
+    fusec.config.set("submit_plan", int(plan) if plan else None)
 
 
 def torch_kernels(torch: Any, fn: Callable[[], Any], calls: int = 1,

@@ -61,6 +61,9 @@ _ENV = {
     # ...then submits after this many times as many dispatches each time (2: after 4, 8, 16, ...;
     # 1 or less: the rest of the call in one submit)
     "submit_growth": ("FUSEC_SUBMIT_GROWTH", 2),
+    # ...or later, on GPUs, while the GPU is estimated to have work queued (runtime.submit_cuts;
+    # 0: the doubling rule alone)
+    "submit_plan": ("FUSEC_SUBMIT_PLAN", 1),
     # a while_loop's chunks of iterations between reads of its flag grow up to this (runtime)
     "while_chunk_max": ("FUSEC_WHILE_CHUNK_MAX", 0),
 }

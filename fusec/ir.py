@@ -498,3 +498,26 @@ def from_json(data: dict[str, Any]) -> Program:
         outs = tuple(define(s) for s in e["out"])
         eqns.append(Eqn(Op(e["op"]), ins, outs, {k: param(v) for k, v in e["params"].items()}))
     return Program(inputs, eqns, [atom(a) for a in data["outputs"]])
+
+
+def kernel_cost(e: Eqn) -> tuple[int, int]:
+    """(flops, bytes) of one ``kernel`` equation: the bytes of its operands and results, and the
+    arithmetic of its body (a product's 2 x M x N x K, attention's two products, one operation
+    per element of every other compute equation; movement costs nothing)."""
+    nbytes = sum(a.nbytes for a in e.inputs if isinstance(a, Var))
+    nbytes += sum(o.nbytes for o in e.outs)
+    flops = 0
+    for be in e.params["body"].eqns:
+        if be.op is Op.MATMUL:
+            a = be.inputs[0]
+            flops += 2 * math.prod(be.out.shape) * a.shape[-1]
+        elif be.op is Op.ATTENTION:
+            q, kt, v = be.inputs[:3]
+            flops += 2 * math.prod(q.shape[:-1]) * kt.shape[-1] * (q.shape[-1] + v.shape[-1])
+        elif be.op is Op.QMATMUL:
+            flops += 2 * math.prod(be.out.shape) * int(be.params["k"])
+        elif be.op in REDUCE:
+            flops += be.inputs[0].size if isinstance(be.inputs[0], Var) else 1
+        elif be.op not in MOVEMENT:
+            flops += be.out.size
+    return flops, nbytes

@@ -14,7 +14,6 @@ import functools
 import gc
 import hashlib
 import inspect
-import math
 import os
 import time
 import warnings
@@ -35,7 +34,7 @@ from .errors import (
     TraceError,
 )
 from .interpret import evaluate
-from .ir import MOVEMENT, REDUCE, Lit, Op, Program, Var, from_json, kernel_eqns, to_json
+from .ir import Lit, Op, Program, from_json, kernel_cost, kernel_eqns, to_json
 from .passes import MemoryAnalysis, Options, analyse, run_pipeline, used_inputs
 from .passes import tuning as passes_tuning
 from .record import record
@@ -551,24 +550,10 @@ def _cost(prog: Program) -> tuple[int, int]:
             trips = e.params["trips"] if e.params["trips"] is not None else 1
             flops += trips * f
             nbytes += trips * n
-            continue
-        if e.op is not Op.KERNEL:
-            continue
-        nbytes += sum(a.nbytes for a in e.inputs if isinstance(a, Var))
-        nbytes += sum(o.nbytes for o in e.outs)
-        for be in e.params["body"].eqns:
-            if be.op is Op.MATMUL:
-                a, b = be.inputs
-                flops += 2 * math.prod(be.out.shape) * a.shape[-1]
-            elif be.op is Op.ATTENTION:
-                q, kt, v = be.inputs[:3]
-                flops += 2 * math.prod(q.shape[:-1]) * kt.shape[-1] * (q.shape[-1] + v.shape[-1])
-            elif be.op is Op.QMATMUL:
-                flops += 2 * math.prod(be.out.shape) * int(be.params["k"])
-            elif be.op in REDUCE:
-                flops += be.inputs[0].size if isinstance(be.inputs[0], Var) else 1
-            elif be.op not in MOVEMENT:
-                flops += be.out.size
+        elif e.op is Op.KERNEL:
+            f, n = kernel_cost(e)
+            flops += f
+            nbytes += n
     return flops, nbytes
 
 

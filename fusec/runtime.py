@@ -29,7 +29,7 @@ from . import cache, config, dtypes
 from . import numpy as fnp
 from .errors import DeviceLimitError, DTypeError, FusecError
 from .interpret import evaluate
-from .ir import Eqn, Lit, Op, Program, Var, buffer_bytes, itemsize
+from .ir import Eqn, Lit, Op, Program, Var, buffer_bytes, itemsize, kernel_cost
 from .native import Encoder, Pass, open_native, poll_function
 from .passes import run_interpreter_pipeline, used_inputs
 from .trace import register_array_type
@@ -1345,6 +1345,54 @@ BATCH_SECONDS = 100e-6
 # a wait that finds the GPU busy opens the next batch meanwhile (Runtime.wait_idle)
 PREOPEN_BATCH = True
 
+# Where a long call submits (see submit_cuts). Each submit after the first costs the GPU time: on
+# the H200 about 16 us idle between the command buffers and 8 us more in the passes
+# (bench/call_timeline.py). So on GPUs a chunk goes on growing, past the doubling rule, while
+# the work already submitted is estimated to keep the GPU busy until it is submitted too. The
+# estimates err on the safe side (a fast GPU, a slow host): where they are wrong the doubling
+# rule decides, as it does on software adapters (FUSEC_SUBMIT_PLAN=0: always).
+HOST_US_PER_DISPATCH = 6.0  # recording and finishing one dispatch (H200's host: 3-3.5 + 1.8)
+HOST_US_PER_SUBMIT = 40.0  # a chunk's finish and submit beyond that, the next encoder and pass
+GPU_START_US = 10.0  # from a submit to the GPU starting on it
+SUBMIT_MARGIN_US = 20.0
+GPU_US_PER_KERNEL = 2.0  # a kernel's estimated time: this, plus its bytes and flops at
+GPU_BYTES_PER_US = 4.0e6  # 4 TB/s and
+GPU_FLOPS_PER_US = 5.0e7  # 50 TFLOP/s (the H200 measures 3.3-4.1 TB/s, 34 TFLOP/s in products)
+
+
+def gpu_estimate_us(e: Eqn) -> float:
+    """An under-estimate of kernel equation ``e``'s GPU time on a fast GPU, in us."""
+    flops, nbytes = kernel_cost(e)
+    return GPU_US_PER_KERNEL + nbytes / GPU_BYTES_PER_US + flops / GPU_FLOPS_PER_US
+
+
+def submit_cuts(costs: Sequence[float], first: int, growth: int, plan: bool) -> list[int]:
+    """The dispatch counts after which a call of ``len(costs)`` dispatches submits what it has
+    recorded (the last submit, at its end, not listed): the first after ``first``
+    (FUSEC_SUBMIT_FIRST; 0: none), then at ``growth`` (FUSEC_SUBMIT_GROWTH) times the count of
+    the one before (1 or less: none). With ``plan``, a chunk grows beyond that while the GPU is
+    estimated to have work until it is submitted: a simulation of the host recording
+    (HOST_US_PER_DISPATCH, HOST_US_PER_SUBMIT) against the GPU running the chunks submitted
+    before (``costs``: each dispatch's estimated GPU us, gpu_estimate_us), with a margin."""
+    n = len(costs)
+    if first <= 0 or first >= n:
+        return []
+    cuts = [first]
+    host = first * HOST_US_PER_DISPATCH + HOST_US_PER_SUBMIT  # when each chunk is submitted
+    gpu = host + GPU_START_US + sum(costs[:first])  # when the GPU runs out of submitted work
+    i = first
+    while True:
+        nxt = _next_submit(i, growth)
+        if plan:
+            room = gpu - SUBMIT_MARGIN_US - host - HOST_US_PER_SUBMIT
+            nxt = max(nxt, i + int(room // HOST_US_PER_DISPATCH))
+        if nxt >= n:
+            return cuts
+        cuts.append(nxt)
+        host += (nxt - i) * HOST_US_PER_DISPATCH + HOST_US_PER_SUBMIT
+        gpu = max(gpu, host + GPU_START_US) + sum(costs[i:nxt])
+        i = nxt
+
 
 @dataclass(eq=False)
 class _Launch:
@@ -1360,6 +1408,7 @@ class _Launch:
     alloc: list[tuple[int, int, Any]] = field(default_factory=list)  # (slot, kind, arg)
     cap: int = BIND_GROUP_CACHE  # bind groups kept (more inside a loop: three per call)
     name: str = ""  # the kernel's name (fusec.profile reports it)
+    gpu_us: float = 0.0  # its estimated GPU time (gpu_estimate_us), for where a call submits
 
 
 @dataclass
@@ -1410,7 +1459,7 @@ class _Steps:
                               if sl.startswith("=") else sl for sl in slots)
                 writes = [slot_of(o) for o in e.outs]
                 self.steps.append(_Launch(pipe, layout, reads, writes, slots, code.grid,
-                                          cap=cap, name=code.name))
+                                          cap=cap, name=code.name, gpu_us=gpu_estimate_us(e)))
                 self._note_slots(e.outs, writes, slots)
             elif e.op is Op.LOOP:
                 loop = _LoopRun(rt, e, [slot_of(cast(Var, a)) for a in e.inputs], codes)
@@ -1724,6 +1773,7 @@ class GpuExecutable(_Steps):
     def __init__(self, rt: Runtime, prog: Program, kernels: Sequence[Any]) -> None:
         super().__init__(rt, prog, iter(kernels))
         self.destroyed = rt.destroyed
+        self._cuts: dict[tuple[int, int, bool], list[int]] = {}
         self._plan()
 
     def _drop_bind_groups(self) -> None:
@@ -1766,6 +1816,17 @@ class GpuExecutable(_Steps):
             and len(launches) <= BATCH_MAX_LAUNCHES
             and sum(st.grid[0] * st.grid[1] * st.grid[2] for st in launches)
             <= BATCH_MAX_WORKGROUPS)
+
+    def cuts(self, first: int, growth: int) -> list[int]:
+        """Where this executable's calls submit under these settings (submit_cuts), reversed
+        (the recording loops pop the next one)."""
+        plan = bool(config.get("submit_plan")) and self.rt.target == "gpu"
+        key = (first, growth, plan)
+        got = self._cuts.get(key)
+        if got is None:
+            costs = [st.gpu_us for st in self.steps if isinstance(st, _Launch) and st.grid[0]]
+            got = self._cuts[key] = submit_cuts(costs, first, growth, plan)[::-1]
+        return got
 
     def run(self, inputs: Sequence[Optional[Array]]) -> list[Any]:
         with self.rt.lock:  # recording into the batch is one thread at a time
@@ -1814,11 +1875,12 @@ class GpuExecutable(_Steps):
         # a call of many kernels submits its first dispatches early, then after twice as many and
         # so on, so that the GPU starts while the host records the rest (FUSEC_SUBMIT_FIRST and
         # FUSEC_SUBMIT_GROWTH; not under the profilers, whose timestamps bracket one pass)
-        split = 0 if batched or rt.profile or kq is not None else int(config.get("submit_first"))
+        cuts = [] if batched or rt.profile or kq is not None else list(self.cuts(
+            int(config.get("submit_first")), int(config.get("submit_growth"))))
         if type(cpass) is Pass and kq is None:
-            enc, cpass = self._record_native(bufs, raws, enc, cpass, split)
+            enc, cpass = self._record_native(bufs, raws, enc, cpass, cuts)
         else:
-            enc, cpass = self._record(bufs, raws, enc, cpass, split, kq, timed)
+            enc, cpass = self._record(bufs, raws, enc, cpass, cuts, kq, timed)
         if batched:
             rt.batch_calls += 1
             # submitted once it holds BATCH_SECONDS of recording: calls slower than that (a
@@ -1847,16 +1909,16 @@ class GpuExecutable(_Steps):
             return [_device_array(shape, dtype, bufs[s], sub, rt) for s, shape, dtype in fresh]
         return self._outputs(inputs, bufs, sub)
 
-    def _record(self, bufs: list[Any], raws: list[Any], enc: Any, cpass: Any, split: int,
+    def _record(self, bufs: list[Any], raws: list[Any], enc: Any, cpass: Any, cuts: list[int],
                 kq: Any, timed: list[str]) -> tuple[Any, Any]:
         """``_run``'s loop over the steps through wgpu-py's passes (``FUSEC_NATIVE=0``, the
-        profilers): bind the slots' buffers, record each dispatch, submit the first ``split``
-        early (then after ``submit_growth`` times as many dispatches each time); under
+        profilers): bind the slots' buffers, record each dispatch, submit after the dispatch
+        counts in ``cuts`` (submit_cuts, reversed; popped as they pass); under
         ``fusec.profile()`` (``kq``) each kernel in a timed pass of its own, its name appended to
         ``timed``."""
         rt = self.rt
         dispatched = 0
-        growth = int(config.get("submit_growth")) if split else 0
+        split = cuts.pop() if cuts else 0
         for st in self.steps:
             if type(st) is _Alias:
                 bufs[st.dst] = bufs[st.src]
@@ -1871,7 +1933,7 @@ class GpuExecutable(_Steps):
                 bg = _bind_group(rt, st, bound)
             if split and dispatched == split:
                 enc, cpass = rt.submit_chunk(enc, cpass)
-                split = _next_submit(split, growth)
+                split = cuts.pop() if cuts else 0
             dispatched += 1
             if kq is not None:
                 # each kernel timed alone: submitted on its own once the GPU is idle (timed
@@ -1892,7 +1954,7 @@ class GpuExecutable(_Steps):
         return enc, cpass
 
     def _record_native(self, bufs: list[Any], raws: list[Any], enc: Any, cpass: Pass,
-                       split: int) -> tuple[Any, Pass]:
+                       cuts: list[int]) -> tuple[Any, Pass]:
         """``_run``'s loop over the steps where the pass is wgpu-native's own (``fusec.native``):
         the same work as :meth:`_record`'s loop, with the native functions called straight and
         the slots' buffers bound inline, because this loop is most of fusec's own time per call
@@ -1905,7 +1967,7 @@ class GpuExecutable(_Steps):
         raw = cpass.raw
         last = None
         dispatched = 0
-        growth = int(config.get("submit_growth")) if split else 0
+        split = cuts.pop() if cuts else 0
         for st in self.steps:
             if type(st) is _Alias:
                 bufs[st.dst] = bufs[st.src]
@@ -1935,7 +1997,7 @@ class GpuExecutable(_Steps):
                 enc, cpass = rt.submit_chunk(enc, cpass)
                 raw = cpass.raw
                 last = None
-                split = _next_submit(split, growth)
+                split = cuts.pop() if cuts else 0
             dispatched += 1
             pipe = st.pipeline
             if pipe is not last:

@@ -244,6 +244,77 @@ def test_a_call_of_many_kernels_submits_in_growing_chunks(first: int, growth: in
     np.testing.assert_allclose(np.asarray(out), want, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("first,growth", [(1, 2), (4, 2), (3, 3), (4, 0), (2, 1)])
+def test_submit_cuts_follow_the_doubling_rule_or_grow_past_it(first: int, growth: int) -> None:
+    """Without the plan the cuts are the doubling rule's; with it, a chunk grows past the rule
+    while the GPU is estimated to be busy: long kernels give fewer submits, kernels shorter than
+    the host's recording give the rule's; never more submits than the rule, always in order."""
+    rng = np.random.default_rng(first * 10 + growth)
+    n = 60
+    rule = runtime.submit_cuts([1.0] * n, first, growth, plan=False)
+    want, nxt = [], first
+    while nxt < n:
+        want.append(nxt)
+        if growth <= 1:
+            break
+        nxt *= growth
+    assert rule == want
+    short = runtime.submit_cuts([1.0] * n, first, growth, plan=True)
+    assert short == rule  # the GPU outpaced: the host cannot get ahead, the rule decides
+    long_ = rng.uniform(200.0, 400.0, n).tolist()  # each kernel outlasts many dispatches' recording
+    planned = runtime.submit_cuts(long_, first, growth, plan=True)
+    assert planned[:1] == rule[:1] and len(planned) <= len(rule)
+    assert planned == sorted(set(planned)) and all(0 < c < n for c in planned)
+    # the first chunk (if it holds 3 or more of these kernels, they cover the rest's recording),
+    # then at most one more
+    assert planned == [first] if first >= 3 else len(planned) <= 2
+    if len(rule) > 2:
+        assert len(planned) < len(rule)
+    mixed = [1.0] * 20 + long_[20:]
+    got = runtime.submit_cuts(mixed, first, growth, plan=True)
+    assert len(got) <= len(rule) and got == sorted(set(got))
+    assert runtime.submit_cuts(long_, 0, growth, plan=True) == []
+    assert runtime.submit_cuts(long_[:first], first, growth, plan=True) == []
+
+
+@pytest.mark.usefixtures("gpu_target")
+@pytest.mark.parametrize("plan", [0, 1])
+def test_a_planned_call_submits_where_its_cuts_say(plan: int,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the GPU target a call submits where submit_cuts plans, here with the cost estimates
+    made slow (every product a long kernel): 2 submits in place of the rule's 5 for 40 products
+    (FUSEC_SUBMIT_PLAN=0: the rule's), with the results of one submit."""
+    rt = _rt()
+    monkeypatch.setitem(fusec.config._overrides, "submit_first", 4)
+    monkeypatch.setitem(fusec.config._overrides, "submit_growth", 2)
+    monkeypatch.setitem(fusec.config._overrides, "submit_plan", plan)
+    monkeypatch.setattr(runtime, "GPU_US_PER_KERNEL", 500.0)
+    rng = np.random.default_rng(plan)
+    q = np.linalg.qr(rng.standard_normal((8, 8)))[0].astype(np.float32)
+    x0 = rng.standard_normal((5, 8)).astype(np.float32)
+
+    def chain(x: object, w: object) -> object:
+        for _ in range(40):
+            x = x @ w
+        return x
+
+    f = fusec.gpu_jit(chain)
+    x, w = fusec.device_put(x0), fusec.device_put(q)
+    f(x, w).block_until_ready()
+    seen = []
+    real = rt.submit
+
+    def spy(enc: object) -> None:
+        seen.append(1)
+        real(enc)
+
+    monkeypatch.setattr(rt, "submit", spy)
+    out = f(x, w)
+    assert len(seen) == (2 if plan else 5)  # after 4, then the rest; after 4, 8, 16 and 32
+    want = x0.astype(np.float64) @ np.linalg.matrix_power(q.astype(np.float64), 40)
+    np.testing.assert_allclose(np.asarray(out), want, rtol=1e-4, atol=1e-4)
+
+
 _CHUNKS_THROUGH_WGPU_PY = """
 import json
 import numpy as np
