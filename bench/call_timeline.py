@@ -101,25 +101,17 @@ def main(argv: list[str] | None = None) -> int:
 
     native.Encoder.submit = timed_submit  # type: ignore[method-assign]
     # the host's own marks: where the call's recording starts, and each finish and submit
-    plain_finish, plain_queue_submit = n.finish, n.submit
+    def timed(fn: Callable[..., Any], into: str) -> Callable[..., Any]:
+        def call(*a: Any) -> Any:
+            t = time.perf_counter()
+            try:
+                return fn(*a)
+            finally:
+                if state["on"]:
+                    state[into].append(time.perf_counter() - t)
+        return call
 
-    def timed_finish(*a: Any) -> Any:
-        t = time.perf_counter()
-        try:
-            return plain_finish(*a)
-        finally:
-            if state["on"]:
-                state["finish"].append(time.perf_counter() - t)
-
-    def timed_queue_submit(*a: Any) -> Any:
-        t = time.perf_counter()
-        try:
-            return plain_queue_submit(*a)
-        finally:
-            if state["on"]:
-                state["queue"].append(time.perf_counter() - t)
-
-    n.finish, n.submit = timed_finish, timed_queue_submit
+    n.finish, n.submit = timed(n.finish, "finish"), timed(n.submit, "queue")
     plain_record = runtime.GpuExecutable._record_native
 
     def timed_record(self: Any, *a: Any) -> Any:

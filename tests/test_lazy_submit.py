@@ -204,20 +204,11 @@ def test_an_unknown_wait_mode_is_a_clear_error() -> None:
     np.testing.assert_array_equal(np.asarray(f(x)), np.arange(5) * 3.0)
 
 
-@pytest.mark.parametrize("first,growth,submits", [(0, 2, 1), (1, 2, 7), (3, 2, 5), (3, 4, 3),
-                                                  (5, 0, 2), (5, 1, 2), (1, 3, 5)])
-def test_a_call_of_many_kernels_submits_in_growing_chunks(first: int, growth: int, submits: int,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    """A call too large to join the batch (40 dependent products) submits its first ``first``
-    dispatches at once, then after ``growth`` times as many each time (FUSEC_SUBMIT_FIRST, 0:
-    one submit; FUSEC_SUBMIT_GROWTH, 1 or less: the rest in one chunk): the results are those of
-    one submit, and the submits are as many as the rule says (1, 2: after dispatches 1, 2, 4, 8,
-    16 and 32, then the rest; 3, 2: after 3, 6, 12 and 24; 3, 4: after 3 and 12; 5, 0 and 5, 1:
-    after 5; 1, 3: after 1, 3, 9 and 27)."""
+def _chain_submits(seed: int, monkeypatch: pytest.MonkeyPatch) -> int:
+    """Submits of one call of 40 dependent products (too large to join the batch), compiled and
+    with nothing pending before it; its result is checked against float64."""
     rt = _rt()
-    monkeypatch.setitem(fusec.config._overrides, "submit_first", first)
-    monkeypatch.setitem(fusec.config._overrides, "submit_growth", growth)
-    rng = np.random.default_rng(first)
+    rng = np.random.default_rng(seed)
     q = np.linalg.qr(rng.standard_normal((8, 8)))[0].astype(np.float32)  # (no growth)
     x0 = rng.standard_normal((5, 8)).astype(np.float32)
 
@@ -239,9 +230,25 @@ def test_a_call_of_many_kernels_submits_in_growing_chunks(first: int, growth: in
 
     monkeypatch.setattr(rt, "submit", spy)
     out = f(x, w)
-    assert len(seen) == submits
+    monkeypatch.setattr(rt, "submit", real)
     want = x0.astype(np.float64) @ np.linalg.matrix_power(q.astype(np.float64), 40)
     np.testing.assert_allclose(np.asarray(out), want, rtol=1e-4, atol=1e-4)
+    return len(seen)
+
+
+@pytest.mark.parametrize("first,growth,submits", [(0, 2, 1), (1, 2, 7), (3, 2, 5), (3, 4, 3),
+                                                  (5, 0, 2), (5, 1, 2), (1, 3, 5)])
+def test_a_call_of_many_kernels_submits_in_growing_chunks(first: int, growth: int, submits: int,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A call too large to join the batch (40 dependent products) submits its first ``first``
+    dispatches at once, then after ``growth`` times as many each time (FUSEC_SUBMIT_FIRST, 0:
+    one submit; FUSEC_SUBMIT_GROWTH, 1 or less: the rest in one chunk): the results are those of
+    one submit, and the submits are as many as the rule says (1, 2: after dispatches 1, 2, 4, 8,
+    16 and 32, then the rest; 3, 2: after 3, 6, 12 and 24; 3, 4: after 3 and 12; 5, 0 and 5, 1:
+    after 5; 1, 3: after 1, 3, 9 and 27)."""
+    monkeypatch.setitem(fusec.config._overrides, "submit_first", first)
+    monkeypatch.setitem(fusec.config._overrides, "submit_growth", growth)
+    assert _chain_submits(first, monkeypatch) == submits
 
 
 @pytest.mark.parametrize("first,growth", [(1, 2), (4, 2), (3, 3), (4, 0), (2, 1)])
@@ -284,35 +291,12 @@ def test_a_planned_call_submits_where_its_cuts_say(plan: int,
     """On the GPU target a call submits where submit_cuts plans, here with the cost estimates
     made slow (every product a long kernel): 2 submits in place of the rule's 5 for 40 products
     (FUSEC_SUBMIT_PLAN=0: the rule's), with the results of one submit."""
-    rt = _rt()
     monkeypatch.setitem(fusec.config._overrides, "submit_first", 4)
     monkeypatch.setitem(fusec.config._overrides, "submit_growth", 2)
     monkeypatch.setitem(fusec.config._overrides, "submit_plan", plan)
     monkeypatch.setattr(runtime, "GPU_US_PER_KERNEL", 500.0)
-    rng = np.random.default_rng(plan)
-    q = np.linalg.qr(rng.standard_normal((8, 8)))[0].astype(np.float32)
-    x0 = rng.standard_normal((5, 8)).astype(np.float32)
-
-    def chain(x: object, w: object) -> object:
-        for _ in range(40):
-            x = x @ w
-        return x
-
-    f = fusec.gpu_jit(chain)
-    x, w = fusec.device_put(x0), fusec.device_put(q)
-    f(x, w).block_until_ready()
-    seen = []
-    real = rt.submit
-
-    def spy(enc: object) -> None:
-        seen.append(1)
-        real(enc)
-
-    monkeypatch.setattr(rt, "submit", spy)
-    out = f(x, w)
-    assert len(seen) == (2 if plan else 5)  # after 4, then the rest; after 4, 8, 16 and 32
-    want = x0.astype(np.float64) @ np.linalg.matrix_power(q.astype(np.float64), 40)
-    np.testing.assert_allclose(np.asarray(out), want, rtol=1e-4, atol=1e-4)
+    # after 4, then the rest; after 4, 8, 16 and 32, then the rest
+    assert _chain_submits(plan, monkeypatch) == (2 if plan else 5)
 
 
 _CHUNKS_THROUGH_WGPU_PY = """
