@@ -440,9 +440,11 @@ class Compiled:
         self.used = (executable.used if isinstance(executable, CpuExecutable)
                      else used_inputs(lowered.ir))
         self._consts: Optional[list[Array]] = None
-        self._lean = not self.traced.options.donated and not self.traced.const_values
-        # every input used too: Array arguments go to the executable as they are
-        self._fast_ok = self._lean and all(self.used)
+        self._const_ins: Optional[list[Optional[Array]]] = None
+        # no donation: the common cached call (captured constants ride along, made once)
+        self._lean = not self.traced.options.donated
+        # every input used too, and no constants: Array arguments go to the executable as they are
+        self._fast_ok = self._lean and all(self.used) and not self.traced.const_values
         td = self.traced.out_tree
         # output structure fast paths: None = a single array, True = a flat tuple of arrays
         self._out_flat: Optional[bool] = (
@@ -465,6 +467,14 @@ class Compiled:
             self._consts = consts
         return self._consts
 
+    def _const_inputs(self) -> list[Optional[Array]]:
+        """The executable's inputs after the arguments: the captured constants it uses."""
+        if self._const_ins is None:
+            n = len(self.traced.in_avals)
+            self._const_ins = [c if used else None
+                               for c, used in zip(self._const_arrays(), self.used[n:])]
+        return self._const_ins
+
     def run_arrays(self, arrays: Sequence[Array]) -> Any:
         """``run_leaves`` for leaves that are all Arrays (the jitted call's fast path)."""
         if not self._fast_ok:
@@ -478,10 +488,13 @@ class Compiled:
         return tuple(outs) if self._out_flat else unflatten(self.traced.out_tree, outs)
 
     def run_leaves(self, leaves: Sequence[Any]) -> Any:
-        if self._lean:  # no donation, no captured constants: the common cached call
-            return self._structured(self.executable.run([
+        if self._lean:  # no donation: the common cached call
+            ins: list[Optional[Array]] = [
                 x if type(x) is Array else (_to_array(x, aval) if used else None)
-                for x, aval, used in zip(leaves, self.traced.in_avals, self.used)]))
+                for x, aval, used in zip(leaves, self.traced.in_avals, self.used)]
+            if self.traced.const_values:
+                ins += self._const_inputs()
+            return self._structured(self.executable.run(ins))
         t = self.traced
         donated = set(t.options.donated)
         inputs: list[Optional[Array]] = []

@@ -398,6 +398,22 @@ def test_captured_constants_are_uploaded_once(uploads):
     assert len(uploads) - first == 1  # only x: the constant stays on the device
 
 
+def test_captured_constants_with_device_arguments_and_an_unused_one(uploads):
+    # the cached call's lean path with constants (a model's captured tables): Array arguments,
+    # one of them unused, then host arguments; the constant uploaded once, results exact
+    table = rand(3, 64)
+    f = fusec.gpu_jit(lambda p, x: x * table[1] + p["b"])
+    host = {"b": rand(64), "unused": rand(5)}
+    params = {k: fusec.device_put(v) for k, v in host.items()}
+    for i in range(3):
+        x = rand(64) + i
+        xd = fusec.device_put(x)
+        before = len(uploads)
+        check(f(params, xd), x * table[1] + host["b"])
+        assert len(uploads) - before == (1 if i == 0 else 0)  # the constant, on the first call
+    check(f(host, x), x * table[1] + host["b"])
+
+
 def test_fusec_numpy_outside_jit_runs_eagerly():
     x = rand(5)
     check(fnp.exp(x), np.exp(x))
