@@ -1873,8 +1873,9 @@ class GpuExecutable(_Steps):
                 kq = rt.kernel_queries(len(self.steps))
         timed: list[str] = []
         # a call of many kernels submits its first dispatches early, then after twice as many and
-        # so on, so that the GPU starts while the host records the rest (FUSEC_SUBMIT_FIRST and
-        # FUSEC_SUBMIT_GROWTH; not under the profilers, whose timestamps bracket one pass)
+        # so on (or later, where the GPU is estimated to be busy until then: submit_cuts), so that
+        # the GPU starts while the host records the rest (FUSEC_SUBMIT_FIRST, FUSEC_SUBMIT_GROWTH,
+        # FUSEC_SUBMIT_PLAN; not under the profilers, whose timestamps bracket one pass)
         cuts = [] if batched or rt.profile or kq is not None else list(self.cuts(
             int(config.get("submit_first")), int(config.get("submit_growth"))))
         if type(cpass) is Pass and kq is None:
