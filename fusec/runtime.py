@@ -1825,7 +1825,13 @@ class GpuExecutable(_Steps):
         got = self._cuts.get(key)
         if got is None:
             costs = [st.gpu_us for st in self.steps if isinstance(st, _Launch) and st.grid[0]]
-            got = self._cuts[key] = submit_cuts(costs, first, growth, plan)[::-1]
+            cuts = submit_cuts(costs, first, growth, plan)
+            if cuts and config.debug_level() >= 2:
+                how = (f"planned; the doubling rule: {submit_cuts(costs, first, growth, False)}"
+                       if plan else "the doubling rule")
+                config.debug(2, f"{len(costs)} dispatches submitted after {cuts} ({how}; "
+                                f"estimated GPU time {sum(costs):.0f} us)")
+            got = self._cuts[key] = cuts[::-1]
         return got
 
     def run(self, inputs: Sequence[Optional[Array]]) -> list[Any]:
