@@ -286,17 +286,21 @@ def test_submit_cuts_follow_the_doubling_rule_or_grow_past_it(first: int, growth
 
 @pytest.mark.usefixtures("gpu_target")
 @pytest.mark.parametrize("plan", [0, 1])
-def test_a_planned_call_submits_where_its_cuts_say(plan: int,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_planned_call_submits_where_its_cuts_say(plan: int, monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
     """On the GPU target a call submits where submit_cuts plans, here with the cost estimates
     made slow (every product a long kernel): 2 submits in place of the rule's 5 for 40 products
-    (FUSEC_SUBMIT_PLAN=0: the rule's), with the results of one submit."""
+    (FUSEC_SUBMIT_PLAN=0: the rule's), with the results of one submit; FUSEC_DEBUG=2 says so."""
     monkeypatch.setitem(fusec.config._overrides, "submit_first", 4)
     monkeypatch.setitem(fusec.config._overrides, "submit_growth", 2)
     monkeypatch.setitem(fusec.config._overrides, "submit_plan", plan)
+    monkeypatch.setitem(fusec.config._overrides, "debug", 2)
     monkeypatch.setattr(runtime, "GPU_US_PER_KERNEL", 500.0)
     # after 4, then the rest; after 4, 8, 16 and 32, then the rest
     assert _chain_submits(plan, monkeypatch) == (2 if plan else 5)
+    said = capsys.readouterr().err
+    assert ("40 dispatches submitted after [4] (planned; the doubling rule: [4, 8, 16, 32];"
+            if plan else "40 dispatches submitted after [4, 8, 16, 32] (the doubling rule;") in said
 
 
 _CHUNKS_THROUGH_WGPU_PY = """
