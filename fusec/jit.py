@@ -17,7 +17,7 @@ import inspect
 import os
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Union, cast
@@ -150,11 +150,11 @@ def _quick_leaves(args: tuple[Any, ...], orders: dict[tuple[Any, ...], tuple[Any
                 except TypeError:  # (unorderable reprs cannot happen; the full path decides)
                     return False
             add(order)
-            return all([walk(x[k]) for k in order[1:]])
+            return walk_all(map(x.__getitem__, order[1:]))
         if t is list or t is tuple:
             add(t)
             add(len(x))
-            return all([walk(v) for v in x])
+            return walk_all(x)
         node = node_type(t)
         if node is not None:  # a registered type: its aux data is part of its structure
             kids, aux = node.flatten(x)
@@ -162,10 +162,25 @@ def _quick_leaves(args: tuple[Any, ...], orders: dict[tuple[Any, ...], tuple[Any
             add(t)
             add(aux)
             add(len(children))
-            return all([walk(v) for v in children])
+            return walk_all(children)
         return False
 
-    if not all([walk(a) for a in args]):
+    def walk_all(xs: Iterable[Any]) -> bool:
+        # an Array inline (most leaves are): no call of walk per leaf
+        for v in xs:
+            if type(v) is Array:
+                leaves.append(v)
+                rt = v._rt
+                add(v._shape)
+                add(v._dtype)
+                add(rt)
+                if rt is None:
+                    hosted[0] = True
+            elif not walk(v):
+                return False
+        return True
+
+    if not walk_all(args):
         return None
     if hosted[0]:
         add(get_runtime())

@@ -703,3 +703,44 @@ def test_a_full_pool_destroys_its_oldest_buffers_not_the_newest() -> None:
         assert rt.destroyed == before
     finally:
         rt.pool_limit = saved
+
+
+def test_the_quick_signature_takes_the_leaves_in_pytree_order():
+    # jit._quick_leaves (the cached call's signature without paths) against the full flatten:
+    # the same leaves in the same order through nested dicts, lists, tuples and registered nodes;
+    # keys that tell shapes, dtypes, structure and host data apart; None for what it leaves to
+    # the full path
+    from fusec import quant
+    from fusec.jit import _quick_leaves
+    from fusec.tree import flatten_with_paths
+
+    rng = np.random.default_rng(3)
+    dev = [fusec.device_put(rand(3, 4)), fusec.device_put(rand(5)), fusec.device_put(rand(2))]
+    q = quant.QuantizedMatrix("q8_0", (2, 32), fusec.device_put(
+        rng.integers(0, 2**32, (2, 9), dtype=np.uint32)))
+    tree = {"b": [dev[0], (dev[1], {"z": q, "a": dev[2]})], "a": dev[2]}
+    args = (tree, [dev[1]], dev[0])
+    got = _quick_leaves(args, {})
+    assert got is not None
+    leaves, key, all_arrays = got
+    want = [x for i, a in enumerate(args) for _, x in flatten_with_paths(a, f"a{i}")[0]]
+    assert len(leaves) == len(want) == 7 and all(x is y for x, y in zip(leaves, want))
+    assert all_arrays
+    assert _quick_leaves(args, {})[1] == key  # the same key for the same structure
+
+    def key_of(*a: Any) -> Any:
+        out = _quick_leaves(a, {})
+        assert out is not None
+        return out[1]
+
+    assert key_of([dev[0], dev[1]]) != key_of((dev[0], dev[1]))  # list against tuple
+    assert key_of({"x": dev[0]}) != key_of({"y": dev[0]})
+    assert key_of(dev[1]) != key_of(dev[2])  # shapes
+    assert key_of(fusec.device_put(rand(5).astype(np.int32))) != key_of(dev[1])  # dtypes
+    # host data: numpy arrays and scalars are leaves (not all Arrays), of their own keys
+    host = _quick_leaves(({"w": rand(5)}, np.int32(3)), {})
+    assert host is not None and not host[2] and len(host[0]) == 2
+    assert host[1] != key_of({"w": dev[1]}, np.int32(3))
+    # left to the full path: Python scalars, None, strings, unsupported dtypes
+    for odd in (1.5, None, "s", rand(2).astype(np.complex64)):
+        assert _quick_leaves(([dev[0], odd],), {}) is None
