@@ -456,6 +456,7 @@ class Compiled:
                      else used_inputs(lowered.ir))
         self._consts: Optional[list[Array]] = None
         self._const_ins: Optional[list[Optional[Array]]] = None
+        self._kept: Optional[list[bool]] = None  # the leaves passed on (donated path)
         # no donation: the common cached call (captured constants ride along, made once)
         self._lean = not self.traced.options.donated
         # every input used too, and no constants: Array arguments go to the executable as they are
@@ -512,22 +513,28 @@ class Compiled:
             return self._structured(self.executable.run(ins))
         t = self.traced
         donated = set(t.options.donated)
-        inputs: list[Optional[Array]] = []
-        for i, (x, aval, used) in enumerate(zip(leaves, t.in_avals, self.used)):
+        if self._kept is None:
             # unused inputs are never uploaded (unless donated: their buffer may hold an output)
-            inputs.append(_to_array(x, aval) if used or i in donated else None)
+            self._kept = [used or i in donated for i, used in enumerate(self.used)]
+        inputs: list[Optional[Array]] = [
+            (x if type(x) is Array else _to_array(x, aval)) if kept else None
+            for x, aval, kept in zip(leaves, t.in_avals, self._kept)]
         if donated:
-            # (counted once: a model's step donates dozens of cache arrays among hundreds of
-            # leaves, and a scan of the leaves per donated array cost ~1 ms a call)
-            seen: dict[int, int] = {}
-            for y in leaves:
-                if isinstance(y, Array):
-                    seen[id(y)] = seen.get(id(y), 0) + 1
-            for i in donated:
-                x = leaves[i]
-                if isinstance(x, Array) and seen[id(x)] > 1:
-                    raise FusecError(f"{t.name}: argument '{t.in_paths[i]}' is donated but the "
-                                     "same array is also passed as another argument")
+            # a donated array passed as another argument too: each donated array's id must
+            # come up once among the leaves' (counted in one pass: a model's step donates
+            # dozens of cache arrays among hundreds of leaves)
+            arrays = [id(leaves[i]) for i in donated if isinstance(leaves[i], Array)]
+            ids = set(arrays)
+            if len(ids) < len(arrays) or sum(map(ids.__contains__, map(id, leaves))) > len(ids):
+                seen: dict[int, int] = {}
+                for y in leaves:
+                    if isinstance(y, Array):
+                        seen[id(y)] = seen.get(id(y), 0) + 1
+                for i in sorted(donated):
+                    x = leaves[i]
+                    if isinstance(x, Array) and seen[id(x)] > 1:
+                        raise FusecError(f"{t.name}: argument '{t.in_paths[i]}' is donated but "
+                                         "the same array is also passed as another argument")
         rt = self.rt
         for i in donated:
             x = inputs[i]

@@ -658,6 +658,10 @@ def test_a_donated_array_passed_twice_is_refused_and_others_are_used_up() -> Non
                       donate_argnames=("cache",))
     cache = [fusec.device_put(np.full(3, i, np.float32)) for i in range(6)]
     w = fusec.device_put(np.array([1.0, 2.0, 3.0], np.float32))
+    twice = fusec.device_put(np.ones(3, np.float32))
+    with pytest.raises(fusec.FusecError, match=r"argument 'cache\[0\]' is donated but the same"):
+        g([twice, cache[1], twice], w)  # one array at two donated places
+    np.testing.assert_array_equal(np.asarray(twice), [1.0, 1.0, 1.0])  # refused: not used up
     new, s = g(cache, w)
     np.testing.assert_array_equal(np.asarray(new[5]), [6.0, 7.0, 8.0])
     assert float(np.asarray(s)) == 6.0
