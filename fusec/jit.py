@@ -505,8 +505,9 @@ class Compiled:
 
     def run_leaves(self, leaves: Sequence[Any]) -> Any:
         if self._lean:  # no donation: the common cached call
+            # (unused inputs are passed as None: never uploaded, nor checked for being alive)
             ins: list[Optional[Array]] = [
-                x if type(x) is Array else (_to_array(x, aval) if used else None)
+                (x if type(x) is Array else _to_array(x, aval)) if used else None
                 for x, aval, used in zip(leaves, self.traced.in_avals, self.used)]
             if self.traced.const_values:
                 ins += self._const_inputs()

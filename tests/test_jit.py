@@ -412,6 +412,14 @@ def test_captured_constants_with_device_arguments_and_an_unused_one(uploads):
         check(f(params, xd), x * table[1] + host["b"])
         assert len(uploads) - before == (1 if i == 0 else 0)  # the constant, on the first call
     check(f(host, x), x * table[1] + host["b"])
+    # an unused argument is passed over: one used up by a donation elsewhere, or host data
+    # (not uploaded), does not matter
+    gone = fusec.device_put(rand(5))
+    fusec.gpu_jit(lambda a: a * 2.0, donate_argnums=(0,))(gone)
+    check(f({"b": params["b"], "unused": gone}, xd), x * table[1] + host["b"])
+    before = len(uploads)
+    check(f({"b": params["b"], "unused": rand(5)}, xd), x * table[1] + host["b"])
+    assert len(uploads) == before
 
 
 def test_fusec_numpy_outside_jit_runs_eagerly():
