@@ -456,7 +456,10 @@ class Compiled:
                      else used_inputs(lowered.ir))
         self._consts: Optional[list[Array]] = None
         self._const_ins: Optional[list[Optional[Array]]] = None
-        self._kept: Optional[list[bool]] = None  # the leaves passed on (donated path)
+        # the leaves passed on where arguments are donated: the used ones and the donated ones
+        # (a donated buffer may hold an output); unused inputs are never uploaded
+        donated = set(self.traced.options.donated)
+        self._kept = [used or i in donated for i, used in enumerate(self.used)]
         # no donation: the common cached call (captured constants ride along, made once)
         self._lean = not self.traced.options.donated
         # every input used too, and no constants: Array arguments go to the executable as they are
@@ -514,9 +517,6 @@ class Compiled:
             return self._structured(self.executable.run(ins))
         t = self.traced
         donated = set(t.options.donated)
-        if self._kept is None:
-            # unused inputs are never uploaded (unless donated: their buffer may hold an output)
-            self._kept = [used or i in donated for i, used in enumerate(self.used)]
         inputs: list[Optional[Array]] = [
             (x if type(x) is Array else _to_array(x, aval)) if kept else None
             for x, aval, kept in zip(leaves, t.in_avals, self._kept)]
