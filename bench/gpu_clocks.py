@@ -12,7 +12,10 @@ Each phase times, in this one process: a few ``fusec bench`` workloads (call + w
 GPU's performance state, SM and memory clocks and power every 50 ms in the background; each
 phase reports the samples taken during it. Phases: ``alone`` (fusec only), ``cuda`` (torch
 creates a CUDA context on the same GPU first, and keeps it), ``cudabusy`` (and a torch thread
-keeps a small kernel running all the time: the GPU never idles).
+keeps a small kernel running all the time: the GPU never idles), ``hold`` (a CUDA primary context
+retained through libcuda, ``timing.hold_clocks``, then idle), ``idle`` (nothing), ``loop``
+(back-to-back calls, one wait) and ``trips`` (round trips), each of the last three for
+``--seconds``.
 """
 
 from __future__ import annotations
@@ -125,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         import torch  # (first: see the guide's note on torch and lavapipe)
 
     from llama_synthetic import gpu_steps, synthetic, timed_steps, warmed_up
+    from timing import hold_clocks
 
     import fusec
     from fusec import bench
@@ -150,6 +154,9 @@ def main(argv: list[str] | None = None) -> int:
     for phase in a.phases.split(","):
         if phase.startswith("cuda") and torch is not None:
             torch.zeros(1, device="cuda").sum().item()  # a CUDA context, kept from here on
+        if phase == "hold":
+            row_note = hold_clocks()
+            print(row_note, flush=True)
         if phase == "cudabusy" and not busy["on"]:
             busy["on"] = True
 
@@ -162,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
             threading.Thread(target=spin, daemon=True).start()
         t0 = time.perf_counter()
         row: dict[str, Any] = {"phase": phase}
-        if phase == "idle":  # the device open, nothing to do
+        if phase in ("idle", "hold"):  # the device open, nothing to do
             time.sleep(a.seconds)
         elif phase == "loop":  # back-to-back calls, one wait at the end: the GPU never idles
             f, xs = calls["matmul_skinny_m"]

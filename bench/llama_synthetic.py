@@ -8,7 +8,7 @@ package needed): where a decode step's wall time goes. Per step, medians of ``--
 
     python bench/llama_synthetic.py [--layers 30] [--steps 20] [--batch 1] [--profile]
         [--cprofile] [--submit-firsts 4,2,1,0,4/4 [--rounds 3]]
-        [--settings "default;fuse.PROLOGUE_MAX=0" [--rounds 3]]
+        [--settings "default;fuse.PROLOGUE_MAX=0" [--rounds 3]] [--hold-clocks]
 
 ``--submit-firsts`` times the step (call to token on the host) with each FUSEC_SUBMIT_FIRST
 setting (``F/G``: and FUSEC_SUBMIT_GROWTH G), interleaved over ``--rounds`` rounds in this
@@ -39,7 +39,12 @@ from fusec.models.llama import Llama, LlamaConfig, _bucket, _merged, step_inputs
 from fusec.runtime import get_runtime
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from timing import overridden, setting_changes, submit_setting  # noqa: E402  (bench/timing.py)
+from timing import (  # noqa: E402  (bench/timing.py)
+    hold_clocks,
+    overridden,
+    setting_changes,
+    submit_setting,
+)
 
 
 def synthetic(layers: int, seed: int = 0) -> tuple[LlamaConfig, dict]:
@@ -121,7 +126,7 @@ def compare_settings(cfg: LlamaConfig, w: dict, a: argparse.Namespace) -> None:
         ("fuse", "fusec.passes.fuse"), ("codegen", "fusec.codegen"),
         ("merge", "fusec.passes.merge"))}  # (fusec.passes.fuse is also the pass's function)
     best: dict[str, tuple[float, float, float, int]] = {}
-    for _ in range(a.rounds):
+    for r in range(a.rounds):
         for setting in a.settings.split(";"):
             with overridden(setting_changes(setting, modules)):
                 model = Llama(cfg, w, max_len=256)
@@ -131,6 +136,8 @@ def compare_settings(cfg: LlamaConfig, w: dict, a: argparse.Namespace) -> None:
                 gpu, nxt = gpu_steps(model, nxt, a.steps)
             med = statistics.median
             row = (1e3 * med(host), 1e3 * med(step), med(gpu) if gpu else float("nan"), count)
+            print(f"  round {r + 1}, {setting}: host {row[0]:.2f} ms, step {row[1]:.2f} ms, "
+                  f"gpu {row[2]:.2f} ms", flush=True)
             if setting not in best or row[1] < best[setting][1]:
                 best[setting] = row
     for setting, (h, st, g, count) in best.items():
@@ -149,7 +156,12 @@ def main() -> None:
     ap.add_argument("--settings", default="")
     ap.add_argument("--cprofile", action="store_true",
                     help="cProfile the host side of --steps steps: where the host time goes")
+    ap.add_argument("--hold-clocks", action="store_true",
+                    help="keep an NVIDIA GPU at full clocks (timing.hold_clocks): else a step's "
+                         "GPU time depends on the clock the last second's load left")
     a = ap.parse_args()
+    if a.hold_clocks:
+        print(hold_clocks())
     t0 = time.perf_counter()
     cfg, w = synthetic(a.layers)
     if a.settings:
