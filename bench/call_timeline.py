@@ -4,7 +4,7 @@ timestamp at the beginning and the end of every compute pass it records (one pas
 chunk), and the host's clock at the call's start, at each submit and at its return.
 
     python bench/call_timeline.py [--cases tiny,bert32x128,bert1x16,bench:mlp] [--reps 30]
-                                  [--firsts 4/2,0] [--out r.json]
+                                  [--firsts 4/2,0] [--out r.json] [--hold-clocks]
 
 Per case and setting, medians over ``--reps`` calls (call + ``block_until_ready``, the GPU idle
 before each):
@@ -42,7 +42,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
-from timing import submit_setting  # noqa: E402  (bench/timing.py)
+from timing import hold_clocks, submit_setting  # noqa: E402  (bench/timing.py)
 
 MAX_PASSES = 256
 
@@ -54,7 +54,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--firsts", default="4/2,0")
     ap.add_argument("--out", default="")
     ap.add_argument("--heat", type=float, default=1.0, help="seconds of calls before a case")
+    ap.add_argument("--hold-clocks", action="store_true",
+                    help="keep an NVIDIA GPU at full clocks (timing.hold_clocks)")
     a = ap.parse_args(argv)
+    if a.hold_clocks:
+        print(hold_clocks())
     import bert_encoder as be
     import minilm_encoder as ex
 

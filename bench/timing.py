@@ -55,32 +55,15 @@ def submit_setting(setting: Optional[str]) -> None:
     fusec.config.set("submit_plan", int(plan) if plan else None)
 
 
-_HELD: list[Any] = []
-
-
 def hold_clocks() -> str:
-    """Keep an NVIDIA GPU at its full clocks for the rest of the process, as JAX and torch do by
-    existing: retain a CUDA primary context on device 0 through the driver's libcuda (ctypes; no
-    CUDA toolkit). Without any, the GPU idles at its lowest SM clock (345 MHz on the H200),
-    climbs to full clocks only after about a second of load and falls back after about a second
-    idle (``bench/gpu_clocks.py``), so fusec alone was timed at whatever clock its last second
-    left; in a process with a CUDA context, at full clocks. Returns what it did, for the report."""
-    import ctypes
-    import ctypes.util
+    """Keep an NVIDIA GPU at full clocks for the rest of the process (``fusec.hold_gpu_clocks``:
+    a CUDA primary context, as JAX and torch hold by existing). Without it the GPU idles at its
+    lowest SM clock (345 MHz on the H200), climbs to full clocks only after about a second of
+    load and falls back after about a second idle (``bench/gpu_clocks.py``), so fusec alone was
+    timed at whatever clock its last second left. Returns what it did, for the report."""
+    import fusec
 
-    name = ctypes.util.find_library("cuda") or "libcuda.so.1"
-    try:
-        cuda = ctypes.CDLL(name)
-    except OSError:
-        return "no libcuda: clocks left to the driver"
-    dev, ctx = ctypes.c_int(), ctypes.c_void_p()
-    for call, args in (("cuInit", (0,)), ("cuDeviceGet", (ctypes.byref(dev), 0)),
-                       ("cuDevicePrimaryCtxRetain", (ctypes.byref(ctx), dev))):
-        rc = getattr(cuda, call)(*args)
-        if rc != 0:
-            return f"{call} failed ({rc}): clocks left to the driver"
-    _HELD.append((cuda, ctx))
-    return "CUDA primary context held on device 0"
+    return "GPU clocks " + fusec.hold_gpu_clocks()
 
 
 def torch_kernels(torch: Any, fn: Callable[[], Any], calls: int = 1,

@@ -24,6 +24,7 @@ from . import (  # noqa: E402
 )
 from .autodiff import custom_vjp, grad, jacfwd, jacrev, jvp, stop_gradient, value_and_grad, vjp
 from .cache import CacheInfo, cache_info, clear_cache
+from .clocks import hold_gpu_clocks
 from .errors import (
     CarryError,
     DeviceLimitError,
@@ -53,5 +54,5 @@ __all__ = [
     "numpy",
     "quant", "random", "tree_util", "vmap", "warmup_from", "grad", "value_and_grad", "vjp", "jvp",
     "jacrev", "jacfwd", "custom_vjp", "stop_gradient", "profile", "export", "load_exported",
-    "Exported", "ExportError", "Sharded", "shard", "replicate", "all_reduce",
+    "Exported", "ExportError", "Sharded", "shard", "replicate", "all_reduce", "hold_gpu_clocks",
 ]

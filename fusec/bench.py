@@ -1023,9 +1023,14 @@ def run(opts: Options) -> dict[str, Any]:
         torch.set_float32_matmul_precision("highest")
     jax_platform, jax_why = jax_status() if opts.jax else (None, "--no-jax")
     dev = fusec.default_device()
+    # an NVIDIA GPU runs at full clocks while a CUDA context exists (JAX's and torch's, when they
+    # run on it); without one it idles at its lowest and climbs only under a second of load:
+    # every framework is timed at full clocks (fusec.clocks)
+    clocks = (fusec.hold_gpu_clocks() if dev.adapter_type.lower() != "cpu"
+              else "nothing held: a software adapter")
     opts.progress(f"fusec bench ({'quick' if opts.quick else 'full'}): {len(ws)} workload(s) on "
                   f"{dev}; timing {'gpu timestamps' if has_timestamps() else 'wall clock'}; "
-                  f"{torch_why}; {jax_why}")
+                  f"{torch_why}; {jax_why}; GPU clocks {clocks}")
     t = time.perf_counter()
     roofs = measure_roofs(opts, policy, torch_ok)
     line = f"copy bandwidth: fusec {roofs['copy_fusec']['GB/s']:.1f} GB/s"
@@ -1056,6 +1061,7 @@ def run(opts: Options) -> dict[str, Any]:
                  "machine": platform.machine(), "cpus": os.cpu_count()},
         "torch": torch_why,
         "jax": {"status": jax_why, "platform": jax_platform},
+        "gpu_clocks": clocks,
         "timing": {
             "gpu_timestamps": ts,
             "fusec": ("GPU timestamp queries around the call's compute pass" if ts else

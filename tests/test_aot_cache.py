@@ -956,7 +956,8 @@ def test_codegen_tuning_is_part_of_the_disk_cache_key(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("module,name,value", [("fusec.passes.merge", "MAX_ROWS", 0),
-                                               ("fusec.passes.fuse", "PROLOGUE_MAX", 8),
+                                               ("fusec.passes.fuse", "PROLOGUE_MAX", 0),
+                                               ("fusec.passes.fuse", "PROLOGUE_ROWS", 4),
                                                ("fusec.passes.splitk", "RB_MIN_K", 64)])
 def test_pass_settings_are_part_of_the_disk_cache_key(tmp_path, monkeypatch, module, name,
                                                       value):

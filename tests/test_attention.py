@@ -177,12 +177,12 @@ def test_grid_of_more_than_65535_workgroups() -> None:
 @pytest.mark.parametrize("s,t", [(3, 70), (40, 37)])  # the few-rows kernel; a thread per row
 def test_elementwise_queries_computed_in_the_kernel(s: int, t: int,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    # with prologues on (fuse.PROLOGUE_MAX; off by default), on GPUs the kernel computes a
-    # little elementwise work on its queries as it loads them (RoPE in a decode step): no
-    # kernel of its own writes them. NaN in a query row propagates.
+    # with prologues on for these rows (fuse.PROLOGUE_QUERY_ROWS; 16 by default), on GPUs the
+    # kernel computes a little elementwise work on its queries as it loads them (RoPE in a
+    # decode step): no kernel of its own writes them. NaN in a query row propagates.
     import importlib
 
-    monkeypatch.setattr(importlib.import_module("fusec.passes.fuse"), "PROLOGUE_MAX", 8)
+    monkeypatch.setattr(importlib.import_module("fusec.passes.fuse"), "PROLOGUE_QUERY_ROWS", s)
     rng = np.random.default_rng(s + t)
     q, k, v = _data(rng, 2, 3, s, 16), _data(rng, 2, 3, t, 16), _data(rng, 2, 3, t, 8)
     c, sn = _data(rng, 16), _data(rng, 16)
@@ -197,6 +197,24 @@ def test_elementwise_queries_computed_in_the_kernel(s: int, t: int,
     assert np.isnan(got[1, 2, 0]).all() and np.isfinite(got[0]).all()
     fin = np.isfinite(want)
     np.testing.assert_allclose(got[fin], want[fin], rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.usefixtures("gpu_target")
+@pytest.mark.parametrize("s,kinds", [(1, ["attention"]), (16, ["attention"]),
+                                     (17, ["elementwise", "attention"])])
+def test_query_prologue_by_default_for_few_rows(s: int, kinds: list[str]) -> None:
+    # by default (fuse.PROLOGUE_QUERY_ROWS = 16) the kernel computes its queries' elementwise
+    # work only where a head has few query rows (a decode step's group of query heads), not a
+    # prefill's many
+    rng = np.random.default_rng(7 + s)
+    q, k, v = _data(rng, 2, 3, s, 16), _data(rng, 2, 3, 29, 16), _data(rng, 2, 3, 29, 8)
+    c, sn = _data(rng, 16), _data(rng, 16)
+    f = fusec.gpu_jit(lambda q, c, sn, k, v: _attention(q * c - fnp.flip(q, -1) * sn, k, v,
+                                                        scale=0.3))
+    assert _kinds(f, q, c, sn, k, v) == kinds
+    q64 = q.astype(np.float64)
+    want = _reference(q64 * c - q64[..., ::-1] * sn, k, v, 0.3, None)
+    np.testing.assert_allclose(np.asarray(f(q, c, sn, k, v)), want, rtol=2e-5, atol=2e-6)
 
 
 @pytest.mark.usefixtures("gpu_target")

@@ -13,7 +13,7 @@ PKG = Path(__file__).resolve().parent.parent / "fusec"
 
 # Bottom to top. A module's layer is that of the longest prefix listed.
 LAYERS: list[tuple[str, ...]] = [
-    ("errors", "config", "ir", "tree", "tree_util", "cache", "diskcache", "native"),
+    ("errors", "config", "ir", "tree", "tree_util", "cache", "diskcache", "native", "clocks"),
     ("dtypes",),
     ("ops",),
     ("interpret", "trace"),

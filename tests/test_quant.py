@@ -538,17 +538,17 @@ def test_elementwise_work_on_a_quantized_product_fuses_into_its_kernel(
 def test_elementwise_x_computed_where_the_product_loads_it(rng: np.random.Generator,
                                                            target: str,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    """With prologues on (fuse.PROLOGUE_MAX; off by default), on GPUs SwiGLU's ``silu(gate) *
-    up`` before a quantized down projection is computed by the product's kernel as it loads x:
-    no elementwise kernel writes x. NaN and inf in x propagate; a normalisation's x (a
-    reduction's epilogue) is not recomputed there; software adapters (a thread per weight row)
-    keep x's kernel, and so does the default. Against float64."""
+    """With prologues on for x's 3 rows (fuse.PROLOGUE_ROWS; 1 by default), on GPUs SwiGLU's
+    ``silu(gate) * up`` before a quantized down projection is computed by the product's kernel
+    as it loads x: no elementwise kernel writes x. NaN and inf in x propagate; a
+    normalisation's x (a reduction's epilogue) is not recomputed there; software adapters (a
+    thread per weight row) keep x's kernel, and so does PROLOGUE_MAX = 0. Against float64."""
     import importlib
 
     from fusec import nn
 
     fuse_module = importlib.import_module("fusec.passes.fuse")
-    monkeypatch.setattr(fuse_module, "PROLOGUE_MAX", 8)
+    monkeypatch.setattr(fuse_module, "PROLOGUE_ROWS", 3)
 
     w = _weights(rng, 97, 160)
     q = quant.quantize(w, "q4_1")
@@ -581,3 +581,32 @@ def test_elementwise_x_computed_where_the_product_loads_it(rng: np.random.Genera
         monkeypatch.setattr(fuse_module, "PROLOGUE_MAX", 0)
         off = fusec.gpu_jit(mlp)
         assert [k.kind for k in off.lower(gu, q).kernels] == ["elementwise", "quant"]
+
+
+def test_prologue_by_default_only_for_one_row(rng: np.random.Generator) -> None:
+    """By default (fuse.PROLOGUE_ROWS = 1) a quantized product computes its x in a prologue on
+    GPUs only where x has one row (a decode step at batch 1): each weight row's team recomputes
+    every row of x, which cost more than the kernel it saves at batch 8 (H200). One row, x's
+    leading axes included; against float64."""
+    from fusec import nn
+
+    w = _weights(rng, 97, 160)
+    q = quant.quantize(w, "q4_1")
+    wd = quant.dequantize_numpy(q).astype(np.float64)
+
+    def mlp(gu: Any, q: Any) -> Any:
+        return quant.matmul(nn.silu(gu[..., :160]) * gu[..., 160:], q)
+
+    with forced_target("gpu"):
+        f = fusec.gpu_jit(mlp)
+        for shape, kinds in (((1, 320), ["quant"]), ((1, 1, 320), ["quant"]),
+                             ((2, 320), ["elementwise", "quant"]),
+                             ((2, 1, 320), ["elementwise", "quant"])):
+            gu = rng.standard_normal(shape).astype(np.float32)
+            assert [k.kind for k in f.lower(gu, q).kernels] == kinds, shape
+            g64 = gu.astype(np.float64)
+            x64 = g64[..., :160] / (1 + np.exp(-g64[..., :160])) * g64[..., 160:]
+            err = _dot_error(x64.reshape(-1, 160).astype(np.float32), wd).reshape(
+                *shape[:-1], 97)
+            got = np.asarray(f(gu, q))
+            assert np.all(np.abs(got - x64 @ wd.T) <= 2 * err + 1e-6 * np.abs(x64 @ wd.T))

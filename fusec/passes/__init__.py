@@ -88,7 +88,8 @@ def tuning() -> dict[str, object]:
     # (the attribute fusec.passes.fuse is the pass's function: the module by its name)
     fuse_module = importlib.import_module(__name__ + ".fuse")
 
-    return {"fuse": (fuse_module.ROW_MAX, fuse_module.CONE_MAX, fuse_module.PROLOGUE_MAX),
+    return {"fuse": (fuse_module.ROW_MAX, fuse_module.CONE_MAX, fuse_module.PROLOGUE_MAX,
+                     fuse_module.PROLOGUE_ROWS, fuse_module.PROLOGUE_QUERY_ROWS),
             "merge": (merge.MAX_ROWS, merge.MAX_TILES),
             "split": (split.SPLIT_MIN, split.SPLIT_MAX_OUTPUTS, split.CHUNK, split.MAX_CHUNKS,
                       split.COLUMN_THREADS, split.COLUMN_MIN),

@@ -19,10 +19,11 @@ absorb their elementwise prologues from the start. Then groups merge:
   activation, residual), unless codegen says no (:func:`fusec.codegen.epilogue_fuses`: only
   under ``FUSEC_MATMUL_EPILOGUE=separate``); the same for a quantized product (``qmatmul``, a
   kernel of kind "quant"), whose other kernels of their own kind never merge;
-* on GPUs, with ``PROLOGUE_MAX`` set (0 by default: measured, it did not pay), a quantized
-  product's x, where it is a little elementwise work over buffers (SwiGLU's ``silu(gate) *
-  up``), is not materialised: the product's kernel computes it as it loads x (its prologue;
-  :func:`_prologue`); so are an attention kernel's queries (RoPE in a decode step).
+* on GPUs, a quantized product's x of at most ``PROLOGUE_ROWS`` rows, where it is a little
+  elementwise work over buffers (SwiGLU's ``silu(gate) * up`` in a decode step at batch 1), is
+  not materialised: the product's kernel computes it as it loads x (its prologue;
+  :func:`_prologue`); so are an attention kernel's queries, where a head has at most
+  ``PROLOGUE_QUERY_ROWS`` of them (RoPE in a decode step).
 
 A merge is made only if it creates no cycle between kernels, binds no more storage buffers than the
 device allows, and codegen can index it (a register holding a row's reduction can only be read for
@@ -122,7 +123,8 @@ class _Planner:
                 # anyway) are recomputed per tile load; arithmetic is not, except on a quantized
                 # product's few rows of x and on attention's queries (a prologue: see _prologue)
                 for j, a in enumerate(e.inputs):
-                    if j == 0 and e.op in (Op.QMATMUL, Op.ATTENTION) and _prologue(self, a):
+                    if j == 0 and e.op in (Op.QMATMUL, Op.ATTENTION) and _few_rows(e, a) \
+                            and _prologue(self, a):
                         continue
                     v = a
                     while isinstance(v, Var) and id(v) in self.producer and (
@@ -482,13 +484,32 @@ class _Planner:
 
 
 # elementwise equations a quantized product or an attention kernel may compute where it loads x
-# or its queries (a prologue; see _prologue), at most; 0: none. Off: measured, it did not pay. H200,
-# the SmolLM2-shaped decode step (bench/llama_synthetic.py --settings "default;fuse.PROLOGUE_MAX=0",
-# 30 layers, best of 2-3 interleaved rounds, medians of 20), with prologues / without: SwiGLU's x
-# alone 274 / 304 kernels, GPU time 4.05 / 4.55 ms, step 5.85 / 5.62 ms; with RoPE's queries too
-# 244 / 304 kernels, 4.73 / 4.60 ms, step 5.80 / 5.55 ms (host time 1.82 / 1.92 ms). Fewer
-# kernels, but the step (what a user waits for) was slower in both runs.
-PROLOGUE_MAX = 0
+# or its queries (a prologue; see _prologue), at most; 0: none. And the rows of x (a quantized
+# product's, all leading axes) or of a head's queries, at most, for which it does: every weight
+# row's team recomputes x's rows, so the cost grows with them. H200 at full clocks (a CUDA
+# context held: bench/llama_synthetic.py --hold-clocks --settings "default;fuse.PROLOGUE_MAX=8",
+# 30 layers, 4 interleaved rounds, medians of 30), prologues / none: at batch 1, 244 / 304
+# kernels, GPU time 1.24-1.25 / 1.23 ms, step 2.38, 3.78, 2.50, 2.45 / 2.76, 2.76, 2.54, 2.53 ms
+# (host 1.80-1.89 / 2.04-2.31 ms but for the one round, 3.24); at batch 8 (3 rounds), GPU time
+# 2.98 / 2.33 ms and the step 3.82-4.57 / 3.25-4.34 ms: so only at one row. (Measured before
+# at unknown clocks, in processes where the GPU ran at 345 MHz, it had seemed to lose.)
+PROLOGUE_MAX = 8
+PROLOGUE_ROWS = 1
+# an attention kernel loads each query row once (per thread or per workgroup), so the rows cost
+# nothing more there: a decode step's queries (a KV head's group of query heads, 3 rows in
+# SmolLM2, at any batch), not a prefill's
+PROLOGUE_QUERY_ROWS = 16
+
+
+def _few_rows(e: Eqn, x: object) -> bool:
+    """Has a quantized product's x (its leading axes) at most PROLOGUE_ROWS rows, or an
+    attention kernel's queries (a head's) at most PROLOGUE_QUERY_ROWS, so that a prologue may
+    compute them?"""
+    if not isinstance(x, Var) or len(x.shape) < 2:
+        return isinstance(x, Var)
+    if e.op is Op.QMATMUL:
+        return math.prod(x.shape[:-1]) <= PROLOGUE_ROWS
+    return x.shape[-2] <= PROLOGUE_QUERY_ROWS
 
 
 def _prologue(planner: _Planner, x: object) -> bool:
