@@ -14,10 +14,10 @@ package needed): where a decode step's wall time goes. Per step, medians of ``--
 setting (``F/G``: and FUSEC_SUBMIT_GROWTH G), interleaved over ``--rounds`` rounds in this
 process (the GPU's clocks drift between processes), and prints each setting's best round.
 ``--settings`` does the same for planner settings: each a list of ``module.NAME=value``
-overrides (modules ``fuse``, ``codegen``, ``merge``: fusec.passes.fuse, fusec.codegen,
-fusec.passes.merge), ``default`` for none, each round on a model built afresh (run with
-``FUSEC_CACHE_DIR=off``: the settings are read at lowering); it prints each setting's kernel
-count, and its best round's step and GPU time.
+overrides (modules ``fuse``, ``codegen``, ``merge``, ``quant``: fusec.passes.fuse,
+fusec.codegen, fusec.passes.merge, fusec.passes.quant), ``default`` for none, each round on a
+model built afresh (run with ``FUSEC_CACHE_DIR=off``: the settings are read at lowering); it
+prints each round's step and GPU time, and each setting's kernel count and best round.
 """
 
 from __future__ import annotations
@@ -122,9 +122,10 @@ def compare_settings(cfg: LlamaConfig, w: dict, a: argparse.Namespace) -> None:
     """Each setting of ``--settings`` in ``--rounds`` interleaved rounds (see the docstring)."""
     import importlib
 
+    # (the attribute fusec.passes.fuse is the pass's function: modules by their names)
     modules = {name: importlib.import_module(path) for name, path in (
         ("fuse", "fusec.passes.fuse"), ("codegen", "fusec.codegen"),
-        ("merge", "fusec.passes.merge"))}  # (fusec.passes.fuse is also the pass's function)
+        ("merge", "fusec.passes.merge"), ("quant", "fusec.passes.quant"))}
     best: dict[str, tuple[float, float, float, int]] = {}
     for r in range(a.rounds):
         for setting in a.settings.split(";"):

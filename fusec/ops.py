@@ -2597,11 +2597,20 @@ def _dequant_type(in_types: Sequence[tuple[Shape, str]], params: dict[str, Any]
 def _qmatmul_type(in_types: Sequence[tuple[Shape, str]], params: dict[str, Any]
                   ) -> tuple[Shape, str]:
     fmt, n, k = _quant_params(params, "qmatmul")
-    (xs, xdt), words = in_types
+    (xs, xdt), words = in_types[:2]
     if xdt != "float32" or len(xs) < 1 or xs[-1] != k:
         raise ShapeError(f"qmatmul: x must be float32 of shape (..., {k}); got {xdt} of shape "
                          f"{tuple(xs)}")
     _check_words(words, fmt, n, k, "qmatmul")
+    if "rms_eps" in params:  # x normalised by the kernel (fusec.passes.quant.fold_rms_norm)
+        for gs, gdt in in_types[2:]:
+            if gdt != "float32" or tuple(gs) != (k,):
+                raise ShapeError(f"qmatmul: a normalisation's weight must be float32 of shape "
+                                 f"({k},); got {gdt} of shape {tuple(gs)}")
+        if len(in_types) > 3:
+            raise ShapeError("qmatmul: x, the words and at most one normalisation weight")
+    elif len(in_types) != 2:
+        raise ShapeError("qmatmul: two inputs, x and the words")
     return tuple(xs[:-1]) + (n,), "float32"
 
 
@@ -2630,10 +2639,17 @@ def _dequant_numpy(args: Sequence[np.ndarray], params: dict[str, Any],
 
 def qmatmul_numpy(args: Sequence[np.ndarray], params: dict[str, Any],
                   out: tuple[Shape, str]) -> np.ndarray:
-    """The reference: x @ dequant(words).T in float32 (what the rewritten matmul computed)."""
-    x, words = args
+    """The reference: x @ dequant(words).T in float32 (what the rewritten matmul computed); with
+    ``rms_eps``, x is first divided by its rows' root mean square (plus eps under the root) and
+    multiplied by the third input, the normalisation's weight, where there is one."""
+    x, words = args[:2]
     w = dequant_numpy(words, params["fmt"], (params["n"], params["k"]))
     rows = np.asarray(x, dtype=np.float32).reshape(-1, int(params["k"]))
+    if "rms_eps" in params:
+        ms = np.mean(rows * rows, axis=-1, keepdims=True, dtype=np.float32)
+        rows = rows * (np.float32(1) / np.sqrt(ms + np.float32(params["rms_eps"])))
+        if len(args) > 2:
+            rows = rows * np.asarray(args[2], dtype=np.float32)
     return (rows @ w.T).reshape(out[0]).astype(np.float32)
 
 

@@ -729,13 +729,14 @@ def test_cse_shares_work_inside_the_fused_kernel() -> None:
 
 def test_pipeline_order() -> None:
     """[S1] fusec.passes.PIPELINE lists simplify, cse, dce, the float16 widening, the merge of
-    products sharing an operand, the attention and quantized-product rewrites, the lowerings
+    products sharing an operand, the attention and quantized-product rewrites, the fold of a
+    normalisation into a quantized product, the lowerings
     of the primitives computed by kernels of their own kind (scatter, scan, sort),
     split_reductions, split_k, prepare_loops (loop bodies lowered on their own), fuse,
     plan_memory in that order."""
     assert [name for name, _ in PIPELINE] == [
         "simplify", "cse", "dce", "widen_float16", "merge_products", "attention", "quant",
-        "lower_scatter",
+        "fold_rms_norm", "lower_scatter",
         "lower_scan", "lower_sort", "split_reductions", "split_k", "prepare_loops", "fuse",
         "plan_memory"]
 

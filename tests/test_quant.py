@@ -575,9 +575,11 @@ def test_elementwise_x_computed_where_the_product_loads_it(rng: np.random.Genera
         # row 0 is finite: float32's error in the product, plus silu's own roundings
         err = _dot_error(x64[:1].astype(np.float32), wd)[0]
         assert np.all(np.abs(got[0] - want[0]) <= 2 * err + 1e-6 * np.abs(want[0]))
-        # a normalised x stays its reduction's epilogue
+        # a normalised x is not a prologue: its reduction's epilogue, or folded into the product
+        # (test_rms_norm_folded_into_the_product)
         h = fusec.gpu_jit(lambda x, q: quant.matmul(nn.rms_norm(x, None), q))
-        assert [k.kind for k in h.lower(gu[:, :160], q).kernels] == ["reduce", "quant"]
+        want_kinds = ["quant"] if target == "gpu" else ["reduce", "quant"]
+        assert [k.kind for k in h.lower(gu[:, :160], q).kernels] == want_kinds
         monkeypatch.setattr(fuse_module, "PROLOGUE_MAX", 0)
         off = fusec.gpu_jit(mlp)
         assert [k.kind for k in off.lower(gu, q).kernels] == ["elementwise", "quant"]
@@ -610,3 +612,89 @@ def test_prologue_by_default_only_for_one_row(rng: np.random.Generator) -> None:
                 *shape[:-1], 97)
             got = np.asarray(f(gu, q))
             assert np.all(np.abs(got - x64 @ wd.T) <= 2 * err + 1e-6 * np.abs(x64 @ wd.T))
+
+
+@pytest.mark.parametrize("shape,fmt,weighted", [
+    ((1, 160), "q4_1", True),       # a decode step at batch 1
+    ((1, 1, 160), "q8_0", False),   # leading axes, no weight
+    ((3, 5, 96), "q4_1", True),     # 15 rows
+    ((16, 64), "q8_0", True),       # QMATMUL_M rows
+])
+def test_rms_norm_folded_into_the_product(rng: np.random.Generator, shape: tuple[int, ...],
+                                          fmt: str, weighted: bool) -> None:
+    """On GPUs a root-mean-square normalisation that only a quantized product reads is computed
+    by the product's kernel (fusec.passes.quant.fold_rms_norm): one kernel, each row's
+    (a * rsqrt(mean(a * a) + eps) * g) @ W as float64 computes it; a row with a NaN or an inf
+    gives NaN (its sum of squares is NaN or inf, as in the normalisation itself)."""
+    k = shape[-1]
+    w = _weights(rng, 37, k)
+    q = quant.quantize(w, fmt)
+    wd = quant.dequantize_numpy(q).astype(np.float64)
+    a = (rng.standard_normal(shape) * rng.uniform(0.1, 30.0, shape[:-1] + (1,))).astype(
+        np.float32)
+    g = rng.uniform(0.5, 1.5, k).astype(np.float32)
+    rows = a.reshape(-1, k)
+    if rows.shape[0] > 2:
+        rows[1, 3] = np.nan
+        rows[2, 0] = np.inf
+
+    def f(a: Any, g: Any, q: Any) -> Any:
+        from fusec import nn
+
+        return quant.matmul(nn.rms_norm(a, g if weighted else None, eps=1e-5), q)
+
+    a64 = a.astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        xn = a64 / np.sqrt(np.mean(a64 * a64, axis=-1, keepdims=True) + 1e-5)
+        xn = xn * g if weighted else xn
+        want = xn @ wd.T
+    with forced_target("gpu"):
+        jf = fusec.gpu_jit(f)
+        assert [kn.kind for kn in jf.lower(a, g, q).kernels] == ["quant"]
+        got = np.asarray(jf(a, g, q))
+    bad = ~np.isfinite(a64).all(axis=-1)
+    assert np.isnan(got[bad]).all()
+    # float32: the product's error, plus the normalisation's few roundings (relative ~1e-6)
+    err = _dot_error(np.abs(xn[~bad]).astype(np.float32), wd)
+    ok = ~bad
+    assert np.all(np.abs(got[ok] - want[ok]) <= 2 * err + 4e-6 * np.abs(want[ok]))
+
+
+def test_rms_norm_fold_only_where_it_is_the_products_alone(rng: np.random.Generator,
+                                                         monkeypatch: pytest.MonkeyPatch
+                                                         ) -> None:
+    """The fold is made only where nothing else reads the normalised x or its parts (here the
+    normalised x is also an output: the reduction's kernel stays), with the setting on
+    (fusec.passes.quant.FOLD_RMS_NORM) and for GPUs; the results are the same every way."""
+    import importlib
+
+    from fusec import nn
+
+    quant_pass = importlib.import_module("fusec.passes.quant")
+    q = quant.quantize(_weights(rng, 29, 64), "q4_1")
+    a = rng.standard_normal((2, 64)).astype(np.float32)
+    g = rng.uniform(0.5, 1.5, 64).astype(np.float32)
+
+    def both(a: Any, g: Any, q: Any) -> Any:
+        h = nn.rms_norm(a, g, eps=1e-6)
+        return quant.matmul(h, q), h
+
+    def one(a: Any, g: Any, q: Any) -> Any:
+        return quant.matmul(nn.rms_norm(a, g, eps=1e-6), q)
+
+    want = np.asarray(fusec.gpu_jit(one, fuse=False)(a, g, q))
+    with forced_target("gpu"):
+        jb = fusec.gpu_jit(both)
+        assert [kn.kind for kn in jb.lower(a, g, q).kernels] == ["reduce", "quant"]
+        np.testing.assert_allclose(np.asarray(jb(a, g, q)[0]), want, rtol=1e-5, atol=1e-5)
+        monkeypatch.setattr(quant_pass, "FOLD_RMS_NORM", 0)
+        jo = fusec.gpu_jit(one)
+        assert [kn.kind for kn in jo.lower(a, g, q).kernels] == ["reduce", "quant"]
+        np.testing.assert_allclose(np.asarray(jo(a, g, q)), want, rtol=1e-5, atol=1e-5)
+        monkeypatch.setattr(quant_pass, "FOLD_RMS_NORM", 1)
+        jf = fusec.gpu_jit(one)
+        assert [kn.kind for kn in jf.lower(a, g, q).kernels] == ["quant"]
+        np.testing.assert_allclose(np.asarray(jf(a, g, q)), want, rtol=1e-5, atol=1e-5)
+    with forced_target("cpu"):
+        jc = fusec.gpu_jit(one)
+        assert [kn.kind for kn in jc.lower(a, g, q).kernels] == ["reduce", "quant"]

@@ -49,7 +49,7 @@ from ..emit import (
     store_expr,
 )
 from ..ir import Eqn, Op, Program, Shape, Var
-from ..ops import QMATMUL_M, QUANT_BLOCK, QUANT_WORDS
+from ..ops import QMATMUL_M, QUANT_BLOCK, QUANT_WORDS, wgsl_literal
 
 # Products with at most QMATMUL_M (fusec.ops) rows of x (all batch axes together) take qmatmul; more
 # take dequant and the tiled matmul. Why 16: a thread keeps one accumulator per row of x in
@@ -188,13 +188,18 @@ def _epilogue(body: Program, e: Eqn, names: dict[int, str], counter: list[int],
 def _generate_qmatmul(kernel: Eqn, target: str, workgroup_storage: int) -> KernelCode:
     body: Program = kernel.params["body"]
     e = next(b for b in body.eqns if b.op is Op.QMATMUL)
-    x, words = e.inputs
+    x, words = e.inputs[:2]
     assert isinstance(x, Var) and isinstance(words, Var)
     fmt, n, k = str(e.params["fmt"]), int(e.params["n"]), int(e.params["k"])
+    # a folded normalisation (fusec.passes.quant.fold_rms_norm): the rows' sums of squares beside
+    # the products, and the normalisation's weight, where there is one, applied to x's values
+    rms = "rms_eps" in e.params
+    g = e.inputs[2] if len(e.inputs) > 2 else None
+    assert g is None or isinstance(g, Var)
     rows = math.prod(x.shape[:-1])
     u_row = units(k)
     t = team(k, target)
-    wg = workgroup(k, rows, target, workgroup_storage)
+    wg = workgroup(k, rows * (2 if rms else 1), target, workgroup_storage)
     per_group = wg // t  # weight rows per workgroup
     groups = -(-n // per_group)
     iters = -(-u_row // t)  # units per thread
@@ -213,7 +218,12 @@ def _generate_qmatmul(kernel: Eqn, target: str, workgroup_storage: int) -> Kerne
         nxt = producer[id(src)].inputs[0]
         assert isinstance(nxt, Var)
         src = nxt
-    vec = {names0[id(src)]} if id(src) in names0 else set()
+    x_vec = id(src) in names0
+    vec = {names0[id(src)]} if x_vec else set()
+    g_vec = g is not None and id(g) in names0
+    if g_vec:
+        assert g is not None
+        vec.add(names0[id(g)])
     binds, names = _bindings(body, inplace, vec)
     wsrc = names[id(words)]
     counter = [0]
@@ -229,8 +239,20 @@ def _generate_qmatmul(kernel: Eqn, target: str, workgroup_storage: int) -> Kerne
     for j in range(unroll):
         lines.append(f"{ind}if (ux + {j * t}u < {u_row}u) {{" if guarded else f"{ind}{{")
         lines += [inner + s for s in _dequant(fmt, j)]
+        if g is not None:  # the normalisation's weight at the unit's values
+            if g_vec:
+                gs = names[id(g)]
+                lines += [f"{inner}let ga{j} = {gs}[ka{j} >> 2u];",
+                          f"{inner}let gb{j} = {gs}[kb{j} >> 2u];"]
+            else:
+                eg = Emitter(body, names, indent=inner, counter=counter)
+                ga = [eg.value(g, Idx(g.shape, coords=(f"(ka{j} + {i}u)",))) for i in range(4)]
+                gb = [eg.value(g, Idx(g.shape, coords=(f"(kb{j} + {i}u)",))) for i in range(4)]
+                lines += eg.lines
+                lines += [f"{inner}let ga{j} = vec4<f32>({', '.join(ga)});",
+                          f"{inner}let gb{j} = vec4<f32>({', '.join(gb)});"]
         for m in range(rows):
-            if vec:
+            if x_vec:
                 xs = names[id(src)]
                 base = m * (k // 4)
                 va = f"{xs}[{base}u + (ka{j} >> 2u)]"
@@ -245,6 +267,13 @@ def _generate_qmatmul(kernel: Eqn, target: str, workgroup_storage: int) -> Kerne
                 lines += em.lines
                 va = f"vec4<f32>({', '.join(va_parts)})"
                 vb = f"vec4<f32>({', '.join(vb_parts)})"
+            if rms:
+                lines.append(f"{inner}let xa{j}_{m} = {va};")
+                lines.append(f"{inner}let xb{j}_{m} = {vb};")
+                va, vb = f"xa{j}_{m}", f"xb{j}_{m}"
+                lines.append(f"{inner}ss{m} += dot({va}, {va}) + dot({vb}, {vb});")
+                if g is not None:
+                    va, vb = f"{va} * ga{j}", f"{vb} * gb{j}"
             lines.append(f"{inner}a{m} += dot({va}, lo{j}) + dot({vb}, hi{j});")
         lines.append(f"{ind}}}")
     code = "\n".join(lines)
@@ -263,11 +292,14 @@ def _generate_qmatmul(kernel: Eqn, target: str, workgroup_storage: int) -> Kerne
     else:
         stores = [_epilogue(body, e, names, counter, _row_coords(x.shape, m), "wr",
                             f"{m * n}u + wr", "            ") for m in range(rows)]
+    # the normalisation's factor of a row: 1 / sqrt(mean of its squares + eps)
+    scale = (f" / {wgsl_literal(float(k), 'float32')} + "
+             f"{wgsl_literal(float(e.params['rms_eps']), 'float32')}" if rms else "")
     wgsl = _env().get_template("quant_matmul.wgsl.j2").render(
         bindings=binds, helpers=_helpers(code + "\n".join(stores)), fmt=fmt, n=n, k=k, rows=rows,
         team=t, wg=wg, per_group=per_group, groups=groups,
         row_words=k // QUANT_BLOCK * QUANT_WORDS[fmt], units=u_row, step=step, body=code,
-        strides=strides, out_count=per_group * rows, stores=stores)
+        strides=strides, out_count=per_group * rows, stores=stores, rms=rms, scale=scale)
     key = hashlib.sha256(wgsl.encode()).hexdigest()
     return KernelCode(kernel.params["name"], "quant", wgsl, grid_for(groups), len(body.inputs),
                       len(body.outputs), key=key)

@@ -14,7 +14,7 @@ from .fuse import fuse
 from .loops import prepare_loops
 from .memory import MemoryAnalysis, analyse, plan_memory
 from .merge import merge_products
-from .quant import rewrite_quant
+from .quant import fold_rms_norm, rewrite_quant
 from .scan import lower_scan
 from .scatter import lower_scatter
 from .simplify import simplify
@@ -64,6 +64,9 @@ PIPELINE: list[tuple[str, Pass]] = [
     # products with a quantized matrix and few rows become one op whose kernel dequantises the
     # weights in registers (a fusion too)
     ("quant", lambda p, o: rewrite_quant(p, o.target) if o.fuse else p),
+    # a root-mean-square normalisation only a quantized product reads is computed by its kernel
+    # (GPUs; a fusion too)
+    ("fold_rms_norm", lambda p, o: fold_rms_norm(p, o.target) if o.fuse else p),
     # primitives computed by kernels of their own kind become the ops those kernels compute
     ("lower_scatter", lambda p, o: lower_scatter(p, o.target, in_loop=o.loop_carries >= 0)),
     ("lower_scan", lambda p, o: lower_scan(p, o.target)),
@@ -83,7 +86,7 @@ def tuning() -> dict[str, object]:
     persistent cache's key, so that a process with other settings never loads another plan."""
     import importlib
 
-    from . import merge, split, splitk
+    from . import merge, quant, split, splitk
 
     # (the attribute fusec.passes.fuse is the pass's function: the module by its name)
     fuse_module = importlib.import_module(__name__ + ".fuse")
@@ -91,6 +94,7 @@ def tuning() -> dict[str, object]:
     return {"fuse": (fuse_module.ROW_MAX, fuse_module.CONE_MAX, fuse_module.PROLOGUE_MAX,
                      fuse_module.PROLOGUE_ROWS, fuse_module.PROLOGUE_QUERY_ROWS),
             "merge": (merge.MAX_ROWS, merge.MAX_TILES),
+            "quant": (quant.FOLD_RMS_NORM,),
             "split": (split.SPLIT_MIN, split.SPLIT_MAX_OUTPUTS, split.CHUNK, split.MAX_CHUNKS,
                       split.COLUMN_THREADS, split.COLUMN_MIN),
             "splitk": (splitk.TILE_LIMIT, splitk.GROUPS, splitk.MIN_CHUNK, splitk.RB_GROUPS,

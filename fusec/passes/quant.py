@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from typing import Optional
 
-from ..ir import Atom, Eqn, Op, Program, Var
+from ..ir import Atom, Eqn, Lit, Op, Program, Var
 from ..kernels.quant import fits
 from .dce import dce
 
@@ -108,4 +108,104 @@ def rewrite_quant(prog: Program, target: str = "gpu") -> Program:
         eqns.append(e)
     if not changed:
         return prog
+    return dce(Program(list(prog.inputs), eqns, list(prog.outputs)))
+
+
+# Fold a root-mean-square normalisation into the quantized product that alone reads it (GPUs;
+# see fold_rms_norm). Off with 0.
+FOLD_RMS_NORM = 1
+
+
+def _lit(a: Atom) -> Optional[float]:
+    return float(a.value) if isinstance(a, Lit) else None
+
+
+def _rms_norm_of(producer: dict[int, Eqn], uses: dict[int, int], x: Var
+                 ) -> Optional[tuple[Var, Optional[Var], float]]:
+    """If ``x`` is ``a * rsqrt(sum(a * a, last axis) / K + eps) [* g]`` (what
+    :func:`fusec.nn.rms_norm` traces), every value of it read only inside it: (a, g or None,
+    eps), else None."""
+    def only(v: Atom, op: Op, n: int = 1) -> Optional[Eqn]:
+        e = producer.get(id(v)) if isinstance(v, Var) else None
+        return e if e is not None and e.op is op and uses.get(id(v), 0) == n else None
+
+    k = x.shape[-1]
+    top = only(x, Op.MUL)
+    g: Optional[Var] = None
+    j: Atom = x
+    if top is not None:  # [* g], g a weight of shape (K,)
+        for y, w in (top.inputs, top.inputs[::-1]):
+            if (isinstance(w, Var) and w.shape == (k,) and w.dtype == "float32"
+                    and isinstance(y, Var) and y.shape == x.shape):
+                inner = producer.get(id(y))
+                if inner is not None and inner.op is Op.MUL and any(
+                        isinstance(v, Var) and v.shape[-1:] == (1,) and len(v.shape) == len(x.shape)
+                        for v in inner.inputs):
+                    g, j = w, y
+                    break
+    mj = only(j, Op.MUL)
+    if mj is None:
+        return None
+    for a, r in (mj.inputs, mj.inputs[::-1]):
+        if not (isinstance(a, Var) and isinstance(r, Var) and a.shape == x.shape
+                and a.dtype == "float32" and r.shape == x.shape[:-1] + (1,)):
+            continue
+        rs = only(r, Op.RSQRT)
+        ad = only(rs.inputs[0], Op.ADD) if rs is not None else None
+        if ad is None:
+            continue
+        eps = _lit(ad.inputs[1]) if isinstance(ad.inputs[0], Var) else _lit(ad.inputs[0])
+        dv = only(ad.inputs[0] if eps is not None and isinstance(ad.inputs[0], Var)
+                  else ad.inputs[1], Op.DIV)
+        if eps is None or dv is None or _lit(dv.inputs[1]) != float(k):
+            continue
+        rh = only(dv.inputs[0], Op.RESHAPE)
+        sm = only(rh.inputs[0], Op.SUM) if rh is not None else None
+        if sm is None or tuple(sm.params["axes"]) != (len(x.shape) - 1,):
+            continue
+        sq = only(sm.inputs[0], Op.MUL)
+        if sq is None or sq.inputs[0] is not a or sq.inputs[1] is not a:
+            continue
+        return a, g, eps
+    return None
+
+
+def fold_rms_norm(prog: Program, target: str = "gpu") -> Program:
+    """A quantized product whose x is a root-mean-square normalisation that nothing else reads
+    (a llama block's two norms and the final one, before the products of a decode step) computes
+    the normalisation itself: ``qmatmul(a, words[, g])`` with ``rms_eps``. Each weight row's
+    team sums the squares of x's rows as it reads them for the product, and scales its sum by
+    the row's ``rsqrt(mean + eps)`` at the end (the normalisation is a per-row factor, so
+    ``(a * r * g) @ W = r * ((a * g) @ W)``): the reduction's kernel is gone. On GPUs: a
+    software adapter's thread walks a whole weight row, and would sum a row's squares once per
+    weight row."""
+    if not FOLD_RMS_NORM or target != "gpu" or not any(e.op is Op.QMATMUL for e in prog.eqns):
+        return prog
+    producer = {id(o): e for e in prog.eqns for o in e.outs}
+    uses: dict[int, int] = {}
+    for e in prog.eqns:
+        for a in e.inputs:
+            if isinstance(a, Var):
+                uses[id(a)] = uses.get(id(a), 0) + 1
+    for o in prog.outputs:
+        if isinstance(o, Var):
+            uses[id(o)] = uses.get(id(o), 0) + 2  # never folded away
+    replace: dict[int, Eqn] = {}
+    for e in prog.eqns:
+        if e.op is not Op.QMATMUL or "rms_eps" in e.params:
+            continue
+        x = e.inputs[0]
+        if not isinstance(x, Var) or uses.get(id(x), 0) != 1:
+            continue
+        found = _rms_norm_of(producer, uses, x)
+        if found is None:
+            continue
+        a, g, eps = found
+        params = dict(e.params)
+        params["rms_eps"] = eps
+        inputs = (a, e.inputs[1]) + ((g,) if g is not None else ())
+        replace[id(e)] = Eqn(Op.QMATMUL, inputs, e.outs, params)
+    if not replace:
+        return prog
+    eqns = [replace.get(id(e), e) for e in prog.eqns]
     return dce(Program(list(prog.inputs), eqns, list(prog.outputs)))
