@@ -112,7 +112,11 @@ def rewrite_quant(prog: Program, target: str = "gpu") -> Program:
 
 
 # Fold a root-mean-square normalisation into the quantized product that alone reads it (GPUs;
-# see fold_rms_norm). Off with 0.
+# see fold_rms_norm). Off with 0. H200 at full clocks, the synthetic SmolLM2 decode step
+# (bench/llama_synthetic.py --hold-clocks --settings "default;quant.FOLD_RMS_NORM=0", 30
+# layers, interleaved rounds), folded / not: batch 1, 183 / 244 kernels, GPU 1.07 / 1.24 ms,
+# step 1.92-2.14 / 2.33-2.37 ms; batch 8, 213 / 274 kernels, GPU 2.22 / 2.33 ms, step
+# 2.97-3.05 / 3.30 ms.
 FOLD_RMS_NORM = 1
 
 
