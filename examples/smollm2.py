@@ -8,7 +8,8 @@ the key/value cache kept on the device.
     python examples/smollm2.py "Tell me a story." --tokens 200 --temperature 0.8 --top-p 0.9
 
 streams the reply as it is generated, then prints the speed (prefill and decode tokens/s, wall
-clock). Greedy decoding unless ``--temperature`` is above 0.
+clock). Greedy decoding unless ``--temperature`` is above 0. On an NVIDIA GPU it keeps the
+clocks at full speed while it runs (``fusec.hold_gpu_clocks``; ``--no-hold-clocks`` not to).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import time
 
 import numpy as np
 
+import fusec
 from fusec.models.gguf_tokenizer import GGUFTokenizer
 from fusec.models.llama import Llama, Sampling, smollm2_path
 
@@ -34,7 +36,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--system", default=None, help="system prompt (default: the model's own)")
     ap.add_argument("--cache-dtype", default="float32", choices=("float32", "float16"))
     ap.add_argument("--gguf", default=None, help="another llama GGUF file")
+    ap.add_argument("--no-hold-clocks", action="store_true",
+                    help="leave an NVIDIA GPU's clocks to its driver (by default they are held "
+                         "at full speed: fusec.hold_gpu_clocks)")
     a = ap.parse_args(argv)
+    if not a.no_hold_clocks:
+        # a decode loop's short calls would leave an NVIDIA GPU near its idle clock for the
+        # first second or so; a CUDA context keeps it at full speed (does nothing elsewhere)
+        print(f"[GPU clocks {fusec.hold_gpu_clocks()}]", file=sys.stderr)
 
     path = a.gguf or smollm2_path()
     tok = GGUFTokenizer.from_gguf(path)
