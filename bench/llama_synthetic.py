@@ -35,7 +35,7 @@ import numpy as np
 
 import fusec
 from fusec import quant
-from fusec.models.llama import Llama, LlamaConfig, _bucket, _merged, step_inputs
+from fusec.models.llama import Llama, LlamaConfig, _merged
 from fusec.runtime import get_runtime
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -111,11 +111,7 @@ def gpu_steps(model: Llama, nxt: Any, steps: int) -> tuple[list[float], Any]:
 
 def kernel_count(model: Llama, nxt: Any) -> int:
     """Kernels of the model's decode step at its position (its lowered plan)."""
-    cos, sin, bias = step_inputs(model.cfg, model.cos_table, model.sin_table, model.pos, 1,
-                                 _bucket(model.pos + 1, model.max_len))
-    low = model._step.lower(model.params, model.cache, nxt, np.int32(model.pos), cos, sin, bias,
-                            model.key, cfg=model.cfg, how=model.sampling)
-    return len(low.kernels)
+    return len(model.lower_step(nxt).kernels)
 
 
 def compare_settings(cfg: LlamaConfig, w: dict, a: argparse.Namespace) -> None:

@@ -189,17 +189,6 @@ def test_smollm2_tokens_match_reference() -> None:
     assert fusec.default_device() is not None
 
 
-def _step_kernels(model: Llama, nxt: object) -> int:
-    """Kernels of the model's decode step at its position (its lowered plan)."""
-    from fusec.models.llama import _bucket, step_inputs
-
-    cos, sin, bias = step_inputs(model.cfg, model.cos_table, model.sin_table, model.pos, 1,
-                                 _bucket(model.pos + 1, model.max_len))
-    low = model._step.lower(model.params, model.cache, nxt, np.int32(model.pos), cos, sin, bias,
-                            model.key, cfg=model.cfg, how=model.sampling)
-    return len(low.kernels)
-
-
 def test_decode_step_prologues_on_gpu_target(monkeypatch: pytest.MonkeyPatch) -> None:
     """Kernels for GPUs: a decode step at batch 1 computes SwiGLU's x in the down projection
     and RoPE on the queries in the attention kernel as they load them (fuse's prologues): two
@@ -222,7 +211,7 @@ def test_decode_step_prologues_on_gpu_target(monkeypatch: pytest.MonkeyPatch) ->
             want = ref.step(np.asarray([prompt]))[0]
             nxt, logits = model.step(np.asarray([prompt]), want_logits=True)
             _close(np.asarray(logits)[0], want)
-            counts.append(_step_kernels(model, nxt))
+            counts.append(len(model.lower_step(nxt).kernels))
             for _ in range(3):
                 want = ref.step(np.asarray([[int(np.argmax(want))]]))[0]
                 nxt, logits = model.step(nxt, want_logits=True)

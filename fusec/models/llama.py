@@ -399,6 +399,19 @@ class Llama:
         self.pos += t
         return (out[0], out[2]) if want_logits else out[0]
 
+    def lower_step(self, tokens: Any, want_logits: bool = False) -> Any:
+        """The :class:`fusec.Lowered` of the call :meth:`step` would make for ``tokens`` at the
+        current position, without running it: its ``kernels``, ``cost_analysis()``, WGSL."""
+        shape = tuple(getattr(tokens, "shape", np.shape(tokens)))
+        t = shape[1] if len(shape) == 2 else 1
+        cos, sin, bias = step_inputs(self.cfg, self.cos_table, self.sin_table, self.pos, t,
+                                     _bucket(self.pos + t, self.max_len))
+        if not hasattr(tokens, "block_until_ready"):
+            tokens = np.asarray(tokens, dtype=np.int32)
+        return self._step.lower(self.params, self.cache, tokens, np.int32(self.pos), cos, sin,
+                                bias, self.key, cfg=self.cfg, how=self.sampling,
+                                want_logits=want_logits)
+
     def generate(self, prompts: Sequence[Sequence[int]] | np.ndarray, max_new_tokens: int,
                  eos: Optional[int] = None) -> Iterator[np.ndarray]:
         """Yield the next tokens [B] of each of the equal-length ``prompts`` [B, T], one step at
