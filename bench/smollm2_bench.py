@@ -19,6 +19,9 @@ left on the device),
 prefill tokens/s of a 512-token prompt (one call), wall clock, medians of ``--reps`` runs; the
 bytes a decode step reads (weights + the key/value cache it attends over) over the measured copy
 bandwidth gives the fraction of the memory-bandwidth limit.
+
+On an NVIDIA GPU the clocks are held at full speed (``--no-hold-clocks`` not to): see
+``fusec.hold_gpu_clocks``.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ except ImportError:
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from timing import report  # noqa: E402
+from timing import hold_clocks, report  # noqa: E402
 
 import fusec  # noqa: E402
 from fusec.models.llama import Llama, measure_speed  # noqa: E402
@@ -144,11 +147,17 @@ def main() -> None:
     ap.add_argument("--cache-dtype", default="float32")
     ap.add_argument("--max-len", type=int, default=1024)
     ap.add_argument("--out", default="")
+    ap.add_argument("--no-hold-clocks", action="store_true",
+                    help="leave an NVIDIA GPU's clocks to its driver: by default a CUDA context "
+                         "holds them at full speed (timing.hold_clocks), as the transformers "
+                         "reference's own context does")
     a = ap.parse_args()
+    clocks = "not held (--no-hold-clocks)" if a.no_hold_clocks else hold_clocks()
     t = time.perf_counter()
     model = Llama.from_gguf(a.gguf, max_len=a.max_len, cache_dtype=a.cache_dtype)
     res: dict[str, Any] = {"device": str(fusec.default_device()), "load_s":
-                           time.perf_counter() - t, "cache_dtype": a.cache_dtype}
+                           time.perf_counter() - t, "cache_dtype": a.cache_dtype,
+                           "gpu_clocks": clocks}
     if a.check:
         res["check"] = check(model, json.loads(Path(a.check).read_text()), a.tie, a.prompts)
     if a.speed:
