@@ -180,8 +180,16 @@ def _quick_leaves(args: tuple[Any, ...], orders: dict[tuple[Any, ...], tuple[Any
                 return False
         return True
 
-    if not walk_all(args):
-        return None
+    try:
+        if not walk_all(args):
+            return None
+    finally:
+        # walk and walk_all refer to each other through their closures' cells: a reference
+        # cycle that would keep this call's leaves (the arguments' Arrays) alive until the
+        # garbage collector's next pass, and their buffers out of the pool meanwhile (a decode
+        # loop then made a new buffer and a new bind group for its token on every step).
+        # Emptying the cells breaks it.
+        walk = walk_all = None  # type: ignore[assignment]
     if hosted[0]:
         add(get_runtime())
     return leaves, tuple(key), not hosted[1]

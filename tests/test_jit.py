@@ -756,3 +756,87 @@ def test_the_quick_signature_takes_the_leaves_in_pytree_order():
     # left to the full path: Python scalars, None, strings, unsupported dtypes
     for odd in (1.5, None, "s", rand(2).astype(np.complex64)):
         assert _quick_leaves(([dev[0], odd],), {}) is None
+
+
+def _no_cycles_cases() -> dict[str, Any]:
+    rng = np.random.default_rng(11)
+    a = fusec.device_put(rng.standard_normal((5, 3)).astype(np.float32))
+    b = fusec.device_put(rng.standard_normal((3,)).astype(np.float32))
+    f1 = fusec.gpu_jit(lambda p, x: (p["w"] * x[0] + p["b"]).sum())
+    f2 = fusec.gpu_jit(lambda x, s: x * s)
+    f3 = fusec.gpu_jit(lambda x, n: x * n, static_argnums=(1,))
+    f5 = fusec.gpu_jit(lambda x, y=None: x if y is None else x + y)
+    f4 = fusec.gpu_jit(lambda x, y: (x + 1, y * 2), donate_argnums=(0,))
+    state = {"x": fusec.device_put(np.ones((5, 3), np.float32))}
+
+    def donated() -> Any:
+        state["x"], out = f4(state["x"], a)
+        return out
+
+    return {"Arrays in a dict and a list": lambda: f1({"w": a, "b": b}, [b]),
+            "a Python scalar": lambda: f2(a, 2.0),
+            "a numpy scalar": lambda: f2(a, np.float32(3.0)),
+            "a static argument": lambda: f3(a, 3),
+            "None": lambda: f5(a, None),
+            "a donated argument": donated}
+
+
+@pytest.mark.parametrize("case", list(_no_cycles_cases()))
+def test_a_cached_call_leaves_no_reference_cycles(case: str) -> None:
+    """A cached call creates no reference cycles: its arguments' Arrays are freed, and their
+    buffers pooled, as soon as the caller drops them, not at the garbage collector's next pass.
+    (The quick signature's two nested walkers referred to each other through their closures: a
+    cycle per call holding every leaf, so a decode loop's token buffer never came back to the
+    pool in time, and each step made a new buffer and a new bind group.)"""
+    call = _no_cycles_cases()[case]
+
+    def ready(out: Any) -> None:
+        for leaf in fusec.tree_util.tree_leaves(out):
+            leaf.block_until_ready()
+
+    for _ in range(3):
+        ready(call())
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(5):
+            ready(call())
+        found = gc.collect()
+    finally:
+        gc.enable()
+    assert found == 0, f"{found} objects in reference cycles after 5 calls"
+
+
+def test_a_loop_feeding_its_output_back_reuses_its_buffers() -> None:
+    """A step that takes the previous step's output (a decode loop's token) gets its output
+    buffer back from the pool each time, with the gc disabled: no new buffer after warm-up."""
+    from fusec.runtime import get_runtime
+
+    rt = get_runtime()
+    assert rt is not None
+    step = fusec.gpu_jit(lambda s, x: {"t": s["t"] * 0.5 + x})
+    x = fusec.device_put(np.arange(7, dtype=np.float32))
+    s = {"t": fusec.device_put(np.ones(7, np.float32))}
+    for _ in range(3):
+        s = step(s, x)
+    np.asarray(s["t"])
+    made = []
+    orig = rt._buffer_of_class
+
+    def counting(size: int) -> Any:
+        had = len(rt._free.get(size, []))
+        made.append(had == 0)
+        return orig(size)
+
+    gc.disable()
+    try:
+        rt._buffer_of_class = counting  # type: ignore[method-assign]
+        for _ in range(10):
+            s = step(s, x)
+            np.asarray(s["t"])
+    finally:
+        rt._buffer_of_class = orig  # type: ignore[method-assign]
+        gc.enable()
+    assert made and not any(made), f"{sum(made)} of {len(made)} buffers created anew"
+    np.testing.assert_allclose(np.asarray(s["t"]),
+                               0.5 ** 13 + np.arange(7) * (1 - 0.5 ** 13) / 0.5, rtol=1e-5)
