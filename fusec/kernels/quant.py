@@ -199,6 +199,8 @@ def _generate_qmatmul(kernel: Eqn, target: str, workgroup_storage: int) -> Kerne
     rows = math.prod(x.shape[:-1])
     u_row = units(k)
     t = team(k, target)
+    # (the fold is made for GPUs only, where a team of threads shares a weight row)
+    assert not rms or t > 1, "a folded normalisation needs a team per weight row (GPUs)"
     wg = workgroup(k, rows * (2 if rms else 1), target, workgroup_storage)
     per_group = wg // t  # weight rows per workgroup
     groups = -(-n // per_group)
