@@ -42,7 +42,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
-from timing import hold_clocks, submit_setting  # noqa: E402  (bench/timing.py)
+from timing import submit_setting  # noqa: E402  (bench/timing.py)
 
 MAX_PASSES = 256
 
@@ -55,10 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="")
     ap.add_argument("--heat", type=float, default=1.0, help="seconds of calls before a case")
     ap.add_argument("--hold-clocks", action="store_true",
-                    help="keep an NVIDIA GPU at full clocks (timing.hold_clocks)")
+                    help="keep an NVIDIA GPU at full clocks (fusec.hold_gpu_clocks)")
     a = ap.parse_args(argv)
-    if a.hold_clocks:
-        print(hold_clocks())
     import bert_encoder as be
     import minilm_encoder as ex
 
@@ -66,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     import fusec.numpy as fnp
     from fusec import bench, native, nn, runtime
 
+    if a.hold_clocks:
+        print(f"GPU clocks {fusec.hold_gpu_clocks()}")
     rt = runtime.get_runtime()
     if rt is None or rt.native is None or "timestamp-query" not in rt.info.features:
         print("needs wgpu-native's recorder and timestamp queries", file=sys.stderr)

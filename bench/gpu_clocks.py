@@ -13,7 +13,7 @@ GPU's performance state, SM and memory clocks and power every 50 ms in the backg
 phase reports the samples taken during it. Phases: ``alone`` (fusec only), ``cuda`` (torch
 creates a CUDA context on the same GPU first, and keeps it), ``cudabusy`` (and a torch thread
 keeps a small kernel running all the time: the GPU never idles), ``hold`` (a CUDA primary context
-retained through libcuda, ``timing.hold_clocks``, then idle), ``idle`` (nothing), ``loop``
+retained through libcuda, ``fusec.hold_gpu_clocks``, then idle), ``idle`` (nothing), ``loop``
 (back-to-back calls, one wait) and ``trips`` (round trips), each of the last three for
 ``--seconds``.
 """
@@ -128,7 +128,6 @@ def main(argv: list[str] | None = None) -> int:
         import torch  # (first: see the guide's note on torch and lavapipe)
 
     from llama_synthetic import gpu_steps, synthetic, timed_steps, warmed_up
-    from timing import hold_clocks
 
     import fusec
     from fusec import bench
@@ -155,8 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         if phase.startswith("cuda") and torch is not None:
             torch.zeros(1, device="cuda").sum().item()  # a CUDA context, kept from here on
         if phase == "hold":
-            row_note = hold_clocks()
-            print(row_note, flush=True)
+            print(f"GPU clocks {fusec.hold_gpu_clocks()}", flush=True)
         if phase == "cudabusy" and not busy["on"]:
             busy["on"] = True
 

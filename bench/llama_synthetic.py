@@ -40,7 +40,6 @@ from fusec.runtime import get_runtime
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from timing import (  # noqa: E402  (bench/timing.py)
-    hold_clocks,
     overridden,
     setting_changes,
     submit_setting,
@@ -154,11 +153,11 @@ def main() -> None:
     ap.add_argument("--cprofile", action="store_true",
                     help="cProfile the host side of --steps steps: where the host time goes")
     ap.add_argument("--hold-clocks", action="store_true",
-                    help="keep an NVIDIA GPU at full clocks (timing.hold_clocks): else a step's "
+                    help="keep an NVIDIA GPU at full clocks (fusec.hold_gpu_clocks): else a step's "
                          "GPU time depends on the clock the last second's load left")
     a = ap.parse_args()
     if a.hold_clocks:
-        print(hold_clocks())
+        print(f"GPU clocks {fusec.hold_gpu_clocks()}")
     t0 = time.perf_counter()
     cfg, w = synthetic(a.layers)
     if a.settings:

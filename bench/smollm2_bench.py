@@ -40,7 +40,7 @@ except ImportError:
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from timing import hold_clocks, report  # noqa: E402
+from timing import report  # noqa: E402
 
 import fusec  # noqa: E402
 from fusec.models.llama import Llama, measure_speed  # noqa: E402
@@ -149,10 +149,10 @@ def main() -> None:
     ap.add_argument("--out", default="")
     ap.add_argument("--no-hold-clocks", action="store_true",
                     help="leave an NVIDIA GPU's clocks to its driver: by default a CUDA context "
-                         "holds them at full speed (timing.hold_clocks), as the transformers "
+                         "holds them at full speed (fusec.hold_gpu_clocks), as the transformers "
                          "reference's own context does")
     a = ap.parse_args()
-    clocks = "not held (--no-hold-clocks)" if a.no_hold_clocks else hold_clocks()
+    clocks = "not held (--no-hold-clocks)" if a.no_hold_clocks else fusec.hold_gpu_clocks()
     t = time.perf_counter()
     model = Llama.from_gguf(a.gguf, max_len=a.max_len, cache_dtype=a.cache_dtype)
     res: dict[str, Any] = {"device": str(fusec.default_device()), "load_s":

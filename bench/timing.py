@@ -55,17 +55,6 @@ def submit_setting(setting: Optional[str]) -> None:
     fusec.config.set("submit_plan", int(plan) if plan else None)
 
 
-def hold_clocks() -> str:
-    """Keep an NVIDIA GPU at full clocks for the rest of the process (``fusec.hold_gpu_clocks``:
-    a CUDA primary context, as JAX and torch hold by existing). Without it the GPU idles at its
-    lowest SM clock (345 MHz on the H200), climbs to full clocks only after about a second of
-    load and falls back after about a second idle (``bench/gpu_clocks.py``), so fusec alone was
-    timed at whatever clock its last second left. Returns what it did, for the report."""
-    import fusec
-
-    return "GPU clocks " + fusec.hold_gpu_clocks()
-
-
 def torch_kernels(torch: Any, fn: Callable[[], Any], calls: int = 1,
                   warmup: int = 1) -> list[dict[str, Any]]:
     """The CUDA kernels of ``calls`` calls of ``fn`` by torch.profiler (CUPTI: the kernels' own

@@ -40,7 +40,7 @@ def hold_gpu_clocks() -> str:
     """
     with _lock:
         if _held:
-            return f"held on {len(_held)} CUDA device{'s' if len(_held) > 1 else ''}"
+            return _held_text()
         name = ctypes.util.find_library("cuda") or "libcuda.so.1"
         try:
             cuda = ctypes.CDLL(name)
@@ -60,7 +60,11 @@ def hold_gpu_clocks() -> str:
                 return (f"held on {len(_held)} of {count.value} CUDA devices: device {i} "
                         f"refused a context (CUresult {rc})")
             _held.append((cuda, dev.value, ctx))
-        return f"held on {len(_held)} CUDA device{'s' if len(_held) > 1 else ''}"
+        return _held_text()
+
+
+def _held_text() -> str:
+    return f"held on {len(_held)} CUDA device{'s' if len(_held) > 1 else ''}"
 
 
 def clocks_held() -> int:

@@ -391,10 +391,8 @@ class Llama:
         if self.pos + t > self.max_len:
             raise FusecError(f"the cache holds max_len={self.max_len} positions; "
                              f"{self.pos} + {t} tokens exceed it")
-        cos, sin, bias = step_inputs(self.cfg, self.cos_table, self.sin_table, self.pos, t,
-                                     _bucket(self.pos + t, self.max_len))
-        out = self._step(self.params, self.cache, tokens, np.int32(self.pos), cos, sin, bias,
-                         self.key, cfg=self.cfg, how=self.sampling, want_logits=want_logits)
+        out = self._step(*self._step_args(tokens, t), cfg=self.cfg, how=self.sampling,
+                         want_logits=want_logits)
         self.cache = out[1]
         self.pos += t
         return (out[0], out[2]) if want_logits else out[0]
@@ -403,14 +401,16 @@ class Llama:
         """The :class:`fusec.Lowered` of the call :meth:`step` would make for ``tokens`` at the
         current position, without running it: its ``kernels``, ``cost_analysis()``, WGSL."""
         shape = tuple(getattr(tokens, "shape", np.shape(tokens)))
-        t = shape[1] if len(shape) == 2 else 1
-        cos, sin, bias = step_inputs(self.cfg, self.cos_table, self.sin_table, self.pos, t,
-                                     _bucket(self.pos + t, self.max_len))
         if not hasattr(tokens, "block_until_ready"):
             tokens = np.asarray(tokens, dtype=np.int32)
-        return self._step.lower(self.params, self.cache, tokens, np.int32(self.pos), cos, sin,
-                                bias, self.key, cfg=self.cfg, how=self.sampling,
-                                want_logits=want_logits)
+        return self._step.lower(*self._step_args(tokens, shape[1] if len(shape) == 2 else 1),
+                                cfg=self.cfg, how=self.sampling, want_logits=want_logits)
+
+    def _step_args(self, tokens: Any, t: int) -> tuple[Any, ...]:
+        """The step's positional arguments for ``t`` tokens at the current position."""
+        cos, sin, bias = step_inputs(self.cfg, self.cos_table, self.sin_table, self.pos, t,
+                                     _bucket(self.pos + t, self.max_len))
+        return (self.params, self.cache, tokens, np.int32(self.pos), cos, sin, bias, self.key)
 
     def generate(self, prompts: Sequence[Sequence[int]] | np.ndarray, max_new_tokens: int,
                  eos: Optional[int] = None) -> Iterator[np.ndarray]:

@@ -23,29 +23,10 @@ from typing import Optional
 from ..ir import Atom, Eqn, Lit, Op, Program, Var
 from ..kernels.attention import fits, split_lanes
 from .dce import dce
+from .uses import Uses
 
 
-class _Uses:
-    def __init__(self, prog: Program) -> None:
-        self.count: dict[int, int] = {}
-        for e in prog.eqns:
-            for a in e.inputs:
-                if isinstance(a, Var):
-                    self.count[id(a)] = self.count.get(id(a), 0) + 1
-        for a in prog.outputs:
-            if isinstance(a, Var):
-                self.count[id(a)] = self.count.get(id(a), 0) + 2  # never inside a chain
-        self.producer = {id(o): e for e in prog.eqns for o in e.outs}
-
-    def sole(self, v: Atom, op: Op, uses: int = 1) -> Optional[Eqn]:
-        """The producer of ``v`` when it is ``op`` and ``v`` has exactly ``uses`` uses."""
-        if not isinstance(v, Var) or self.count.get(id(v), 0) != uses:
-            return None
-        e = self.producer.get(id(v))
-        return e if e is not None and e.op is op else None
-
-
-def _last_axis_reduce(u: _Uses, v: Atom, op: Op, src: Var, uses: int = 1) -> bool:
+def _last_axis_reduce(u: Uses, v: Atom, op: Op, src: Var, uses: int = 1) -> bool:
     """``v`` is reshape(op(src, last axis)) back to keepdims shape."""
     r = u.sole(v, Op.RESHAPE, uses)
     if r is None:
@@ -55,7 +36,7 @@ def _last_axis_reduce(u: _Uses, v: Atom, op: Op, src: Var, uses: int = 1) -> boo
             and tuple(red.params["axes"]) == (len(src.shape) - 1,))
 
 
-def _match(u: _Uses, out: Eqn) -> Optional[tuple[list[Atom], float]]:
+def _match(u: Uses, out: Eqn) -> Optional[tuple[list[Atom], float]]:
     """The inputs (q, kt, v[, bias]) and scale of the chain ending in matmul ``out``."""
     p, v = out.inputs
     div = u.sole(p, Op.DIV)
@@ -118,7 +99,7 @@ def rewrite_attention(prog: Program, target: str = "gpu", subgroups: int = 0) ->
     threads (:func:`fusec.kernels.attention.split_lanes`)."""
     if not any(e.op is Op.MATMUL for e in prog.eqns):
         return prog
-    u = _Uses(prog)
+    u = Uses(prog)
     found: dict[int, Eqn] = {}
     for e in prog.eqns:
         if e.op is not Op.MATMUL:

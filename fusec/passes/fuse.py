@@ -505,11 +505,11 @@ def _few_rows(e: Eqn, x: object) -> bool:
     """Has a quantized product's x (its leading axes) at most PROLOGUE_ROWS rows, or an
     attention kernel's queries (a head's) at most PROLOGUE_QUERY_ROWS, so that a prologue may
     compute them?"""
-    if not isinstance(x, Var) or len(x.shape) < 2:
-        return isinstance(x, Var)
+    if not isinstance(x, Var):
+        return False
     if e.op is Op.QMATMUL:
         return math.prod(x.shape[:-1]) <= PROLOGUE_ROWS
-    return x.shape[-2] <= PROLOGUE_QUERY_ROWS
+    return len(x.shape) < 2 or x.shape[-2] <= PROLOGUE_QUERY_ROWS
 
 
 def _prologue(planner: _Planner, x: object) -> bool:

@@ -24,6 +24,7 @@ from typing import Optional
 from ..ir import Atom, Eqn, Lit, Op, Program, Var
 from ..kernels.quant import fits
 from .dce import dce
+from .uses import Uses
 
 
 def _through(producer: dict[int, Eqn], v: Atom) -> Optional[Var]:
@@ -124,50 +125,45 @@ def _lit(a: Atom) -> Optional[float]:
     return float(a.value) if isinstance(a, Lit) else None
 
 
-def _rms_norm_of(producer: dict[int, Eqn], uses: dict[int, int], x: Var
-                 ) -> Optional[tuple[Var, Optional[Var], float]]:
+def _rms_norm_of(u: Uses, x: Var) -> Optional[tuple[Var, Optional[Var], float]]:
     """If ``x`` is ``a * rsqrt(sum(a * a, last axis) / K + eps) [* g]`` (what
     :func:`fusec.nn.rms_norm` traces), every value of it read only inside it: (a, g or None,
     eps), else None."""
-    def only(v: Atom, op: Op, n: int = 1) -> Optional[Eqn]:
-        e = producer.get(id(v)) if isinstance(v, Var) else None
-        return e if e is not None and e.op is op and uses.get(id(v), 0) == n else None
-
     k = x.shape[-1]
-    top = only(x, Op.MUL)
+    top = u.sole(x, Op.MUL)
     g: Optional[Var] = None
     j: Atom = x
     if top is not None:  # [* g], g a weight of shape (K,)
         for y, w in (top.inputs, top.inputs[::-1]):
             if (isinstance(w, Var) and w.shape == (k,) and w.dtype == "float32"
                     and isinstance(y, Var) and y.shape == x.shape):
-                inner = producer.get(id(y))
+                inner = u.producer.get(id(y))
                 if inner is not None and inner.op is Op.MUL and any(
                         isinstance(v, Var) and v.shape[-1:] == (1,) and len(v.shape) == len(x.shape)
                         for v in inner.inputs):
                     g, j = w, y
                     break
-    mj = only(j, Op.MUL)
+    mj = u.sole(j, Op.MUL)
     if mj is None:
         return None
     for a, r in (mj.inputs, mj.inputs[::-1]):
         if not (isinstance(a, Var) and isinstance(r, Var) and a.shape == x.shape
                 and a.dtype == "float32" and r.shape == x.shape[:-1] + (1,)):
             continue
-        rs = only(r, Op.RSQRT)
-        ad = only(rs.inputs[0], Op.ADD) if rs is not None else None
+        rs = u.sole(r, Op.RSQRT)
+        ad = u.sole(rs.inputs[0], Op.ADD) if rs is not None else None
         if ad is None:
             continue
-        eps = _lit(ad.inputs[1]) if isinstance(ad.inputs[0], Var) else _lit(ad.inputs[0])
-        dv = only(ad.inputs[0] if eps is not None and isinstance(ad.inputs[0], Var)
-                  else ad.inputs[1], Op.DIV)
+        ms, c = ad.inputs if isinstance(ad.inputs[0], Var) else ad.inputs[::-1]
+        eps = _lit(c)
+        dv = u.sole(ms, Op.DIV)
         if eps is None or dv is None or _lit(dv.inputs[1]) != float(k):
             continue
-        rh = only(dv.inputs[0], Op.RESHAPE)
-        sm = only(rh.inputs[0], Op.SUM) if rh is not None else None
+        rh = u.sole(dv.inputs[0], Op.RESHAPE)
+        sm = u.sole(rh.inputs[0], Op.SUM) if rh is not None else None
         if sm is None or tuple(sm.params["axes"]) != (len(x.shape) - 1,):
             continue
-        sq = only(sm.inputs[0], Op.MUL)
+        sq = u.sole(sm.inputs[0], Op.MUL)
         if sq is None or sq.inputs[0] is not a or sq.inputs[1] is not a:
             continue
         return a, g, eps
@@ -185,23 +181,15 @@ def fold_rms_norm(prog: Program, target: str = "gpu") -> Program:
     weight row."""
     if not FOLD_RMS_NORM or target != "gpu" or not any(e.op is Op.QMATMUL for e in prog.eqns):
         return prog
-    producer = {id(o): e for e in prog.eqns for o in e.outs}
-    uses: dict[int, int] = {}
-    for e in prog.eqns:
-        for a in e.inputs:
-            if isinstance(a, Var):
-                uses[id(a)] = uses.get(id(a), 0) + 1
-    for o in prog.outputs:
-        if isinstance(o, Var):
-            uses[id(o)] = uses.get(id(o), 0) + 2  # never folded away
+    u = Uses(prog)
     replace: dict[int, Eqn] = {}
     for e in prog.eqns:
         if e.op is not Op.QMATMUL or "rms_eps" in e.params:
             continue
         x = e.inputs[0]
-        if not isinstance(x, Var) or uses.get(id(x), 0) != 1:
+        if not isinstance(x, Var) or u.count.get(id(x), 0) != 1:
             continue
-        found = _rms_norm_of(producer, uses, x)
+        found = _rms_norm_of(u, x)
         if found is None:
             continue
         a, g, eps = found
