@@ -375,6 +375,23 @@ class Llama:
     def step(self, tokens: Any, want_logits: bool = False) -> Any:
         """Feed ``tokens`` [B, T] (the prompt, or the last tokens [B, 1]) and return the next
         token of each sequence (a device array [B]) and, with ``want_logits``, the logits."""
+        tokens, t = self._checked(tokens)
+        out = self._step(*self._step_args(tokens, t), cfg=self.cfg, how=self.sampling,
+                         want_logits=want_logits)
+        self.cache = out[1]
+        self.pos += t
+        return (out[0], out[2]) if want_logits else out[0]
+
+    def lower_step(self, tokens: Any, want_logits: bool = False) -> Any:
+        """The :class:`fusec.Lowered` of the call :meth:`step` would make for ``tokens`` at the
+        current position, without running it: its ``kernels``, ``cost_analysis()``, WGSL."""
+        tokens, t = self._checked(tokens)
+        return self._step.lower(*self._step_args(tokens, t), cfg=self.cfg, how=self.sampling,
+                                want_logits=want_logits)
+
+    def _checked(self, tokens: Any) -> tuple[Any, int]:
+        """``tokens`` checked for a step at the current position (int32 where they are host
+        data), and how many positions they take."""
         shape = tuple(getattr(tokens, "shape", np.shape(tokens)))
         if len(shape) not in (1, 2) or shape[0] != self.batch:
             raise FusecError(f"tokens must have shape (batch={self.batch}, T) or (batch,); got "
@@ -391,20 +408,7 @@ class Llama:
         if self.pos + t > self.max_len:
             raise FusecError(f"the cache holds max_len={self.max_len} positions; "
                              f"{self.pos} + {t} tokens exceed it")
-        out = self._step(*self._step_args(tokens, t), cfg=self.cfg, how=self.sampling,
-                         want_logits=want_logits)
-        self.cache = out[1]
-        self.pos += t
-        return (out[0], out[2]) if want_logits else out[0]
-
-    def lower_step(self, tokens: Any, want_logits: bool = False) -> Any:
-        """The :class:`fusec.Lowered` of the call :meth:`step` would make for ``tokens`` at the
-        current position, without running it: its ``kernels``, ``cost_analysis()``, WGSL."""
-        shape = tuple(getattr(tokens, "shape", np.shape(tokens)))
-        if not hasattr(tokens, "block_until_ready"):
-            tokens = np.asarray(tokens, dtype=np.int32)
-        return self._step.lower(*self._step_args(tokens, shape[1] if len(shape) == 2 else 1),
-                                cfg=self.cfg, how=self.sampling, want_logits=want_logits)
+        return tokens, t
 
     def _step_args(self, tokens: Any, t: int) -> tuple[Any, ...]:
         """The step's positional arguments for ``t`` tokens at the current position."""
