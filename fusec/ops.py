@@ -1803,12 +1803,18 @@ def _sort_specials_numpy(args: Sequence[np.ndarray], p: dict[str, Any],
     return np.stack(counts, axis=1).astype(np.uint32)
 
 
-# sort_fixup: inputs (sorted values, x, specials) -> the sorted values with the runs of zeros and of
-# NaNs replaced by x's zeros and NaNs in input order (written into the sorted values' buffer)
+# sort_fixup: inputs (sorted values, x, specials, the last radix pass's scanned histogram) -> the
+# sorted values with the runs of zeros and of NaNs replaced by x's zeros and NaNs in input order
+# (written into the sorted values' buffer). The histogram's digit totals narrow where each run
+# starts to the run of its key's top byte.
 def _sort_fixup_type(ins: Sequence[tuple[Shape, str]], p: dict[str, Any]) -> tuple[Shape, str]:
     rows, _, nb = _sorted_and_x(ins, p)
     if tuple(ins[2]) != ((rows, 2, nb), "uint32"):
         raise ShapeError(f"sort_fixup's counts must be uint32{(rows, 2, nb)}; got {ins[2]}")
+    want = ((rows, SORT_DIGITS, nb + 1), "uint32")
+    if len(ins) != 4 or tuple(ins[3]) != want:
+        raise ShapeError(f"sort_fixup reads the last pass's scanned histogram uint32{want[0]}; "
+                         f"got {ins[3:]}")
     return ins[0]
 
 

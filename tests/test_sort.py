@@ -388,6 +388,36 @@ def test_float_sort_of_keys_restores_zeros_and_nans_in_input_order(
 
 
 @pytest.mark.usefixtures("gpu_target")
+@pytest.mark.parametrize("descending", [False, True])
+def test_fixup_with_several_elements_per_thread(
+        rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch, descending: bool) -> None:
+    """Blocks of 2048 (the fixup's 256 threads take 8 neighbouring elements each, loaded at
+    once, and scan once per block): a row of normal values with two zeros in one block, as the
+    bench's 2^24 sort has (its run found within the keys of its top byte), a row with zeros and
+    NaNs in every block (several in one thread's elements, -0.0 and 0.0 in turn), one whose
+    keys share the zeros' and NaNs' top bytes (subnormals, inf, 3e38) beside a zero and a NaN,
+    and one of only specials; ascending and descending."""
+    use_radix(monkeypatch, 2048, 8)
+    n = 2 * 2048 + 1999  # 3 blocks, the last partly filled
+    x = rng.standard_normal((4, n)).astype(np.float32)
+    x[0, [2100, 3000]] = [-0.0, 0.0]
+    spread = rng.random(n)
+    x[1] = np.where(spread < 0.15, np.where(rng.random(n) < 0.5, -0.0, 0.0), x[1])
+    x[1] = np.where(spread > 0.9, np.uint32(0x7FC0ABCD).view(np.float32), x[1])
+    x[1, 40:48] = [0.0, -0.0, np.nan, -0.0, 0.0, np.nan, 1.0, -0.0]
+    x[2] = np.where(spread < 0.3, np.float32(-1e-40), x[2])
+    x[2] = np.where(spread > 0.7, np.float32(3e38), x[2])
+    x[2] = np.where(spread > 0.8, np.float32(np.inf), x[2])
+    x[2, [5, 4100]] = [np.uint32(0xFFC00042).view(np.float32), -0.0]
+    x[3] = rng.choice(np.array([0x80000000, 0, 0x7FC00000, 0xFFC00001], np.uint32),
+                      n).view(np.float32)
+    f = fusec.gpu_jit(lambda v: fnp.sort(v, descending=descending))
+    (fixup,) = [k for k in f.lower(x).kernels if "sort_fixup" in k.name]
+    assert "var w: array<u32, 8>" in fixup.wgsl
+    assert_bits(f(x), ref_sort(x, descending=descending))
+
+
+@pytest.mark.usefixtures("gpu_target")
 @pytest.mark.parametrize("mode", ["ballots", "subgroups too small", "scans only", "none"])
 def test_radix_scatter_with_and_without_subgroup_operations(
         rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch, mode: str) -> None:

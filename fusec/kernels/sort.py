@@ -247,10 +247,14 @@ def _specials(e: Eqn, target: str) -> tuple[str, int]:
     rows, n = e.inputs[1].shape
     descending = bool(e.params["descending"])
     nb = (e.out if e.op is Op.SORT_SPECIALS else e.inputs[2]).shape[2]  # the counts' blocks
+    block = int(e.params["block"])
+    # the fixup scans the last pass's digit totals a thread per digit, and counts a block's zeros
+    # and NaNs in 16 bits each
+    assert FIXUP_THREADS == SORT_DIGITS and block < 1 << 16, "see sort_specials.wgsl.j2"
     src = _env().get_template("sort_specials.wgsl.j2").render(
         key_fn=sort_key_wgsl("float32", descending), rows=rows, n=n, nb=nb,
-        block=int(e.params["block"]), wg=FIXUP_THREADS, fixup=e.op is Op.SORT_FIXUP,
-        special_keys=sort_special_keys(descending))
+        block=block, wg=FIXUP_THREADS, fixup=e.op is Op.SORT_FIXUP, digits=SORT_DIGITS,
+        per=-(-block // FIXUP_THREADS), special_keys=sort_special_keys(descending))
     return src, rows * nb
 
 

@@ -66,7 +66,7 @@ def _radix(src: Var, final: Var | None, common: dict[str, Any], block: int,
     if specials:
         p = {"block": block, "descending": common["descending"]}
         counts = _bind(eqns, Op.SORT_SPECIALS, (src, x, scanned), p)
-        src = _bind(eqns, Op.SORT_FIXUP, (src, x, counts),
+        src = _bind(eqns, Op.SORT_FIXUP, (src, x, counts, scanned),
                     {**p, "writes_into": ((0, 0),)}, final)
     return src
 
