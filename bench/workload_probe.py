@@ -7,8 +7,8 @@ JAX's wall clock beside them with ``--jax``.
 
 Names: any `fusec bench` workload, or one of PROBES (the argmax workload's input reduced other
 ways, to tell its arithmetic from its memory traffic). Settings are ``module.NAME=value``
-overrides (``codegen``, ``splitk``) joined by commas, ``default`` for none; they are read at
-lowering, so the persistent cache must be off.
+overrides (``codegen``, ``splitk``, ``fuse``) joined by commas, ``default`` for none; they are
+read at lowering, so the persistent cache must be off.
 """
 
 from __future__ import annotations
@@ -43,7 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     from fusec import bench, codegen
     from fusec.passes import splitk
 
-    modules = {"codegen": codegen, "splitk": splitk}
+    # (fusec.passes exports the pass function fuse under the module's name)
+    modules = {"codegen": codegen, "splitk": splitk, "fuse": sys.modules["fusec.passes.fuse"]}
     policy = bench.Policy(warmup=3, min_reps=10, max_reps=30, budget_s=1.0, heat_s=0.2)
     rng = np.random.default_rng(0)
     known = {w.name: w for w in bench.workloads(quick=a.quick)}
