@@ -759,7 +759,8 @@ def epilogue_fuses(mm: Eqn, target: str) -> bool:
     return MATMUL_EPILOGUE != "separate"
 
 
-def _large_tile(cfg: tuple[int, int, int, int, int]) -> bool:
+def large_tile(cfg: tuple[int, int, int, int, int]) -> bool:
+    """Is ``cfg`` (a ``matmul_config``) a tile as large as MATMUL_LARGE?"""
     return cfg[0] * cfg[1] >= MATMUL_LARGE[0] * MATMUL_LARGE[1]
 
 
@@ -1029,7 +1030,7 @@ def _vector_stores(body: Program, mm: Eqn, cfg: tuple[int, int, int, int, int],
     *_, k = mm.inputs[0].shape
     bare = len(body.outputs) == 1 and body.outputs[0] is mm.out
     return (bool(VEC_STORES) and n % 4 == 0 and not _staged_rows(body, cfg)
-            and not (bare and _large_tile(cfg) and k >= VEC_STORES_BARE_K) and not aliased
+            and not (bare and large_tile(cfg) and k >= VEC_STORES_BARE_K) and not aliased
             and all(isinstance(o, Var) and o.shape == mm.out.shape and o.dtype != "bool"
                     for o in body.outputs))
 
@@ -1178,7 +1179,7 @@ def _pipelined(cfg: tuple[int, int, int, int, int], workgroup_storage: int) -> b
     52.8 / 49.3, 4096x1536 @ 1536x384 168.3 / 147.5; the thin 64x64 tile (MATMUL_THIN) too:
     4096x384 @ 384x384 50.5 / 44.8, 4096x1536 @ 1536x384 174.8 / 144.3."""
     bm, bn, bk, _, _ = cfg
-    return ((_large_tile(cfg) or (bm, bn) == MATMUL_WIDE[:2] or cfg == MATMUL_THIN
+    return ((large_tile(cfg) or (bm, bn) == MATMUL_WIDE[:2] or cfg == MATMUL_THIN
              or bool(PIPELINE_ALL)) and 2 * 16 * bk * (bm + bn) // 4 <= workgroup_storage)
 
 

@@ -764,7 +764,8 @@ def test_small_products_become_sums() -> None:
 def test_split_k_on_the_register_blocked_template() -> None:
     """Products on the register-blocked template with K of at least 2048 and fewer than 256
     workgroups are split into chunks of K of at least 512, as few as give 256 workgroups (the
-    chunks may take another tile than the whole product)."""
+    chunks may take another tile than the whole product); on 128 or more large tiles (a wave of
+    the GPU) they stay whole."""
     from fusec.passes.splitk import rb_chunks_for
 
     assert rb_chunks_for(512, 4096, 512) == 8  # 64 small tiles; 8 chunks: 256 medium ones
@@ -774,6 +775,8 @@ def test_split_k_on_the_register_blocked_template() -> None:
     assert rb_chunks_for(256, 512, 256) == 1  # K too short to cut
     assert rb_chunks_for(512, 1024, 1024) == 1  # 128 workgroups, but K under 2048
     assert rb_chunks_for(128, 8192, 128) == 16
+    assert rb_chunks_for(1024, 2048, 1024) == 4  # 128 medium tiles
+    assert rb_chunks_for(2048, 2816, 1024) == 1  # 128 large tiles: the transformer's down
     traced = trace(lambda a, b: a @ b, S((512, 4096)), S((4096, 512)))
     from fusec.passes.splitk import split_k
 

@@ -98,7 +98,7 @@ def tuning() -> dict[str, object]:
             "split": (split.SPLIT_MIN, split.SPLIT_MAX_OUTPUTS, split.CHUNK, split.MAX_CHUNKS,
                       split.COLUMN_THREADS, split.COLUMN_MIN),
             "splitk": (splitk.TILE_LIMIT, splitk.GROUPS, splitk.MIN_CHUNK, splitk.RB_GROUPS,
-                       splitk.RB_MIN_K, splitk.RB_MIN_CHUNK, splitk.REDUCE_OUTPUTS,
+                       splitk.RB_WAVE, splitk.RB_MIN_K, splitk.RB_MIN_CHUNK, splitk.REDUCE_OUTPUTS,
                        splitk.REDUCE_COLUMNS, splitk.REDUCE_WORK)}
 
 

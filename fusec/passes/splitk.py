@@ -35,6 +35,12 @@ MIN_CHUNK = 128  # ...each walking at least this much of K
 RB_GROUPS = 256
 RB_MIN_K = 2048
 RB_MIN_CHUNK = 512
+# ...but a product on RB_WAVE or more of the large tiles (128x128) already fills the GPU once over
+# (an H200 has 132 SMs): cutting it into chunks only adds their partial sums' kernel. The bench's
+# transformer block's down projection, 2048x2816 @ 2816x1024 on 128 large tiles, was cut in 2:
+# whole, the block took 1919-1923 us of GPU time against 1939-1941 (H200, 4 interleaved rounds;
+# 1912-1922 against 1934-1937 in 3 more; bench/workload_probe.py).
+RB_WAVE = 128
 # Products with at most REDUCE_OUTPUTS outputs (a dot product; a few rows through a few
 # columns) and at most REDUCE_COLUMNS columns become an elementwise product and a sum over K,
 # where one of M and N is 1 or the product has at most REDUCE_WORK multiply-adds: the sum is one
@@ -68,14 +74,16 @@ def chunks_for(m: int, k: int, n: int, target: str = "gpu") -> int:
 def rb_chunks_for(m: int, k: int, n: int, target: str = "gpu") -> int:
     """How many chunks to cut K into for a product on the register-blocked template: with K of at
     least RB_MIN_K, the fewest (a power of two) that give RB_GROUPS workgroups, as far as chunks
-    of RB_MIN_CHUNK allow. The chunks form a batch, which may take another tile than the whole
-    product would."""
+    of RB_MIN_CHUNK allow; none for a product whole on RB_WAVE or more of the large tiles. The
+    chunks form a batch, which may take another tile than the whole product would."""
     def groups(s: int) -> int:
         cfg = codegen.matmul_config(m, n, target, -(-k // s), s)
         assert cfg is not None, "a product on the register-blocked template stays on it"
         return s * -(-m // cfg[0]) * -(-n // cfg[1])
 
-    if k < RB_MIN_K:
+    whole = codegen.matmul_config(m, n, target, k, 1)
+    if k < RB_MIN_K or (whole is not None and codegen.large_tile(whole)
+                        and groups(1) >= RB_WAVE):
         return 1
     s = 1
     while groups(s) < RB_GROUPS and k // (2 * s) >= RB_MIN_CHUNK:
