@@ -5,6 +5,10 @@
 # (FUSEC_SUBMIT_FIRST=0). Each writes JSON and a log into OUT.
 #
 #     bash bench/smollm2_h100.sh PATH/TO/SmolLM2-135M-Instruct.Q4_1.gguf OUT
+#
+# Where a directory of carried wheels on PYTHONPATH holds a huggingface_hub newer than the
+# installed transformers accepts (2.x against <2.0: transformers refuses to import), run the
+# reference with only the gguf package added: PYTHONPATH="$PWD:DIR_WITH_GGUF_ALONE".
 set -uo pipefail
 gguf=${1:?the GGUF file}
 out=${2:-.}
