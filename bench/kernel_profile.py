@@ -1,5 +1,5 @@
 """Each kernel's GPU time in `fusec bench` workloads (``fusec.profile``: every kernel run alone),
-beside the call's GPU time in one pass and JAX's wall clock.
+beside the call's GPU time in one pass (GPU clocks held: ``fusec.hold_gpu_clocks``).
 
     python bench/kernel_profile.py [--only transformer,sort] [--reps 3]
 """

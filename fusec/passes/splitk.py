@@ -76,14 +76,16 @@ def rb_chunks_for(m: int, k: int, n: int, target: str = "gpu") -> int:
     least RB_MIN_K, the fewest (a power of two) that give RB_GROUPS workgroups, as far as chunks
     of RB_MIN_CHUNK allow; none for a product whole on RB_WAVE or more of the large tiles. The
     chunks form a batch, which may take another tile than the whole product would."""
-    def groups(s: int) -> int:
+    def config(s: int) -> tuple[int, int, int, int, int]:
         cfg = codegen.matmul_config(m, n, target, -(-k // s), s)
         assert cfg is not None, "a product on the register-blocked template stays on it"
+        return cfg
+
+    def groups(s: int) -> int:
+        cfg = config(s)
         return s * -(-m // cfg[0]) * -(-n // cfg[1])
 
-    whole = codegen.matmul_config(m, n, target, k, 1)
-    if k < RB_MIN_K or (whole is not None and codegen.large_tile(whole)
-                        and groups(1) >= RB_WAVE):
+    if k < RB_MIN_K or (codegen.large_tile(config(1)) and groups(1) >= RB_WAVE):
         return 1
     s = 1
     while groups(s) < RB_GROUPS and k // (2 * s) >= RB_MIN_CHUNK:
