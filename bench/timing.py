@@ -87,6 +87,22 @@ def report(res: Any, out: str = "") -> None:
     write_json(res, out)
 
 
+class ConfigSettings:
+    """fusec's settings (``fusec.config``) as a module of constants for :func:`setting_changes`
+    and :func:`overridden`: ``config.record_ahead=off`` sets one for the block; reading one gives
+    its override (None: the environment's), which ``overridden`` restores after the block."""
+
+    def __getattr__(self, name: str) -> Any:
+        from fusec import config
+
+        return config._overrides.get(name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        from fusec import config
+
+        config.set(name, value)
+
+
 def setting_changes(setting: str, modules: dict[str, Any]) -> list[tuple[Any, str, Any]]:
     """The (module, name, value) changes a probe's setting names: ``default`` for none, else
     ``module.NAME=value`` overrides joined by commas, ``module`` a key of ``modules``, a value an

@@ -7,7 +7,8 @@ JAX's wall clock beside them with ``--jax``.
 
 Names: any `fusec bench` workload, or one of PROBES (the argmax workload's input reduced other
 ways, to tell its arithmetic from its memory traffic). Settings are ``module.NAME=value``
-overrides (``codegen``, ``splitk``, ``fuse``) joined by commas, ``default`` for none; they are
+overrides (``codegen``, ``splitk``, ``fuse``, or ``config`` for fusec.config's settings:
+``config.record_ahead=off``) joined by commas, ``default`` for none; the constants are
 read at lowering, so the persistent cache must be off.
 """
 
@@ -21,7 +22,7 @@ from typing import Any, Callable
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from timing import overridden, setting_changes  # noqa: E402  (bench/timing.py)
+from timing import ConfigSettings, overridden, setting_changes  # noqa: E402  (bench/timing.py)
 
 # name: (function of the ops namespace and the arrays, input shapes)
 PROBES: dict[str, tuple[Callable[..., Any], tuple[tuple[int, ...], ...]]] = {
@@ -44,7 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     from fusec.passes import splitk
 
     # (fusec.passes exports the pass function fuse under the module's name)
-    modules = {"codegen": codegen, "splitk": splitk, "fuse": sys.modules["fusec.passes.fuse"]}
+    modules = {"codegen": codegen, "splitk": splitk, "fuse": sys.modules["fusec.passes.fuse"],
+               "config": ConfigSettings()}
     policy = bench.Policy(warmup=3, min_reps=10, max_reps=30, budget_s=1.0, heat_s=0.2)
     rng = np.random.default_rng(0)
     known = {w.name: w for w in bench.workloads(quick=a.quick)}

@@ -18,6 +18,9 @@ FUSEC_STRICT_DTYPES  1: refuse 64-bit (and 8/16-bit integer) inputs instead of c
                the 32-bit type of their kind with a one-time warning (JAX's default with x64 off)
 FUSEC_SHADER_CHECKS  1: compile kernels with wgpu's runtime checks (every array index clamped,
                every loop bounded); default 0: fusec's kernels are compiled as trusted modules
+FUSEC_RECORD_AHEAD  auto (default) | always | off: while the host waits for a large call, record
+               the executable's next call with the same argument buffers, so that the next call
+               only submits it (see the user guide, "Calls recorded ahead")
 FUSEC_WHILE_CHUNK_MAX  the most iterations of a while_loop run between two reads of its flag
                (default 64; chunks grow 2, 4, 8, ... up to it; rounded up to an even number)
 """
@@ -64,10 +67,13 @@ _ENV = {
     # ...or later, on GPUs, while the GPU is estimated to have work queued (runtime.submit_cuts;
     # 0: the doubling rule alone)
     "submit_plan": ("FUSEC_SUBMIT_PLAN", 1),
+    # a large call's next call recorded while the host waits for the GPU (runtime.record_ahead):
+    # "auto" (where the wait is long enough to hide it), "always", or "off"
+    "record_ahead": ("FUSEC_RECORD_AHEAD", "auto"),
     # a while_loop's chunks of iterations between reads of its flag grow up to this (runtime)
     "while_chunk_max": ("FUSEC_WHILE_CHUNK_MAX", 0),
 }
-_CASE_INSENSITIVE = {"backend", "target"}
+_CASE_INSENSITIVE = {"backend", "target", "record_ahead"}
 
 
 def get(name: str) -> Any:

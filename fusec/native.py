@@ -57,6 +57,14 @@ class Native:
     def encoder(self) -> Encoder:
         return Encoder(self)
 
+    def submit_finished(self, cb: Any) -> None:
+        """Submit a command buffer from :meth:`Encoder.finish` and release it."""
+        try:
+            self.cbs[0] = cb
+            self.submit(self.queue, 1, self.cbs)
+        finally:
+            self.release_cb(cb)
+
 
 class Pass:
     """An open compute pass of an :class:`Encoder`."""
@@ -105,22 +113,23 @@ class Encoder:
                               size: int) -> None:
         self.n.copy(self.raw, src._internal, src_offset, dst._internal, dst_offset, size)
 
-    def submit(self) -> None:
-        """Finish (ending a pass left open) and submit; the handles are released."""
+    def finish(self) -> Any:
+        """Finish (ending a pass left open): the command buffer's handle, for
+        :meth:`Native.submit_finished` now or later (a call recorded ahead), or for
+        ``release_cb`` where it is never submitted. The encoder's handle is released."""
         n = self.n
         if self.cpass is not None:
             self.cpass.end()
             self.cpass = None
         raw, self.raw = self.raw, None
         try:
-            cb = n.finish(raw, n.cb_desc)
+            return n.finish(raw, n.cb_desc)
         finally:
             n.release_encoder(raw)
-        try:
-            n.cbs[0] = cb
-            n.submit(n.queue, 1, n.cbs)
-        finally:
-            n.release_cb(cb)
+
+    def submit(self) -> None:
+        """Finish (ending a pass left open) and submit; the handles are released."""
+        self.n.submit_finished(self.finish())
 
     def __del__(self) -> None:
         # an encoder dropped unsubmitted (an error while recording): release its handles

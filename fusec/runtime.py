@@ -10,6 +10,7 @@ docs/architecture.md) unless FUSEC_BACKEND=gpu asks for it, or with FUSEC_BACKEN
 from __future__ import annotations
 
 import atexit
+import operator
 import os
 import threading
 import time
@@ -212,6 +213,11 @@ class Runtime:
         self.flushes = 0  # batches submitted (tests count them)
         self._doomed: list[Any] = []  # buffers to destroy once the batch naming them is submitted
         self._batch_t0 = 0.0  # when the pending batch's first call began recording
+        # the last large call's executable and its inputs' buffers: a wait that finds the GPU
+        # busy may record that executable's next call meanwhile (GpuExecutable.record_ahead)
+        self.ahead: Optional[tuple[Any, list[Any]]] = None
+        self.ahead_recorded = 0  # calls recorded ahead (tests count them)
+        self.ahead_used = 0  # ...and submitted by the call they were recorded for
         self.submitted = 0  # submission counter; arrays remember theirs
         self.completed = 0  # every submission up to this one has finished
         # the thread that runs this device's share of multi-device work (see on_device)
@@ -560,6 +566,7 @@ class Runtime:
         mode = config.get("wait")
         if mode not in _WAIT_MODES:
             raise FusecError(f"FUSEC_WAIT must be one of {', '.join(_WAIT_MODES)}; got {mode!r}")
+        ahead, self.ahead = self.ahead, None
         if mode == "spin" and self._poll is not None:
             raw = self.device._internal
             poll, null = self._poll
@@ -567,19 +574,38 @@ class Runtime:
             # WGPUBool, upper bytes undefined (they are set: treating them as true made the
             # wait return before the GPU was done)
             if poll(raw, False, null) & 0xFF:
+                if ahead is not None:
+                    ahead[0].wait_s = 0.0
+                    ahead[0].record_ahead(ahead[1], idle=True)
                 return
-            if self._batch_enc is None and PREOPEN_BATCH:
+            t0 = time.perf_counter()
+            if self._batch_enc is None and PREOPEN_BATCH and self.lock.acquire(blocking=False):
                 # the GPU is busy: open the next batch (encoder and pass) now, while it works,
                 # not after the wait (a tiny call's round trip on the H100: 56.5 us, 60.5
-                # without). An open batch with nothing in it is not submitted (flush).
-                self._batch_enc = self.encoder()
-                self._batch_pass = self._batch_enc.begin_compute_pass()
-            deadline = time.perf_counter() + 1e-6 * int(config.get("spin_us"))
+                # without). An open batch with nothing in it is not submitted (flush). (Not
+                # while another thread records: it may be taking the batch.)
+                try:
+                    if self._batch_enc is None:
+                        enc = self.encoder()
+                        self._batch_pass = enc.begin_compute_pass()
+                        self._batch_enc = enc
+                finally:
+                    self.lock.release()
+            if ahead is not None:
+                # ...and record the last large call's next one, if the rule says so
+                ahead[0].record_ahead(ahead[1])
+            deadline = t0 + 1e-6 * int(config.get("spin_us"))
             while not poll(raw, False, null) & 0xFF:
                 if time.perf_counter() > deadline:
                     break
             else:
+                if ahead is not None:
+                    ahead[0].wait_s = time.perf_counter() - t0
                 return
+            self.device._poll_wait()
+            if ahead is not None:
+                ahead[0].wait_s = time.perf_counter() - t0
+            return
         self.device._poll_wait()
 
     def timestamp_writes(self) -> Optional[dict[str, Any]]:
@@ -1344,6 +1370,16 @@ BATCH_MAX_WORKGROUPS = 4096
 BATCH_SECONDS = 100e-6
 # a wait that finds the GPU busy opens the next batch meanwhile (Runtime.wait_idle)
 PREOPEN_BATCH = True
+# Calls recorded ahead (GpuExecutable.record_ahead): with FUSEC_RECORD_AHEAD=auto, where the
+# last wait after a call lasted this many times the host's time to record one
+AHEAD_WAIT_FACTOR = 2.0
+# the host's time to record and finish a dispatch, guessed until a recording is measured (the
+# H200's host: 5-8 us; bench/prerecord_probe.py)
+AHEAD_RECORD_GUESS_S = 10e-6
+_AHEAD_MODES = ("auto", "always", "off")
+# ...and only for calls whose fresh output buffers (held from the recording to the call) take at
+# most this many bytes
+AHEAD_MAX_FRESH_BYTES = 256 << 20
 
 # Where a long call submits (see submit_cuts). Each submit after the first costs the GPU time: on
 # the H200 about 16 us idle between the command buffers and 8 us more in the passes
@@ -1409,6 +1445,39 @@ class _Launch:
     cap: int = BIND_GROUP_CACHE  # bind groups kept (more inside a loop: three per call)
     name: str = ""  # the kernel's name (fusec.profile reports it)
     gpu_us: float = 0.0  # its estimated GPU time (gpu_estimate_us), for where a call submits
+
+
+class _Ahead:
+    """A call recorded ahead: its finished command buffer, the slots' buffers it binds, the
+    inputs' wgpu buffers it was recorded for, and ``Runtime.destroyed`` then."""
+
+    __slots__ = ("native", "cb", "bufs", "inputs", "destroyed")
+
+    def __init__(self, native: Any, cb: Any, bufs: list[Any], inputs: list[Any],
+                 destroyed: int) -> None:
+        self.native, self.cb, self.bufs, self.inputs = native, cb, bufs, inputs
+        self.destroyed = destroyed
+
+    def take(self) -> Any:
+        cb, self.cb = self.cb, None
+        return cb
+
+    def drop(self) -> None:
+        """Release the command buffer unsubmitted (its output buffers go back to the pool)."""
+        cb = self.take()
+        if cb is not None:
+            self.native.release_cb(cb)
+
+    def __del__(self) -> None:
+        try:
+            self.drop()
+        except Exception:  # noqa: BLE001 - interpreter shutdown: nothing left to release
+            pass
+
+
+def _same(a: Sequence[Any], b: Sequence[Any]) -> bool:
+    """Are the two lists of wgpu buffers (or None) the same objects, place by place?"""
+    return len(a) == len(b) and all(map(operator.is_, a, b))
 
 
 @dataclass
@@ -1816,6 +1885,22 @@ class GpuExecutable(_Steps):
             and len(launches) <= BATCH_MAX_LAUNCHES
             and sum(st.grid[0] * st.grid[1] * st.grid[2] for st in launches)
             <= BATCH_MAX_WORKGROUPS)
+        # A large call may be recorded ahead (record_ahead): not one that joins the batch, runs
+        # loops, or writes into an input's buffer (donation)
+        fresh_bytes = sum(arg for st in launches for _, kind, arg in st.alloc if kind == 0)
+        self.ahead_ok = (not self.batchable and not self.has_loops
+                         and fresh_bytes <= AHEAD_MAX_FRESH_BYTES and not any(
+                             kind in (2, 4) or kind == 3 and self.root.get(arg, arg) < self.n_inputs
+                             for st in launches for _, kind, arg in st.alloc))
+        # reshapes of an input's buffer: a call recorded ahead binds this call's (_run_ahead)
+        self._input_aliases = [st for st in self.steps if type(st) is _Alias
+                               and self.root.get(st.src, st.src) < self.n_inputs]
+        self._ahead: Optional[_Ahead] = None
+        self._last_in: Optional[list[Any]] = None  # the last call's inputs' wgpu buffers
+        self._repeats = 0  # calls in a row with the same inputs' buffers, less one
+        self.wait_s = 0.0  # the last wait for the GPU after a call of this executable
+        # the host's time to record a call (measured at each record_ahead; a guess before)
+        self.record_s = AHEAD_RECORD_GUESS_S * len(launches)
 
     def cuts(self, first: int, growth: int) -> list[int]:
         """Where this executable's calls submit under these settings (submit_cuts), reversed
@@ -1854,7 +1939,12 @@ class GpuExecutable(_Steps):
                 raws[i] = b.raw
         if self.destroyed != rt.destroyed:
             self._drop_bind_groups()
+        if self.ahead_ok:
+            pre = self._ahead_for(raws)
+            if pre is not None:
+                return self._run_ahead(pre, inputs, bufs)
         if self.has_loops:
+            rt.ahead = None
             rt.flush()
             return self._run_loops(inputs, bufs, raws)
         rt.submitted += 1
@@ -1896,10 +1986,9 @@ class GpuExecutable(_Steps):
             if rt.batch_calls >= BATCH_CALLS or \
                     time.perf_counter() - rt._batch_t0 >= BATCH_SECONDS:
                 rt.flush()
-            fresh = self.out_fresh
-            if fresh is not None and not self.out_shared:
-                return [_device_array(shape, dtype, bufs[s], sub, rt) for s, shape, dtype in fresh]
-            return self._outputs(inputs, bufs, sub)
+            return self._results(inputs, bufs, sub)
+        # the next wait may record this executable's next call (record_ahead)
+        rt.ahead = (self, raws[:self.n_inputs]) if self.ahead_ok else None
         cpass.end()
         if rt.profile:
             rt.resolve_timestamps(enc)
@@ -1911,10 +2000,119 @@ class GpuExecutable(_Steps):
             t = np.frombuffer(rt.read(kq[1], 16 * len(timed)), dtype=np.uint64).astype(np.int64)
             cache.STATS.readbacks -= 1  # the profiler's, not the user's
             rt.kernel_profile.extend(zip(timed, ((t[1::2] - t[0::2]) / 1e3).tolist()))
+        return self._results(inputs, bufs, sub)
+
+    def _results(self, inputs: Sequence[Optional[Array]], bufs: list[Any], sub: int
+                 ) -> list[Any]:
+        """The call's outputs (submission ``sub``) over the slots' buffers."""
         fresh = self.out_fresh
         if fresh is not None and not self.out_shared:
-            return [_device_array(shape, dtype, bufs[s], sub, rt) for s, shape, dtype in fresh]
+            return [_device_array(shape, dtype, bufs[s], sub, self.rt)
+                    for s, shape, dtype in fresh]
         return self._outputs(inputs, bufs, sub)
+
+    # Calls recorded ahead. A large call's recording (and wgpu-native's finish of it) costs the
+    # host 5-8 us per dispatch, and the GPU starts only once the first chunk is submitted; each
+    # later submit costs the GPU a gap. While the host waits for such a call, it has nothing to
+    # do: it records the executable's next call then, assuming the same inputs' buffers, into
+    # one command buffer it finishes but does not submit. The next call submits that buffer if
+    # its inputs are those buffers (the same Arrays, or host data uploaded into the same pooled
+    # buffer), and records afresh otherwise. What the buffer binds is what the call would bind:
+    # the inputs' buffers (their contents are read when the GPU runs it), the executable's own
+    # pooled buffers, and fresh output buffers taken from the pool when it was recorded (held
+    # until the call, so nothing else gets them). A buffer destroyed since voids it.
+
+    def _ahead_for(self, raws: list[Any]) -> Optional[_Ahead]:
+        """The call recorded ahead for inputs bound to ``raws``, if there is one and it binds
+        them (else it is dropped); counts calls in a row with the same inputs' buffers."""
+        rt = self.rt
+        key = raws[:self.n_inputs]
+        last, self._last_in = self._last_in, key
+        self._repeats = self._repeats + 1 if last is not None and _same(last, key) else 0
+        pre, self._ahead = self._ahead, None
+        if pre is None:
+            return None
+        if (pre.destroyed == rt.destroyed and _same(pre.inputs, key) and not rt.profile
+                and rt.kernel_profile is None):
+            return pre
+        pre.drop()
+        return None
+
+    def _run_ahead(self, pre: _Ahead, inputs: Sequence[Optional[Array]], bufs: list[Any]
+                   ) -> list[Any]:
+        """Submit the call recorded ahead for these inputs: their buffers are bound already."""
+        rt = self.rt
+        rt.flush()  # calls recorded in the batch come first
+        rt.submitted += 1
+        sub = rt.submitted
+        native = rt.native
+        assert native is not None, "calls are recorded ahead only through wgpu-native"
+        native.submit_finished(pre.take())
+        rt.submitted_batch()
+        rt.ahead_used += 1
+        n = self.n_inputs
+        bufs[n:] = pre.bufs[n:]
+        for st in self._input_aliases:  # (views of an input's buffer: this call's input)
+            bufs[st.dst] = bufs[st.src]
+        rt.ahead = (self, pre.inputs)
+        return self._results(inputs, bufs, sub)
+
+    def wants_ahead(self, idle: bool = False) -> bool:
+        """Whether a wait now records this executable's next call (FUSEC_RECORD_AHEAD): never
+        under the profilers or without wgpu-native's recorder; only after two calls in a row
+        with the same inputs' buffers; with "auto", only in a wait that finds the GPU busy and
+        where the last wait after a call of it lasted AHEAD_WAIT_FACTOR times its recording, so
+        that the recording ends before the GPU does; with "always", at every such wait (the
+        tests' setting)."""
+        rt = self.rt
+        mode = str(config.get("record_ahead"))
+        if mode not in _AHEAD_MODES:
+            raise FusecError("FUSEC_RECORD_AHEAD must be one of "
+                             f"{', '.join(_AHEAD_MODES)}; got {mode!r}")
+        if (mode == "off" or rt.native is None or rt.profile or rt.kernel_profile is not None
+                or self._repeats < 1 or self._ahead is not None):
+            return False
+        return mode == "always" or not idle and self.wait_s >= AHEAD_WAIT_FACTOR * self.record_s
+
+    def record_ahead(self, inputs: list[Any], idle: bool = False) -> None:
+        """Record (and finish, without submitting) the next call, its inputs bound to the wgpu
+        buffers ``inputs`` (see above), if :meth:`wants_ahead` (``idle``: the wait found the
+        GPU done already)."""
+        if not self.wants_ahead(idle):
+            return
+        try:
+            self._record_ahead(inputs)
+        except Exception as exc:  # noqa: BLE001 - speculative work: the next call records anew
+            self.ahead_ok = False
+            self._ahead = None
+            config.debug(1, f"recording a call ahead failed ({exc!r}); this executable's calls "
+                            "are no longer recorded ahead")
+
+    def _record_ahead(self, inputs: list[Any]) -> None:
+        rt = self.rt
+        native = rt.native
+        assert native is not None
+        with rt.lock:
+            if self._ahead is not None:  # (another thread's wait recorded it meanwhile)
+                return
+            t0 = time.perf_counter()
+            destroyed = rt.destroyed
+            if self.destroyed != destroyed:
+                self._drop_bind_groups()
+            bufs: list[Any] = [None] * self.n_slots
+            raws: list[Any] = [None] * self.n_slots
+            raws[:self.n_inputs] = inputs
+            enc = native.encoder()
+            for z in self.zeroed:
+                b = self.pool.get(z)
+                if b is None:
+                    b = self.pool[z] = rt.buffer(self.pool_sizes[z])
+                enc.clear_buffer(b.raw)
+            cpass = enc.begin_compute_pass()
+            enc, cpass = self._record_native(bufs, raws, enc, cpass, [])
+            self._ahead = _Ahead(native, enc.finish(), bufs, list(inputs), destroyed)
+            self.record_s = time.perf_counter() - t0
+            rt.ahead_recorded += 1
 
     def _record(self, bufs: list[Any], raws: list[Any], enc: Any, cpass: Any, cuts: list[int],
                 kq: Any, timed: list[str]) -> tuple[Any, Any]:

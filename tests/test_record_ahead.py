@@ -1,0 +1,232 @@
+"""Calls recorded ahead (runtime.GpuExecutable.record_ahead): while the host waits for a large
+call, the executable's next call is recorded for the same inputs' buffers, and the next call
+submits it only if its inputs are bound to those buffers. Results must be what recording each
+call afresh gives, whatever changes between the recording and the call."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+import fusec
+import fusec.numpy as fnp
+from fusec import config, runtime
+from fusec.errors import FusecError
+
+
+@pytest.fixture()
+def rt(monkeypatch: pytest.MonkeyPatch) -> Iterator[runtime.Runtime]:
+    """The runtime, with every call large (none joins the batch) and every wait recording the
+    last call's next one (the "auto" rule needs a GPU slower than the host's recording)."""
+    got = runtime.get_runtime()
+    assert got is not None and not got.info.is_cpu_fallback
+    if got.native is None:
+        pytest.fail("calls are recorded ahead through wgpu-native's recorder, which is missing")
+    monkeypatch.setattr(runtime, "BATCH_CALLS", 0)
+    config.set("record_ahead", "always")
+    try:
+        yield got
+    finally:
+        config.set("record_ahead", None)
+
+
+def _mlp(x: object, w: object, b: object) -> object:
+    h = fnp.tanh(x @ w + b)
+    return h @ w.T, h.sum(axis=1)
+
+
+def _ref(x: np.ndarray, w: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    h = np.tanh(x.astype(np.float64) @ w + b)
+    return h @ w.T, h.sum(axis=1)
+
+
+def _check(got: tuple[object, object], want: tuple[np.ndarray, np.ndarray]) -> None:
+    for g, r in zip(got, want):
+        np.testing.assert_allclose(np.asarray(g), r, rtol=2e-5, atol=2e-5)
+
+
+def _data(rng: np.random.Generator, m: int = 37, k: int = 29
+          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    return (rng.standard_normal((m, k)).astype(np.float32),
+            (rng.standard_normal((k, k)) / np.sqrt(k)).astype(np.float32),
+            rng.standard_normal(k).astype(np.float32))
+
+
+def test_repeated_calls_submit_the_call_recorded_ahead(rt: runtime.Runtime) -> None:
+    f = fusec.gpu_jit(_mlp)
+    x, w, b = _data(np.random.default_rng(0))
+    dev = [fusec.device_put(v) for v in (x, w, b)]
+    used, recorded = rt.ahead_used, rt.ahead_recorded
+    kept = []
+    for _ in range(6):
+        out = f(*dev)
+        out[0].block_until_ready()  # the wait records the next call
+        kept.append(out)
+    # the first call has no repeat yet; the second's wait records the third, and so on
+    assert rt.ahead_recorded - recorded == 5
+    assert rt.ahead_used - used == 4
+    want = _ref(x, w, b)
+    for out in kept:  # every call's results, held while later calls ran, are still right
+        _check(out, want)
+    assert len({id(o[0]._buffer.raw) for o in kept}) == len(kept)  # fresh buffers each
+
+
+def test_other_inputs_are_not_given_a_call_recorded_for_these(rt: runtime.Runtime) -> None:
+    rng = np.random.default_rng(1)
+    f = fusec.gpu_jit(_mlp)
+    x, w, b = _data(rng)
+    x2 = rng.standard_normal(x.shape).astype(np.float32)
+    dx, dx2, dw, db = (fusec.device_put(v) for v in (x, x2, w, b))
+    for _ in range(3):
+        f(dx, dw, db)[0].block_until_ready()
+    assert f._cache  # (compiled)
+    used = rt.ahead_used
+    out = f(dx2, dw, db)  # recorded for dx's buffer: recorded afresh
+    assert rt.ahead_used == used
+    _check(out, _ref(x2, w, b))
+    out[0].block_until_ready()
+    out = f(dx2, dw, db)  # one call with dx2 before: no repeat, nothing recorded for it yet
+    assert rt.ahead_used == used
+    _check(out, _ref(x2, w, b))
+    out = f(dx2, dw, db)
+    assert rt.ahead_used == used + 1
+    _check(out, _ref(x2, w, b))
+
+
+def test_host_data_uploaded_into_the_same_buffer_is_read(rt: runtime.Runtime) -> None:
+    """Host data is uploaded into a pooled buffer, the same one call after call: the call
+    recorded ahead for it must read each call's new contents."""
+    rng = np.random.default_rng(2)
+    f = fusec.gpu_jit(lambda x, w: (fnp.exp(x @ w) * 0.5).sum(axis=0))
+    w = (rng.standard_normal((300, 6)) / 20).astype(np.float32)
+    dw = fusec.device_put(w)
+    used = rt.ahead_used
+    for _ in range(6):
+        x = rng.standard_normal((211, 300)).astype(np.float32)
+        out = f(x, dw)
+        want = (np.exp(x.astype(np.float64) @ w) * 0.5).sum(axis=0)
+        np.testing.assert_allclose(np.asarray(out), want, rtol=2e-5)
+    assert rt.ahead_used - used >= 3
+
+
+def test_zeroed_buffers_are_cleared_in_a_call_recorded_ahead(rt: runtime.Runtime) -> None:
+    """A scatter-add accumulates into a buffer zeroed at the start of every call."""
+    rng = np.random.default_rng(3)
+    idx = rng.integers(0, 53, 4001).astype(np.int32)
+    v = rng.standard_normal((4001, 7)).astype(np.float32)
+    f = fusec.gpu_jit(lambda v, i: fnp.zeros((53, 7), np.float32).at[i].add(v * 2.0))
+    dv, di = fusec.device_put(v), fusec.device_put(idx)
+    want = np.zeros((53, 7))
+    np.add.at(want, idx, v.astype(np.float64) * 2.0)
+    used = rt.ahead_used
+    for _ in range(5):
+        np.testing.assert_allclose(np.asarray(f(dv, di)), want, rtol=1e-5, atol=1e-5)
+    assert rt.ahead_used - used >= 2
+
+
+def test_a_destroyed_buffer_voids_the_recording(rt: runtime.Runtime) -> None:
+    f = fusec.gpu_jit(_mlp)
+    x, w, b = _data(np.random.default_rng(4))
+    dev = [fusec.device_put(v) for v in (x, w, b)]
+    for _ in range(3):
+        f(*dev)[0].block_until_ready()
+    used = rt.ahead_used
+    rt.destroyed += 1  # as if the pool had destroyed a buffer since the recording
+    out = f(*dev)
+    assert rt.ahead_used == used
+    _check(out, _ref(x, w, b))
+
+
+def test_calls_from_several_threads(rt: runtime.Runtime) -> None:
+    f = fusec.gpu_jit(_mlp)
+    rng = np.random.default_rng(5)
+    _, w, b = _data(rng)
+    dw, db = fusec.device_put(w), fusec.device_put(b)
+    xs = [rng.standard_normal((37, 29)).astype(np.float32) for _ in range(4)]
+    errors: list[BaseException] = []
+
+    def worker(t: int) -> None:
+        try:
+            dx = fusec.device_put(xs[t])
+            want = _ref(xs[t], w, b)
+            for _ in range(8):
+                out = f(dx, dw, db)
+                out[0].block_until_ready()
+                _check(out, want)
+        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+
+
+def test_a_pending_batch_goes_before_a_call_recorded_ahead(rt: runtime.Runtime,
+                                                           monkeypatch: pytest.MonkeyPatch
+                                                           ) -> None:
+    f = fusec.gpu_jit(_mlp)
+    x, w, b = _data(np.random.default_rng(6))
+    dev = [fusec.device_put(v) for v in (x, w, b)]
+    for _ in range(3):
+        prev = f(*dev)
+        prev[0].block_until_ready()
+    monkeypatch.setattr(runtime, "BATCH_CALLS", 64)
+    monkeypatch.setattr(runtime, "BATCH_SECONDS", 1e9)  # only a flush closes the batch
+    g = fusec.gpu_jit(lambda y: y * 3.0 + 1.0)  # small: joins the batch
+    pending = g(prev[1])
+    assert rt.batch_calls == 1
+    used = rt.ahead_used
+    out = f(*dev)  # submits the batch, then the call recorded ahead
+    assert rt.ahead_used == used + 1 and rt.batch_calls == 0
+    want = _ref(x, w, b)
+    _check(out, want)
+    np.testing.assert_allclose(np.asarray(pending), want[1] * 3.0 + 1.0, rtol=2e-5)
+
+
+def test_donating_and_off_calls_are_never_recorded_ahead(rt: runtime.Runtime) -> None:
+    """A call that writes into a donated input's buffer is not recorded ahead (the next call's
+    input is another Array, or the same buffer under a new owner)."""
+    x, w, b = _data(np.random.default_rng(7))
+    f = fusec.gpu_jit(lambda x: fnp.tanh(x) * 2.0, donate_argnums=(0,))
+    recorded = rt.ahead_recorded
+    y = fusec.device_put(x)
+    want = x.astype(np.float64)
+    for _ in range(3):
+        raw = y._buffer.raw
+        y = f(y)
+        assert y._buffer.raw is raw  # written in place
+        assert rt.ahead is None
+        want = np.tanh(want) * 2.0
+        np.testing.assert_allclose(np.asarray(y), want, rtol=2e-5, atol=2e-5)
+    config.set("record_ahead", "off")
+    g = fusec.gpu_jit(_mlp)
+    dev = [fusec.device_put(v) for v in (x, w, b)]
+    for _ in range(3):
+        g(*dev)[0].block_until_ready()
+    assert rt.ahead_recorded == recorded
+
+
+def test_the_auto_rule_and_a_bad_setting(rt: runtime.Runtime) -> None:
+    f = fusec.gpu_jit(_mlp)
+    dev = [fusec.device_put(v) for v in _data(np.random.default_rng(8))]
+    f(*dev)
+    f(*dev)  # a repeat
+    exe, _ = rt.ahead
+    assert exe.ahead_ok and exe.wants_ahead()  # "always"
+    config.set("record_ahead", "auto")
+    exe.record_s = 1e-3
+    exe.wait_s = 1.5e-3  # the GPU ran less than twice the recording after the last call
+    assert not exe.wants_ahead()
+    exe.wait_s = 2.5e-3
+    assert exe.wants_ahead()
+    config.set("record_ahead", "sometimes")
+    with pytest.raises(FusecError, match="FUSEC_RECORD_AHEAD must be one of auto, always, off"):
+        exe.wants_ahead()
+    config.set("record_ahead", "always")
+    f(*dev)[0].block_until_ready()
