@@ -1374,8 +1374,9 @@ PREOPEN_BATCH = True
 # last wait after a call lasted this many times the host's time to record one
 AHEAD_WAIT_FACTOR = 2.0
 # the host's time to record and finish a dispatch, guessed until a recording is measured (the
-# H200's host: 5-8 us; bench/prerecord_probe.py)
-AHEAD_RECORD_GUESS_S = 10e-6
+# H200's host: 3.6 us each for the MiniLM encoder's 53 at 1x16, 7.9 at 32x128;
+# bench/prerecord_probe.py)
+AHEAD_RECORD_GUESS_S = 5e-6
 _AHEAD_MODES = ("auto", "always", "off")
 # ...and only for calls whose fresh output buffers (held from the recording to the call) take at
 # most this many bytes
