@@ -591,16 +591,19 @@ class Runtime:
                         self._batch_enc = enc
                 finally:
                     self.lock.release()
-            if ahead is not None:
-                # ...and record the last large call's next one, if the rule says so
-                ahead[0].record_ahead(ahead[1])
+            # ...and record the last large call's next one, if the rule says so
+            recorded = ahead is not None and ahead[0].record_ahead(ahead[1])
             deadline = t0 + 1e-6 * int(config.get("spin_us"))
+            busy = False
             while not poll(raw, False, null) & 0xFF:
+                busy = True
                 if time.perf_counter() > deadline:
                     break
             else:
                 if ahead is not None:
-                    ahead[0].wait_s = time.perf_counter() - t0
+                    # how long the GPU ran on: unknown where it was done before the recording
+                    # ended (shorter than that), and a wait that short does not pay for one
+                    ahead[0].wait_s = time.perf_counter() - t0 if busy or not recorded else 0.0
                 return
             self.device._poll_wait()
             if ahead is not None:
@@ -1372,7 +1375,7 @@ BATCH_SECONDS = 100e-6
 PREOPEN_BATCH = True
 # Calls recorded ahead (GpuExecutable.record_ahead): with FUSEC_RECORD_AHEAD=auto, where the
 # last wait after a call lasted this many times the host's time to record one
-AHEAD_WAIT_FACTOR = 2.0
+AHEAD_WAIT_FACTOR = 1.0
 # the host's time to record and finish a dispatch, guessed until a recording is measured (the
 # H200's host: 3.6 us each for the MiniLM encoder's 53 at 1x16, 7.9 at 32x128;
 # bench/prerecord_probe.py)
@@ -2062,9 +2065,10 @@ class GpuExecutable(_Steps):
         """Whether a wait now records this executable's next call (FUSEC_RECORD_AHEAD): never
         under the profilers or without wgpu-native's recorder; only after two calls in a row
         with the same inputs' buffers; with "auto", only in a wait that finds the GPU busy and
-        where the last wait after a call of it lasted AHEAD_WAIT_FACTOR times its recording, so
-        that the recording ends before the GPU does; with "always", at every such wait (the
-        tests' setting)."""
+        where the GPU ran on for at least AHEAD_WAIT_FACTOR times a recording in the last wait
+        after a call of it (the recording then ends about when the GPU does; one that ends a
+        little later still saves the next call more than it costs this one); with "always", at
+        every such wait (the tests' setting)."""
         rt = self.rt
         mode = str(config.get("record_ahead"))
         if mode not in _AHEAD_MODES:
@@ -2075,27 +2079,28 @@ class GpuExecutable(_Steps):
             return False
         return mode == "always" or not idle and self.wait_s >= AHEAD_WAIT_FACTOR * self.record_s
 
-    def record_ahead(self, inputs: list[Any], idle: bool = False) -> None:
+    def record_ahead(self, inputs: list[Any], idle: bool = False) -> bool:
         """Record (and finish, without submitting) the next call, its inputs bound to the wgpu
         buffers ``inputs`` (see above), if :meth:`wants_ahead` (``idle``: the wait found the
-        GPU done already)."""
+        GPU done already). Whether it did."""
         if not self.wants_ahead(idle):
-            return
+            return False
         try:
-            self._record_ahead(inputs)
+            return self._record_ahead(inputs)
         except Exception as exc:  # noqa: BLE001 - speculative work: the next call records anew
             self.ahead_ok = False
             self._ahead = None
             config.debug(1, f"recording a call ahead failed ({exc!r}); this executable's calls "
                             "are no longer recorded ahead")
+            return False
 
-    def _record_ahead(self, inputs: list[Any]) -> None:
+    def _record_ahead(self, inputs: list[Any]) -> bool:
         rt = self.rt
         native = rt.native
         assert native is not None
         with rt.lock:
             if self._ahead is not None:  # (another thread's wait recorded it meanwhile)
-                return
+                return False
             t0 = time.perf_counter()
             destroyed = rt.destroyed
             if self.destroyed != destroyed:
@@ -2114,6 +2119,7 @@ class GpuExecutable(_Steps):
             self._ahead = _Ahead(native, enc.finish(), bufs, list(inputs), destroyed)
             self.record_s = time.perf_counter() - t0
             rt.ahead_recorded += 1
+            return True
 
     def _record(self, bufs: list[Any], raws: list[Any], enc: Any, cpass: Any, cuts: list[int],
                 kq: Any, timed: list[str]) -> tuple[Any, Any]:

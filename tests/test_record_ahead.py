@@ -221,12 +221,50 @@ def test_the_auto_rule_and_a_bad_setting(rt: runtime.Runtime) -> None:
     assert exe.ahead_ok and exe.wants_ahead()  # "always"
     config.set("record_ahead", "auto")
     exe.record_s = 1e-3
-    exe.wait_s = 1.5e-3  # the GPU ran less than twice the recording after the last call
+    exe.wait_s = 0.9e-3  # the GPU ran on for less than a recording after the last call
     assert not exe.wants_ahead()
-    exe.wait_s = 2.5e-3
+    exe.wait_s = 1.1e-3
     assert exe.wants_ahead()
+    assert not exe.wants_ahead(idle=True)  # (a wait that finds the GPU done records nothing)
     config.set("record_ahead", "sometimes")
     with pytest.raises(FusecError, match="FUSEC_RECORD_AHEAD must be one of auto, always, off"):
         exe.wants_ahead()
     config.set("record_ahead", "always")
     f(*dev)[0].block_until_ready()
+
+
+def test_a_recording_that_outlasts_the_gpu_is_not_repeated_at_once(
+        rt: runtime.Runtime, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With "auto", a wait whose recording ended after the GPU was done does not know how long
+    the GPU ran on: it counts as too short, so the next wait records nothing and measures."""
+    rng = np.random.default_rng(10)
+    w = (rng.standard_normal((256, 256)) / 16).astype(np.float32)
+
+    def chain(x: object, w: object) -> object:
+        for _ in range(12):
+            x = fnp.tanh(x @ w)
+        return x
+
+    f = fusec.gpu_jit(chain)
+    dev = [fusec.device_put(rng.standard_normal((512, 256)).astype(np.float32)),
+           fusec.device_put(w)]
+    f(*dev).block_until_ready()
+    f(*dev)
+    exe, _ = rt.ahead
+    exe.wait_s = 1.0  # (as if the GPU had run on long after the last call)
+    config.set("record_ahead", "auto")
+    waits = []
+
+    def slow(inputs: list[object]) -> bool:
+        while not rt._poll[0](rt.device._internal, False, rt._poll[1]) & 0xFF:
+            pass  # outlast the GPU
+        waits.append(1)
+        return True
+
+    monkeypatch.setattr(exe, "_record_ahead", slow)
+    out = f(*dev)  # (the call before left nothing recorded for this one)
+    out.block_until_ready()
+    assert waits == [1] and exe.wait_s == 0.0
+    out = f(*dev)
+    out.block_until_ready()  # too short last time: no recording, the GPU's time measured
+    assert waits == [1]
