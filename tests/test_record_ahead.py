@@ -268,3 +268,40 @@ def test_a_recording_that_outlasts_the_gpu_is_not_repeated_at_once(
     out = f(*dev)
     out.block_until_ready()  # too short last time: no recording, the GPU's time measured
     assert waits == [1]
+
+
+def test_the_profiler_never_runs_a_call_recorded_ahead(rt: runtime.Runtime) -> None:
+    f = fusec.gpu_jit(_mlp)
+    x, w, b = _data(np.random.default_rng(11))
+    dev = [fusec.device_put(v) for v in (x, w, b)]
+    for _ in range(3):
+        out = f(*dev)
+        exe, _ = rt.ahead
+        out[0].block_until_ready()
+    assert exe._ahead is not None  # recorded for the next call...
+    used = rt.ahead_used
+    with fusec.profile(print_report=False) as prof:
+        out = f(*dev)  # ...which the profiler times kernel by kernel instead
+        out[0].block_until_ready()
+    assert rt.ahead_used == used and exe._ahead is None
+    assert len(prof.rows) >= 2 and all(r[2] > 0 for r in prof.rows)
+    _check(out, _ref(x, w, b))
+
+
+def test_outputs_that_are_inputs_or_views_of_them(rt: runtime.Runtime) -> None:
+    """Outputs that are an input itself or a view of its buffer are this call's, whether the
+    call was recorded ahead or not."""
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal((24, 10)).astype(np.float32)
+    w = rng.standard_normal((10, 10)).astype(np.float32)
+    f = fusec.gpu_jit(lambda x, w: (x, x.reshape(-1), fnp.tanh(x @ w)))
+    dx, dw = fusec.device_put(x), fusec.device_put(w)
+    used = rt.ahead_used
+    for _ in range(4):
+        same, flat, y = f(dx, dw)
+        y.block_until_ready()
+        assert same is dx
+        np.testing.assert_array_equal(np.asarray(flat), x.reshape(-1))
+        np.testing.assert_allclose(np.asarray(y), np.tanh(x.astype(np.float64) @ w), rtol=2e-5,
+                                   atol=2e-5)
+    assert rt.ahead_used - used >= 1
