@@ -2040,6 +2040,8 @@ class GpuExecutable(_Steps):
                 and rt.kernel_profile is None):
             return pre
         pre.drop()
+        config.debug(2, "a call recorded ahead was dropped: its inputs' buffers changed, a "
+                        "buffer was destroyed, or a profiler runs")
         return None
 
     def _run_ahead(self, pre: _Ahead, inputs: Sequence[Optional[Array]], bufs: list[Any]
@@ -2119,6 +2121,8 @@ class GpuExecutable(_Steps):
             self._ahead = _Ahead(native, enc.finish(), bufs, list(inputs), destroyed)
             self.record_s = time.perf_counter() - t0
             rt.ahead_recorded += 1
+            config.debug(2, f"recorded the next call ahead while waiting: "
+                            f"{1e6 * self.record_s:.0f} us of the host's time")
             return True
 
     def _record(self, bufs: list[Any], raws: list[Any], enc: Any, cpass: Any, cuts: list[int],
