@@ -305,3 +305,25 @@ def test_outputs_that_are_inputs_or_views_of_them(rt: runtime.Runtime) -> None:
         np.testing.assert_allclose(np.asarray(y), np.tanh(x.astype(np.float64) @ w), rtol=2e-5,
                                    atol=2e-5)
     assert rt.ahead_used - used >= 1
+
+
+def test_the_user_guide_snippet_runs(rt: runtime.Runtime) -> None:
+    """The user guide's example of calls recorded ahead (Device arrays): it runs, its last calls
+    submit what their waits recorded, and the result is right."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "user-guide.md").read_text()
+    after = text[text.index("**Calls recorded ahead.**"):]
+    block = after[after.index("```python\n") + len("```python\n"):]
+    block = block[:block.index("```")]
+    used = rt.ahead_used
+    ns: dict[str, object] = {}
+    try:
+        exec(compile(block, "user-guide.md#calls-recorded-ahead", "exec"), ns)  # noqa: S102
+    finally:
+        config.set("record_ahead", "always")  # (the snippet turns it off last)
+    assert rt.ahead_used - used == 3
+    x, w = np.asarray(ns["x"]).astype(np.float64), np.asarray(ns["w"]).astype(np.float64)
+    for _ in range(40):
+        x = np.tanh(x @ w)
+    np.testing.assert_allclose(np.asarray(ns["y"]), x, rtol=1e-4, atol=1e-5)
