@@ -567,6 +567,7 @@ class Runtime:
         if mode not in _WAIT_MODES:
             raise FusecError(f"FUSEC_WAIT must be one of {', '.join(_WAIT_MODES)}; got {mode!r}")
         ahead, self.ahead = self.ahead, None
+        t0: Optional[float] = None  # when a spin wait found the GPU busy
         if mode == "spin" and self._poll is not None:
             raw = self.device._internal
             poll, null = self._poll
@@ -605,11 +606,9 @@ class Runtime:
                     # ended (shorter than that), and a wait that short does not pay for one
                     ahead[0].wait_s = time.perf_counter() - t0 if busy or not recorded else 0.0
                 return
-            self.device._poll_wait()
-            if ahead is not None:
-                ahead[0].wait_s = time.perf_counter() - t0
-            return
         self.device._poll_wait()
+        if ahead is not None and t0 is not None:  # (a spin wait that ran out of time)
+            ahead[0].wait_s = time.perf_counter() - t0
 
     def timestamp_writes(self) -> Optional[dict[str, Any]]:
         if not self.profile or "timestamp-query" not in self.info.features:
@@ -1854,6 +1853,16 @@ class GpuExecutable(_Steps):
         self.drop_bind_groups()
         self.destroyed = self.rt.destroyed
 
+    def _zeroed_raws(self) -> list[Any]:
+        """The pooled buffers a call clears to zeros first (allocated on the first call)."""
+        raws = []
+        for z in self.zeroed:
+            b = self.pool.get(z)
+            if b is None:
+                b = self.pool[z] = self.rt.buffer(self.pool_sizes[z])
+            raws.append(b.raw)
+        return raws
+
     def _plan(self) -> None:
         """Per-call work decided once: what each output is."""
         self.out_plan: list[tuple[int, Any]] = []
@@ -1954,12 +1963,7 @@ class GpuExecutable(_Steps):
             return self._run_loops(inputs, bufs, raws)
         rt.submitted += 1
         sub = rt.submitted
-        clears = []
-        for z in self.zeroed:
-            b = self.pool.get(z)
-            if b is None:
-                b = self.pool[z] = rt.buffer(self.pool_sizes[z])
-            clears.append(b.raw)
+        clears = self._zeroed_raws()
         batched = self.batchable and not rt.profile and rt.kernel_profile is None
         enc: Any = None
         kq = None
@@ -2112,11 +2116,8 @@ class GpuExecutable(_Steps):
             raws: list[Any] = [None] * self.n_slots
             raws[:self.n_inputs] = inputs
             enc = native.encoder()
-            for z in self.zeroed:
-                b = self.pool.get(z)
-                if b is None:
-                    b = self.pool[z] = rt.buffer(self.pool_sizes[z])
-                enc.clear_buffer(b.raw)
+            for raw in self._zeroed_raws():
+                enc.clear_buffer(raw)
             cpass = enc.begin_compute_pass()
             enc, cpass = self._record_native(bufs, raws, enc, cpass, [])
             self._ahead = _Ahead(native, enc.finish(), bufs, list(inputs), destroyed)
@@ -2229,12 +2230,7 @@ class GpuExecutable(_Steps):
         """run() for a program with loops: the steps are walked (loops replay their bodies'
         dispatches); a while loop submits once per chunk of iterations."""
         rt = self.rt
-        zeroed = []
-        for z in self.zeroed:
-            b = self.pool.get(z)
-            if b is None:
-                b = self.pool[z] = rt.buffer(self.pool_sizes[z])
-            zeroed.append(b.raw)
+        zeroed = self._zeroed_raws()
         # timestamps bracket one pass: only a program without a while loop has a single one
         ts = rt.timestamp_writes() if rt.profile and not self.has_while else None
         rec = _Recorder(rt, zeroed, ts)
