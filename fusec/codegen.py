@@ -158,6 +158,28 @@ assert GEMV_K_TILE % GEMV_UNROLL == 0, "the K tile is walked in whole steps of G
 FEWCOL = os.environ.get("FUSEC_FEWCOL", "1") != "0"
 FEWCOL_M = 1024
 FEWCOL_K_TILE = 256
+# Products with FEWCOL4_MIN_N to FEWCOL4_MAX_N columns, a K (times the batch) of at least
+# FEWCOL4_MIN_K and at least FEWCOL_M rows, on GPUs, whose A is read as vec4s
+# along K (see _a_source): FEWCOL4_LANES threads side by side on a row of A, FEWCOL4_ROWS rows per
+# thread, B staged FEWCOL4_K_TILE rows at a time where workgroup memory allows
+# (FUSEC_FEWCOL4=0: as before, the 16x16 kernel). H200, 4096x4096 @ 4096x8 cut along K into 8
+# chunks, GPU us without the sum's kernel (bench/fewcol_proto.py, 3 rounds; reading A once
+# took 17.8-18.0): lanes 4, rows 2 27.6-28.3; lanes 2, rows 2 30.9-31.6; lanes 8, rows 4
+# 29.0-30.0; lanes 8, rows 1 46.0; 16 and 32 lanes 64-463. B read straight from memory instead of
+# staged: 31.2 at best, 43-80 mostly. The 16x16 kernel cut into 16 chunks took 44 (47 with the sum).
+# But those are dispatches back to back, whose tails overlap: one dispatch alone took 45.6 (28
+# more for a second one behind it), and in a call, with the sum, the product took as long as on
+# the 16x16 kernel. Calls, GPU us, this template / the 16x16 kernel (H200, product_probe.py):
+# 4096x4096x8 46.8 / 46.3, 16384x2048x8 77.8 / 173.3 (the 16x16 kernel not cut: 1024 tiles),
+# 2048x8192x12 54.5 / 64.3, 1024x4096x10 21.7 / 23.3; but 4096x4096x5 41.3 / 36.3 and
+# 4096x4096x16 85.1 / 81.9, so 8 to 12 columns only.
+FEWCOL4 = os.environ.get("FUSEC_FEWCOL4", "1") != "0"
+FEWCOL4_MIN_N = 8
+FEWCOL4_MAX_N = 12
+FEWCOL4_MIN_K = 2048
+FEWCOL4_LANES = 4
+FEWCOL4_ROWS = 2
+FEWCOL4_K_TILE = 512
 # threads per row of row kernels on GPUs (FUSEC_ROW_THREADS forces one; default: see row_threads)
 ROW_THREADS = int(os.environ.get("FUSEC_ROW_THREADS", 0))
 ROW_PER_THREAD = 16  # elements per thread row_threads aims at
@@ -192,6 +214,8 @@ def tuning() -> dict[str, Any]:
             "partial_unroll": PARTIAL_UNROLL, "flat_columns": FLAT_COLUMNS,
             "gemv": (GEMV, GEMV_M, GEMV_MIN_KN, GEMV_K_TILE, GEMV_UNROLL, GEMV_FIT_K),
             "fewcol": (FEWCOL, FEWCOL_M, FEWCOL_K_TILE),
+            "fewcol4": (FEWCOL4, FEWCOL4_MIN_N, FEWCOL4_MAX_N, FEWCOL4_MIN_K, FEWCOL4_LANES,
+                        FEWCOL4_ROWS, FEWCOL4_K_TILE),
             "first_index": FIRST_INDEX,
             "matmul": (MATMUL_BLOCK, MATMUL_LARGE, MATMUL_MEDIUM, MATMUL_SMALL, MATMUL_EPILOGUE,
                        LARGE_TILES, MATMUL_WIDE, WIDE_TILES, MATMUL_THIN, THIN_K,
@@ -936,6 +960,31 @@ def _b_source(body: Program, mm: Eqn) -> Optional[Var]:
     return src
 
 
+def _a_source(body: Program, mm: Eqn) -> Optional[Var]:
+    """The input buffer matmul ``mm`` reads A from, if A can be read as vec4s along K (for the
+    few-column template, _matmul_fewcol4): float32, a strided view of an input (through reshapes,
+    transposes and broadcasts: split_k's chunks of K) in which K runs contiguously and every other
+    stride, and K, are multiples of 4; one that nothing else in the kernel reads, and no output."""
+    a, b, batch, m, k, n, nb = _mm_dims(mm)
+    if k % 4 or a.dtype != "float32" or b.dtype != "float32" or mm.out.dtype != "float32":
+        return None
+    producers = {id(o): e for e in body.eqns for o in e.outs}
+    src, path = _operand_path(producers, a)
+    st = view_strides(src, path)
+    if st is None or st[-1] != 1 or any(s % 4 for s, d in zip(st[:-1], a.shape) if d != 1):
+        return None
+    if not any(v is src for v in body.inputs) or _operand_path(producers, b)[0] is src:
+        return None
+    if any(o is src or o is a for o in body.outputs):
+        return None
+    readers = [mm, *path]
+    between = [src, a, *(e.out for e in path)]
+    if any(any(x is v for v in between) for e in body.eqns if not any(e is r for r in readers)
+           for x in e.inputs):
+        return None
+    return src
+
+
 def _runs_along(body: Program, x: Var, axis: int) -> bool:
     """Is operand ``x`` a strided view of an input in which ``axis`` (-2 or -1) runs contiguously
     and the other of its last two axes does not?"""
@@ -1000,6 +1049,10 @@ def _matmul_vector_buffers(body: Program, inplace: tuple[tuple[int, int], ...],
     _, _, _, m, k, n, nb = _mm_dims(mm)
     cfg = matmul_config(m, n, target, k, nb)
     if cfg is None:
+        if use_fewcol4(m, n, k, nb, target) and not use_gemv(m, n, target, k * nb):
+            src_a = _a_source(body, mm)
+            return {f"in{i}" for i, v in enumerate(body.inputs)
+                    if v is src_a and i not in dict(inplace)}
         return set()
     vec = set()
     src = _b_source(body, mm)
@@ -1266,6 +1319,57 @@ def _matmul_fewcol(body: Program, names: dict[int, str], mm: Eqn) -> tuple[str, 
     return src, row_blocks * nb
 
 
+def _matmul_fewcol4(body: Program, names: dict[int, str], mm: Eqn, src: Var,
+                    workgroup_storage: int) -> tuple[str, int]:
+    """The few-column template over vec4 rows of A (see FEWCOL4): A read from input ``src``, bound
+    as vec4s. B's tile and the combine share one workgroup array of vec4s: the tile is the
+    longest of at most FEWCOL4_K_TILE rows (a whole number of steps of the lanes) that fits."""
+    a, b, batch, m, k, n, nb = _mm_dims(mm)
+    lanes, rows = FEWCOL4_LANES, FEWCOL4_ROWS
+    groups = WORKGROUP // lanes
+    wrows = groups * rows
+    row_blocks = -(-m // wrows)
+    n4 = -(-n // 4) * 4
+    step = 4 * lanes
+    kt = min(FEWCOL4_K_TILE, -(-k // step) * step)
+    while kt > step and n4 * max(kt, WORKGROUP) * 4 > workgroup_storage:
+        kt //= 2
+    kt = max(step, kt // step * step)
+    if n4 * max(kt, WORKGROUP) * 4 > workgroup_storage:
+        raise Unaligned(f"the few-column template's {n} columns need more workgroup memory")
+    counter = [0]
+    ea = Emitter(body, names, indent="    ", counter=counter)
+    bc = _batch_coords(ea, batch)
+    producers = {id(o): e for e in body.eqns for o in e.outs}
+    st = view_strides(*_operand_path(producers, a))
+    assert st is not None, "_a_source reads only strided views as vec4s"
+    a_load = []
+    for r in range(rows):
+        rc = ea.let(f"min(row0 + {r}u, {m - 1}u)", "r")
+        flat = _strided_index(ea, Idx(a.shape, coords=bc + (rc, "0u")), st)
+        base = ea.let(f"{flat} / 4u", "ab")
+        a_load.append(f"{names[id(src)]}[{base} + kv0 + v]")
+    _, _, load_b, vb, epilogue, stores = _row_col_parts(body, names, mm, 20, 16, "prod")
+    dt = mm.out.dtype
+    strides = [1 << i for i in range(lanes.bit_length() - 2, -1, -1)]  # lanes/2 .. 1
+    src_text = _env().get_template("matmul_fewcol4.wgsl.j2").render(
+        wg=WORKGROUP, lanes=lanes, rows=rows, groups=groups, wrows=wrows, kt=kt, kv=kt // 4,
+        steps=kt // step, n4=n4, sb_len=n4 * max(kt, WORKGROUP) // 4, m=m, n=n, k=k,
+        row_blocks=row_blocks, total=row_blocks * nb, ty=WGSL_TYPE[dt], zero=wgsl_literal(0, dt),
+        a_bases="\n".join(ea.lines), a_load=a_load, load_b=load_b, val_b=vb, strides=strides,
+        epilogue="\n".join(epilogue + ["    " + s for s in stores]))
+    return src_text, row_blocks * nb
+
+
+def use_fewcol4(m: int, n: int, k: int, nb: int, target: str) -> bool:
+    """Few columns, many rows and a long K (counting the batch), on a GPU: the few-column
+    template over vec4 rows of A, where A can be read so (_a_source; else the 16x16 kernel). ``k``
+    counts B's rows in one product of the batch; split_k's chunks count as the batch, so that a
+    product cut along K keeps the template chosen for it whole."""
+    return (target == "gpu" and FEWCOL4 and FEWCOL4_MIN_N <= n <= FEWCOL4_MAX_N
+            and m >= FEWCOL_M and k * nb >= FEWCOL4_MIN_K and k % 4 == 0)
+
+
 def use_fewcol(m: int, n: int, k: int, nb: int, target: str) -> bool:
     """Few columns, many rows (counting the batch), on a GPU: the few-column template. Measured on
     the H100 (trusted modules, us; 2^24-element A, M x K x N; lanes 8 / 16 / 32, then the 16x16
@@ -1305,6 +1409,9 @@ def _matmul(body: Program, names: dict[int, str], target: str = "gpu",
         return _matmul_rb(body, names, mm, cfg, workgroup_storage, vec or set())
     if use_gemv(m, n, target, k * nb):
         return _matmul_gemv(body, names, mm)
+    src_a = _a_source(body, mm) if use_fewcol4(m, n, k, nb, target) else None
+    if src_a is not None and names.get(id(src_a)) in (vec or set()):
+        return _matmul_fewcol4(body, names, mm, src_a, workgroup_storage)
     if use_fewcol(m, n, k, nb, target):
         return _matmul_fewcol(body, names, mm)
     tn, tm = -(-n // TILE), -(-m // TILE)

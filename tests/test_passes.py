@@ -707,9 +707,11 @@ def test_split_k_before_after_printed():
     # K that halves only a few times, and K too short to split
     assert chunks_for(3, 1536, 7) == 8 and chunks_for(1000, 4096, 8) == 32
     # few columns and rows enough for the few-column template: no split (8 columns only with
-    # K up to 1024; with a longer K they are split)
+    # K up to 1024; with a longer K they are split: for the template over vec4 rows of A, 8 to 12
+    # columns, into chunks of 512 or more that hold whole vec4s, at most 512 workgroups)
     assert chunks_for(4096, 1024, 8) == 1 and chunks_for(1024, 4096, 4) == 1
-    assert chunks_for(4096, 4096, 8) == 16 and chunks_for(1024, 4096, 16) == 32
+    assert chunks_for(4096, 4096, 8) == 8 and chunks_for(1024, 4096, 16) == 32
+    assert chunks_for(4096, 4104, 8) == 2 and chunks_for(65536, 4096, 8) == 1
     assert chunks_for(8, 200, 8) == 1 and chunks_for(8, 4097, 8) == 32
     # where the chunks do not divide K, they are ceil(K / S) long and K is padded with zeros
     odd = trace(lambda a, b: a @ b, S((8, 2053)), S((2053, 512)))

@@ -439,6 +439,52 @@ def test_few_column_matmuls(target: str, case: tuple[tuple[int, ...], int, int, 
         assert len(kernels) == want_kernels
 
 
+# (batch, M, K, N, chunks of K: kernels of the GPU target's plan with the vec4 few-column
+# template, or 0 where another template takes the product)
+@pytest.mark.parametrize("case", [((), 4096, 4096, 8, 8), ((), 1031, 2052, 9, 1),
+                                  ((), 1031, 4104, 12, 2), ((2,), 1030, 2048, 10, 1),
+                                  ((2,), 700, 2048, 10, 0),
+                                  ((), 1100, 8192, 5, 0), ((), 1024, 4096, 13, 0),
+                                  ((), 1023, 4096, 8, 0)])
+def test_few_column_vec4_matmuls(target: str, case: tuple[tuple[int, ...], int, int, int, int],
+                                 rng: np.random.Generator) -> None:
+    """Products with 8 to 12 columns, at least 1024 rows and a K of at least 2048 (times the
+    batch), whose A is read as vec4s along K, take the few-column template over vec4 rows on
+    the GPU target, cut along K into chunks of 512 or more where that gives more workgroups
+    (whole vec4s per chunk: K = 4104 is cut in 2, not 8). Odd sizes: a last workgroup with rows
+    to spare, a K ending in a partial tile (2052), columns not a multiple of 4, a batch; with
+    an epilogue and the bare product as a second output, NaN and inf in A propagated to their
+    rows. A transposed A (not vec4 rows) takes another template, still right."""
+    from fusec.passes import splitk
+
+    batch, m, k, n, chunks = case
+    a = rng.standard_normal(batch + (m, k)).astype(np.float32)
+    a[..., 3, 5] = np.nan
+    a[..., m - 1, k - 1] = np.inf
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    c = rng.standard_normal(n).astype(np.float32)
+    f = fusec.gpu_jit(lambda x, y, z: (nn.relu(x @ y + z), x @ y))
+    r, p = f(a, b, c)
+    with np.errstate(invalid="ignore"):
+        p64 = a.astype(np.float64) @ b
+    tol = dict(rtol=1e-5, atol=1e-5 * np.sqrt(k))
+    np.testing.assert_allclose(np.asarray(p), p64, **tol)
+    np.testing.assert_allclose(np.asarray(r), np.maximum(p64 + c, 0), **tol)
+    assert np.isnan(np.asarray(p)[..., 3, :]).all()
+    kernels = f.lower(a, b, c).kernels
+    vec_rows = [kc for kc in kernels if "vec4 rows of A" in kc.wgsl]
+    assert bool(vec_rows) == (target == "gpu" and chunks > 0)
+    if vec_rows:
+        assert f"A[bt] ({m}x{k // chunks})" in vec_rows[0].wgsl
+        assert splitk.chunks_for(m, k, n) == chunks or batch
+        assert len(kernels) == (2 if chunks > 1 else 1)
+    # the same product with A transposed in memory: not vec4 rows, another template
+    at = np.ascontiguousarray(np.swapaxes(a, -1, -2))
+    g = fusec.gpu_jit(lambda x, y: fnp.swapaxes(x, -1, -2) @ y)
+    np.testing.assert_allclose(np.asarray(g(at, b)), p64, **tol)
+    assert not any("vec4 rows of A" in kc.wgsl for kc in g.lower(at, b).kernels)
+
+
 # several reductions of one long array: their first stages share one kernel (the array is read
 # once), and so do their second stages. Over leading axes with few and with many columns, over
 # trailing axes (long rows), and the whole array; float and int results from one kernel.

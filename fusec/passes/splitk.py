@@ -50,6 +50,9 @@ RB_WAVE = 128
 # 8.5, 16x4099x4 6.5 / 10.9; but 4x100000x3 14.0 / 10.8, 8x1000003x8 290 / 74.5, and with more
 # outputs 16x4099x16 9.2 / 10.8, 1x99999x64 62 / 39, 32x50257x64 1228 / 45, 1x99999x1000 785 /
 # 162. Unsplit, these products ran in a few workgroups: 1x(2^21+3)x1 42285 us, 8x1000003x8 40016.
+# Products on the few-column template over vec4 rows (codegen.FEWCOL4): see fewcol4_chunks.
+FEWCOL4_GROUPS = 512
+FEWCOL4_MIN_CHUNK = 512
 REDUCE_OUTPUTS = 64
 REDUCE_COLUMNS = 16
 REDUCE_WORK = 1 << 20
@@ -59,6 +62,8 @@ def chunks_for(m: int, k: int, n: int, target: str = "gpu") -> int:
     """How many chunks to cut K into (1: leave the product alone)."""
     if codegen.use_fewcol(m, n, k, 1, target):  # parallel enough along M already
         return 1
+    if codegen.use_fewcol4(m, n, k, 1, target):
+        return fewcol4_chunks(m, k)
     if codegen.use_gemv(m, n, target, k):  # a workgroup per 256 columns
         tiles = -(-n // codegen.WORKGROUP)
     else:  # a workgroup per 16x16 tile
@@ -67,6 +72,20 @@ def chunks_for(m: int, k: int, n: int, target: str = "gpu") -> int:
         return 1
     s = 1
     while k // (2 * s) >= MIN_CHUNK and tiles * 2 * s <= GROUPS:
+        s *= 2
+    return s
+
+
+def fewcol4_chunks(m: int, k: int) -> int:
+    """Chunks of K for a product on the few-column template over vec4 rows of A (see
+    codegen.FEWCOL4): the most (a power of two) that keep FEWCOL4_GROUPS workgroups or fewer,
+    chunks of FEWCOL4_MIN_CHUNK or more, and whole vec4s in each chunk (a chunk padded with zeros
+    would not be read as vec4s). 4096x4096 @ 4096x8 on the H200: 8 chunks of 512, 27.6-28.3 us
+    (16 of 256 28.5; bench/fewcol_proto.py)."""
+    groups = -(-m // (codegen.WORKGROUP // codegen.FEWCOL4_LANES * codegen.FEWCOL4_ROWS))
+    s = 1
+    while (k // (2 * s) >= FEWCOL4_MIN_CHUNK and k % (8 * s) == 0
+           and groups * 2 * s <= FEWCOL4_GROUPS):
         s *= 2
     return s
 
