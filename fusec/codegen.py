@@ -943,21 +943,31 @@ def _b_source(body: Program, mm: Eqn) -> Optional[Var]:
         return None
     producers = {id(o): e for e in body.eqns for o in e.outs}
     src, path = _operand_path(producers, b)
-    if not _padded_chunks(src, path, b):
-        st = view_strides(src, path)
-        if st is None or st[-1] != 1 or any(s % 4 for s, d in zip(st[:-1], b.shape) if d != 1):
-            return None
-    readers = [mm, *path]
+    if not _padded_chunks(src, path, b) and not _vec4_runs(view_strides(src, path), b.shape):
+        return None
     # A read from the same input (x @ x.reshape(..), or A on B's own path) reads it as scalars
-    if _operand_path(producers, a)[0] is src or not any(v is src for v in body.inputs):
+    if _operand_path(producers, a)[0] is src:
         return None
-    if any(o is src or o is b for o in body.outputs):
-        return None
-    between = [src, b, *(e.out for e in path)]
-    if any(any(x is v for v in between) for e in body.eqns if not any(e is r for r in readers)
-           for x in e.inputs):
-        return None
-    return src
+    return src if _read_only_through(body, mm, b, src, path) else None
+
+
+def _vec4_runs(st: Optional[tuple[int, ...]], shape: Shape) -> bool:
+    """Are the last axis's elements of a view with strides ``st`` contiguous runs that start on a
+    vec4 (every other stride a multiple of 4)?"""
+    return st is not None and st[-1] == 1 and not any(
+        s % 4 for s, d in zip(st[:-1], shape) if d != 1)
+
+
+def _read_only_through(body: Program, mm: Eqn, x: Var, src: Var, path: Sequence[Eqn]) -> bool:
+    """Is input ``src`` read by matmul ``mm`` as its operand ``x``, through the movement
+    equations ``path``, and by nothing else in the kernel (so that its binding may be vec4s),
+    with neither it nor ``x`` an output?"""
+    if not any(v is src for v in body.inputs) or any(o is src or o is x for o in body.outputs):
+        return False
+    readers = [mm, *path]
+    between = [src, x, *(e.out for e in path)]
+    return not any(any(y is v for v in between) for e in body.eqns
+                   if not any(e is r for r in readers) for y in e.inputs)
 
 
 def _a_source(body: Program, mm: Eqn) -> Optional[Var]:
@@ -970,19 +980,9 @@ def _a_source(body: Program, mm: Eqn) -> Optional[Var]:
         return None
     producers = {id(o): e for e in body.eqns for o in e.outs}
     src, path = _operand_path(producers, a)
-    st = view_strides(src, path)
-    if st is None or st[-1] != 1 or any(s % 4 for s, d in zip(st[:-1], a.shape) if d != 1):
+    if not _vec4_runs(view_strides(src, path), a.shape) or _operand_path(producers, b)[0] is src:
         return None
-    if not any(v is src for v in body.inputs) or _operand_path(producers, b)[0] is src:
-        return None
-    if any(o is src or o is a for o in body.outputs):
-        return None
-    readers = [mm, *path]
-    between = [src, a, *(e.out for e in path)]
-    if any(any(x is v for v in between) for e in body.eqns if not any(e is r for r in readers)
-           for x in e.inputs):
-        return None
-    return src
+    return src if _read_only_through(body, mm, a, src, path) else None
 
 
 def _runs_along(body: Program, x: Var, axis: int) -> bool:
