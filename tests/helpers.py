@@ -60,3 +60,24 @@ def forced_target(name: str) -> Iterator[None]:
         yield
     finally:
         fusec.config.set("target", None)
+
+
+def in_threads(worker: Callable[[int], None], n: int) -> None:
+    """Run ``worker(t)`` for t in 0 .. n-1, each in a thread of its own, and fail with what any
+    of them raised."""
+    import threading
+
+    errors: list[BaseException] = []
+
+    def run(t: int) -> None:
+        try:
+            worker(t)
+        except BaseException as exc:  # noqa: BLE001 - reported by the calling thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(t,)) for t in range(n)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors, errors

@@ -8,11 +8,11 @@ import json
 import os
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import in_threads
 
 import fusec
 import fusec.numpy as fnp
@@ -110,24 +110,15 @@ def test_an_upload_goes_after_the_calls_recorded_before_it() -> None:
 def test_calls_from_several_threads() -> None:
     _rt()
     f = fusec.gpu_jit(lambda a, s: a * s + 1.0)
-    errors: list[BaseException] = []
 
     def worker(t: int) -> None:
-        try:
-            a = fusec.device_put(np.full(64 + t, float(t), np.float32))
-            for k in range(150):
-                y = f(a, np.float32(k))
-                if k % 50 == 49:
-                    np.testing.assert_array_equal(np.asarray(y), float(t) * k + 1.0)
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
+        a = fusec.device_put(np.full(64 + t, float(t), np.float32))
+        for k in range(150):
+            y = f(a, np.float32(k))
+            if k % 50 == 49:
+                np.testing.assert_array_equal(np.asarray(y), float(t) * k + 1.0)
 
-    threads = [threading.Thread(target=worker, args=(t,)) for t in range(4)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-    assert not errors, errors
+    in_threads(worker, 4)
 
 
 def test_a_large_call_is_submitted_at_once() -> None:

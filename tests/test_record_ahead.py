@@ -5,11 +5,11 @@ call afresh gives, whatever changes between the recording and the call."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 
 import numpy as np
 import pytest
+from helpers import in_threads
 
 import fusec
 import fusec.numpy as fnp
@@ -146,25 +146,16 @@ def test_calls_from_several_threads(rt: runtime.Runtime) -> None:
     _, w, b = _data(rng)
     dw, db = fusec.device_put(w), fusec.device_put(b)
     xs = [rng.standard_normal((37, 29)).astype(np.float32) for _ in range(4)]
-    errors: list[BaseException] = []
 
     def worker(t: int) -> None:
-        try:
-            dx = fusec.device_put(xs[t])
-            want = _ref(xs[t], w, b)
-            for _ in range(8):
-                out = f(dx, dw, db)
-                out[0].block_until_ready()
-                _check(out, want)
-        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
-            errors.append(exc)
+        dx = fusec.device_put(xs[t])
+        want = _ref(xs[t], w, b)
+        for _ in range(8):
+            out = f(dx, dw, db)
+            out[0].block_until_ready()
+            _check(out, want)
 
-    threads = [threading.Thread(target=worker, args=(t,)) for t in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors
+    in_threads(worker, 4)
 
 
 def test_a_pending_batch_goes_before_a_call_recorded_ahead(rt: runtime.Runtime,
