@@ -7,8 +7,12 @@ package needed): where a decode step's wall time goes. Per step, medians of ``--
 - the kernel count, and (``--profile``) each kernel kind's GPU time, each kernel run alone.
 
     python bench/llama_synthetic.py [--layers 30] [--steps 20] [--batch 1] [--profile]
-        [--cprofile] [--submit-firsts 4,2,1,0,4/4 [--rounds 3]]
+        [--cprofile] [--submit-firsts 4,2,1,0,4/4 [--rounds 3]] [--record-ahead [--rounds 3]]
         [--settings "default;fuse.PROLOGUE_MAX=0" [--rounds 3]] [--hold-clocks]
+
+``--record-ahead`` times streaming steps (call, then the token read back) and a loop of steps
+left on the device, with FUSEC_RECORD_AHEAD off, auto and always, in ``--rounds`` interleaved
+rounds, with how many steps were submitted as recorded ahead during the wait before.
 
 ``--submit-firsts`` times the step (call to token on the host) with each FUSEC_SUBMIT_FIRST
 setting (``F/G``: and FUSEC_SUBMIT_GROWTH G), interleaved over ``--rounds`` rounds in this
@@ -113,6 +117,44 @@ def kernel_count(model: Llama, nxt: Any) -> int:
     return len(model.lower_step(nxt).kernels)
 
 
+def compare_record_ahead(model: Llama, nxt: Any, a: argparse.Namespace) -> None:
+    """Streaming steps and a device loop under each FUSEC_RECORD_AHEAD mode (see the
+    docstring), interleaved over ``--rounds`` rounds."""
+    from fusec import config
+
+    rt = get_runtime()
+    assert rt is not None
+    rows: dict[str, list[float]] = {}
+    try:
+        for r in range(a.rounds):
+            for mode in ("off", "auto", "always"):
+                config.set("record_ahead", mode)
+                if model.pos + 2 * a.steps + 3 > 250:
+                    model.reset(a.batch)
+                    nxt = model.step(np.full((a.batch, 8), 7, np.int32))
+                for _ in range(3):
+                    nxt = model.step(nxt)
+                    np.asarray(nxt)
+                used = rt.ahead_used
+                _, step, nxt = timed_steps(model, nxt, a.steps)
+                used = rt.ahead_used - used
+                t = time.perf_counter()
+                for _ in range(a.steps):
+                    nxt = model.step(nxt)
+                np.asarray(nxt)
+                dev = (time.perf_counter() - t) / a.steps
+                med = statistics.median(step)
+                rows.setdefault(mode, []).append(med)
+                print(f"  round {r + 1}, {mode}: streaming step {1e3 * med:.3f} ms "
+                      f"({a.batch / med:.0f} tokens/s), {used}/{a.steps} recorded ahead; "
+                      f"device loop {1e3 * dev:.3f} ms per step", flush=True)
+    finally:
+        config.set("record_ahead", None)
+    for mode, meds in rows.items():
+        print(f"record_ahead={mode}: streaming step {1e3 * min(meds):.3f}-{1e3 * max(meds):.3f} "
+              f"ms over {a.rounds} rounds (medians of {a.steps})")
+
+
 def compare_settings(cfg: LlamaConfig, w: dict, a: argparse.Namespace) -> None:
     """Each setting of ``--settings`` in ``--rounds`` interleaved rounds (see the docstring)."""
     import importlib
@@ -150,6 +192,7 @@ def main() -> None:
     ap.add_argument("--submit-firsts", default="")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--settings", default="")
+    ap.add_argument("--record-ahead", action="store_true")
     ap.add_argument("--cprofile", action="store_true",
                     help="cProfile the host side of --steps steps: where the host time goes")
     ap.add_argument("--hold-clocks", action="store_true",
@@ -167,6 +210,9 @@ def main() -> None:
     print(f"weights made and uploaded in {time.perf_counter() - t0:.1f} s; "
           f"{fusec.default_device()}")
     nxt = warmed_up(model, a.batch)
+    if a.record_ahead:
+        compare_record_ahead(model, nxt, a)
+        return
     host, step, nxt = timed_steps(model, nxt, a.steps)
     gpu, nxt = gpu_steps(model, nxt, a.steps)
     med = statistics.median

@@ -302,6 +302,23 @@ class Runtime:
                  | self.wgpu.BufferUsage.COPY_DST)
         return DeviceBuffer(self.device.create_buffer(size=size, usage=usage), size, self)
 
+    def take_free(self, raw: Any) -> Optional[DeviceBuffer]:
+        """``raw`` itself from the pool, where it lies there unused (else None): host data for a
+        call recorded ahead goes into the buffer the recording binds."""
+        with self.lock:
+            got = self._pooled.get(id(raw))
+            if got is None or got[1] is not raw:
+                return None
+            size = got[0]
+            free = self._free.get(size, [])
+            at = next((i for i, b in enumerate(free) if b is raw), None)
+            if at is None:
+                return None
+            del free[at]
+            del self._pooled[id(raw)]
+            self._free_bytes -= size
+            return DeviceBuffer(raw, size, self)
+
     def release(self, raw: Any, size: int) -> None:
         """Take back a buffer nobody references. Work already submitted that uses it runs before
         any later submission that reuses it (the queue is ordered), so reuse is safe."""
@@ -446,11 +463,13 @@ class Runtime:
                 self.submit(self.take_batch())
             self.submitted_batch()
 
-    def upload(self, data: np.ndarray) -> DeviceBuffer:
+    def upload(self, data: np.ndarray, into: Any = None) -> DeviceBuffer:
+        """``data`` in a device buffer: the pooled wgpu buffer ``into`` where it is free and of
+        the size class, else any (see :meth:`buffer`)."""
         with self.lock:
-            return self._upload(data)
+            return self._upload(data, into)
 
-    def _upload(self, data: np.ndarray) -> DeviceBuffer:
+    def _upload(self, data: np.ndarray, into: Any = None) -> DeviceBuffer:
         # queue.write_buffer takes effect at the next submit, before the commands it carries:
         # the batch recorded so far must go first (it may read the buffer's old contents)
         self.flush()
@@ -460,7 +479,11 @@ class Runtime:
         elif raw.nbytes % 4:  # (an odd number of float16) writes go in whole 32-bit words
             raw = np.concatenate([raw.reshape(-1).view(np.uint8),
                                   np.zeros(4 - raw.nbytes % 4, np.uint8)])
-        buf = self.buffer(raw.nbytes)
+        buf = None
+        if into is not None and into.size == self._size_class(raw.nbytes):
+            buf = self.take_free(into)
+        if buf is None:
+            buf = self.buffer(raw.nbytes)
         # takes effect at the next submit, before the commands it carries
         self.device.queue.write_buffer(buf.raw, 0, memoryview(raw).cast("B"))  # type: ignore[arg-type]
         return buf
@@ -1087,13 +1110,13 @@ class Array:
         word); the buffer rounds up to whole 32-bit words."""
         return self.size * itemsize(self._dtype)
 
-    def device_buffer(self, rt: Runtime) -> Any:
+    def device_buffer(self, rt: Runtime, into: Any = None) -> Any:
         """The wgpu buffer on ``rt``, uploading host data on first use (the array then lives on
-        ``rt``)."""
+        ``rt``; ``into``: the pooled wgpu buffer to upload into where it is free)."""
         self._check_alive()
         if self._buffer is None:
             assert self._host is not None
-            self._buffer = rt.upload(to_storage(self._host, self._dtype))
+            self._buffer = rt.upload(to_storage(self._host, self._dtype), into)
             self._rt = rt
         elif self._rt is not rt:
             raise FusecError(f"this array is on {device_label(self._rt)}, not on "
@@ -1482,6 +1505,18 @@ class _Ahead:
 def _same(a: Sequence[Any], b: Sequence[Any]) -> bool:
     """Are the two lists of wgpu buffers (or None) the same objects, place by place?"""
     return len(a) == len(b) and all(map(operator.is_, a, b))
+
+
+def _fed_back(last: Optional[Sequence[Any]], key: Sequence[Any], outs: Sequence[Any]
+              ) -> list[tuple[int, int]]:
+    """(input, output) where a call's input buffer (``key``) is not the last call's input
+    (``last``) there but the last call's output (``outs``): a loop carrying a value from one
+    call to the next (a model's step fed its last token, an optimizer's step its parameters)."""
+    if last is None or not outs:
+        return []
+    where = {id(r): j for j, r in enumerate(outs) if r is not None}
+    return [(i, where[id(r)]) for i, r in enumerate(key)
+            if r is not None and r is not last[i] and id(r) in where]
 
 
 @dataclass
@@ -1899,19 +1934,32 @@ class GpuExecutable(_Steps):
             and len(launches) <= BATCH_MAX_LAUNCHES
             and sum(st.grid[0] * st.grid[1] * st.grid[2] for st in launches)
             <= BATCH_MAX_WORKGROUPS)
-        # A large call may be recorded ahead (record_ahead): not one that joins the batch, runs
-        # loops, or writes into an input's buffer (donation)
+        # A large call may be recorded ahead (record_ahead): not one that joins the batch or
+        # runs loops. One that writes into a donated input's buffer may: what it binds is the
+        # input's buffer, compared object by object at the call like every input's
         fresh_bytes = sum(arg for st in launches for _, kind, arg in st.alloc if kind == 0)
         self.ahead_ok = (not self.batchable and not self.has_loops
-                         and fresh_bytes <= AHEAD_MAX_FRESH_BYTES and not any(
-                             kind in (2, 4) or kind == 3 and self.root.get(arg, arg) < self.n_inputs
-                             for st in launches for _, kind, arg in st.alloc))
-        # reshapes of an input's buffer: a call recorded ahead binds this call's (_run_ahead)
-        self._input_aliases = [st for st in self.steps if type(st) is _Alias
-                               and self.root.get(st.src, st.src) < self.n_inputs]
+                         and fresh_bytes <= AHEAD_MAX_FRESH_BYTES)
+        # slots over an input's buffer (its reshapes; a donated input's buffer written, directly
+        # or through another slot), (slot, the slot it is), in step order: a call recorded ahead
+        # takes them from the call it is submitted for (_run_ahead)
+        n_in = self.n_inputs
+        self._input_rooted: list[tuple[int, int]] = []
+        for st in self.steps:
+            if type(st) is _Alias:
+                if self.root.get(st.src, st.src) < n_in:
+                    self._input_rooted.append((st.dst, st.src))
+            elif isinstance(st, _Launch):
+                self._input_rooted += [(w, arg) for w, kind, arg in st.alloc if kind == 2 or (
+                    kind == 3 and self.root.get(arg, arg) < n_in)]
         self._ahead: Optional[_Ahead] = None
         self._last_in: Optional[list[Any]] = None  # the last call's inputs' wgpu buffers
-        self._repeats = 0  # calls in a row with the same inputs' buffers, less one
+        self._last_out: list[Any] = []  # ...and its outputs' (ahead_ok executables only)
+        # inputs that were the call before's outputs, (input, output) (a loop's carry: a decode
+        # step's token); the next call is predicted to take this call's outputs there
+        self._fed: list[tuple[int, int]] = []
+        self._predicted: Optional[list[Any]] = None  # the next call's inputs' buffers, predicted
+        self._repeats = 0  # calls in a row whose inputs' buffers were predicted, less one
         self.wait_s = 0.0  # the last wait for the GPU after a call of this executable
         # the host's time to record a call (measured at each record_ahead; a guess before)
         self.record_s = AHEAD_RECORD_GUESS_S * len(launches)
@@ -1944,11 +1992,14 @@ class GpuExecutable(_Steps):
         n = self.n_slots
         bufs: list[Any] = [None] * n  # DeviceBuffer per slot (they keep the buffers alive)
         raws: list[Any] = [None] * n  # the wgpu buffer per slot
+        # host data goes into the buffer a call recorded ahead binds, or the last call's
+        pred = self._predicted
         for i, a in enumerate(inputs):
             if a is not None:
                 b = a._buffer
                 if b is None:
-                    b = a.device_buffer(rt)  # uploads host data; raises if donated
+                    # uploads host data; raises if donated
+                    b = a.device_buffer(rt, pred[i] if pred is not None else None)
                 bufs[i] = b
                 raws[i] = b.raw
         if self.destroyed != rt.destroyed:
@@ -1997,7 +2048,7 @@ class GpuExecutable(_Steps):
                 rt.flush()
             return self._results(inputs, bufs, sub)
         # the next wait may record this executable's next call (record_ahead)
-        rt.ahead = (self, raws[:self.n_inputs]) if self.ahead_ok else None
+        rt.ahead = (self, self._predict(raws, bufs)) if self.ahead_ok else None
         cpass.end()
         if rt.profile:
             rt.resolve_timestamps(enc)
@@ -2033,11 +2084,16 @@ class GpuExecutable(_Steps):
 
     def _ahead_for(self, raws: list[Any]) -> Optional[_Ahead]:
         """The call recorded ahead for inputs bound to ``raws``, if there is one and it binds
-        them (else it is dropped); counts calls in a row with the same inputs' buffers."""
+        them (else it is dropped); counts calls in a row whose inputs' buffers were predicted,
+        and where a call's were not, learns which inputs are the last call's outputs."""
         rt = self.rt
         key = raws[:self.n_inputs]
         last, self._last_in = self._last_in, key
-        self._repeats = self._repeats + 1 if last is not None and _same(last, key) else 0
+        if self._predicted is not None and _same(self._predicted, key):
+            self._repeats += 1
+        else:
+            self._repeats = 0
+            self._fed = _fed_back(last, key, self._last_out)
         pre, self._ahead = self._ahead, None
         if pre is None:
             return None
@@ -2063,10 +2119,24 @@ class GpuExecutable(_Steps):
         rt.ahead_used += 1
         n = self.n_inputs
         bufs[n:] = pre.bufs[n:]
-        for st in self._input_aliases:  # (views of an input's buffer: this call's input)
-            bufs[st.dst] = bufs[st.src]
-        rt.ahead = (self, pre.inputs)
+        for dst, src in self._input_rooted:  # (over an input's buffer: this call's input)
+            bufs[dst] = bufs[src]
+        rt.ahead = (self, self._predict(pre.inputs, bufs))
         return self._results(inputs, bufs, sub)
+
+    def _predict(self, inputs: list[Any], bufs: list[Any]) -> list[Any]:
+        """The next call's inputs' wgpu buffers, predicted after a call whose inputs were
+        ``inputs`` (their wgpu buffers; ``bufs``: the slots' DeviceBuffers): the same, but where
+        an input was the call before's output (``_fed``), this call's output. Notes this call's
+        outputs' buffers, which the next call's inputs are compared with where not predicted."""
+        n = self.n_inputs
+        outs = self._last_out = [None if s is None or bufs[s] is None else bufs[s].raw
+                                 for s in self.out_slots]
+        pred = list(inputs[:n])
+        for i, j in self._fed:
+            pred[i] = outs[j]
+        self._predicted = pred
+        return pred
 
     def wants_ahead(self, idle: bool = False) -> bool:
         """Whether a wait now records this executable's next call (FUSEC_RECORD_AHEAD): never
@@ -2115,12 +2185,16 @@ class GpuExecutable(_Steps):
             bufs: list[Any] = [None] * self.n_slots
             raws: list[Any] = [None] * self.n_slots
             raws[:self.n_inputs] = inputs
+            # the inputs' buffers that lie free in the pool (host data's, uploaded by the call
+            # into the same buffer) are kept out of it meanwhile: not the fresh outputs' then
+            held = [b for b in map(rt.take_free, filter(None, inputs)) if b is not None]
             enc = native.encoder()
             for raw in self._zeroed_raws():
                 enc.clear_buffer(raw)
             cpass = enc.begin_compute_pass()
             enc, cpass = self._record_native(bufs, raws, enc, cpass, [])
             self._ahead = _Ahead(native, enc.finish(), bufs, list(inputs), destroyed)
+            del held  # (back to the pool, for the call's uploads)
             self.record_s = time.perf_counter() - t0
             rt.ahead_recorded += 1
             config.debug(2, f"recorded the next call ahead while waiting: "
@@ -2201,7 +2275,11 @@ class GpuExecutable(_Steps):
                 elif kind == 4:
                     continue  # bound by a loop (not in a call without loops)
                 else:
-                    b = bufs[arg]  # a donated input's buffer (2), or another slot's (3)
+                    # a donated input's buffer (2), or another slot's (3): its wgpu buffer from
+                    # raws (a call recorded ahead has its inputs' wgpu buffers only)
+                    bufs[w] = bufs[arg]
+                    raws[w] = raws[arg]
+                    continue
                 bufs[w] = b
                 raws[w] = b.raw
             grid = st.grid

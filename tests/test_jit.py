@@ -38,7 +38,7 @@ def check(out: Any, want: np.ndarray, rtol: float = 1e-5) -> None:
 @pytest.fixture
 def uploads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Sizes of every host-to-device upload while the test runs."""
-    return spy_sizes(monkeypatch, "upload", lambda data: int(np.asarray(data).nbytes),
+    return spy_sizes(monkeypatch, "upload", lambda data, *_: int(np.asarray(data).nbytes),
                      "needs a wgpu adapter: the numpy fallback uploads nothing")
 
 

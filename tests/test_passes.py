@@ -149,7 +149,8 @@ def test_unused_input_is_not_uploaded(monkeypatch):
     assert rt is not None
     uploads: list[int] = []
     real = rt.upload
-    monkeypatch.setattr(rt, "upload", lambda data: uploads.append(data.nbytes) or real(data))
+    monkeypatch.setattr(rt, "upload",
+                        lambda data, into=None: uploads.append(data.nbytes) or real(data, into))
     x, y = np.arange(4, dtype=np.float32), np.ones(3, np.float32)
     out = fusec.gpu_jit(unused_value_and_input)(x, y)
     np.testing.assert_array_equal(np.asarray(out), x * 2)

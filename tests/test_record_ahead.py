@@ -6,6 +6,7 @@ call afresh gives, whatever changes between the recording and the call."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -180,21 +181,115 @@ def test_a_pending_batch_goes_before_a_call_recorded_ahead(rt: runtime.Runtime,
     np.testing.assert_allclose(np.asarray(pending), want[1] * 3.0 + 1.0, rtol=2e-5)
 
 
-def test_donating_and_off_calls_are_never_recorded_ahead(rt: runtime.Runtime) -> None:
-    """A call that writes into a donated input's buffer is not recorded ahead (the next call's
-    input is another Array, or the same buffer under a new owner)."""
-    x, w, b = _data(np.random.default_rng(7))
-    f = fusec.gpu_jit(lambda x: fnp.tanh(x) * 2.0, donate_argnums=(0,))
-    recorded = rt.ahead_recorded
+def test_a_donated_carry_written_in_place_is_recorded_ahead(rt: runtime.Runtime) -> None:
+    """A call that writes into its donated input's buffer: the next call passes the output,
+    over the same buffer, so the call recorded ahead for that buffer is submitted."""
+    x = np.random.default_rng(7).standard_normal((301, 67)).astype(np.float32)
+    f = fusec.gpu_jit(lambda x: fnp.tanh(x) * 2.0 - 0.5, donate_argnums=(0,))
     y = fusec.device_put(x)
     want = x.astype(np.float64)
-    for _ in range(3):
+    used = rt.ahead_used
+    for _ in range(6):
         raw = y._buffer.raw
         y = f(y)
         assert y._buffer.raw is raw  # written in place
-        assert rt.ahead is None
-        want = np.tanh(want) * 2.0
+        want = np.tanh(want) * 2.0 - 0.5
         np.testing.assert_allclose(np.asarray(y), want, rtol=2e-5, atol=2e-5)
+    assert rt.ahead_used - used >= 3
+
+
+def _decode_like(cache: object, tok: object, pos: object, a: object, b: object, c: object
+                 ) -> tuple[object, object]:
+    """A model step's shape: a donated cache written at ``pos``, the last output fed back
+    (``tok``), small host inputs of one size class (``pos``, ``a``, ``b``, ``c``)."""
+    row = fnp.tanh(tok * a + b) - c  # [1, 8]
+    cache = fusec.lax.dynamic_update_slice(cache, row, (pos, 0))
+    nxt = (cache.sum(axis=0, keepdims=True) * 0.25 + row) / 3.0
+    return nxt, cache
+
+
+def _decode_ref(steps: int, rng: np.random.Generator) -> tuple[list[Any], np.ndarray]:
+    """The host inputs of ``steps`` steps and each step's output, in float64."""
+    cache = np.zeros((64, 8))
+    tok = np.full((1, 8), 0.5)
+    ins, outs = [], []
+    for s in range(steps):
+        a = rng.standard_normal((1, 8)).astype(np.float32)
+        b = rng.standard_normal((1, 8)).astype(np.float32)
+        c = rng.standard_normal((1, 8)).astype(np.float32)
+        ins.append((np.int32(s * 3 % 61), a, b, c))
+        row = np.tanh(tok * a + b) - c
+        cache[s * 3 % 61] = row[0]
+        tok = (cache.sum(axis=0, keepdims=True) * 0.25 + row) / 3.0
+        outs.append(tok)
+    return ins, np.array(outs)
+
+
+def test_an_output_fed_back_and_host_inputs_are_predicted(rt: runtime.Runtime) -> None:
+    """A decode loop: each call takes the last call's output (a fresh buffer each time), writes
+    a donated cache in place and uploads new host data. The call recorded ahead binds the last
+    output and the buffers the host data is then uploaded into; every step's result is what
+    recording afresh gives."""
+    ins, want = _decode_ref(12, np.random.default_rng(8))
+    f = fusec.gpu_jit(_decode_like, donate_argnums=(0,))
+    cache = fusec.device_put(np.zeros((64, 8), np.float32))
+    tok = fusec.device_put(np.full((1, 8), 0.5, np.float32))
+    used = rt.ahead_used
+    got = []
+    for pos, a, b, c in ins:
+        tok, cache = f(cache, tok, pos, a, b, c)
+        got.append(tok)
+        np.asarray(tok)  # a streaming loop reads each step's output: the wait records the next
+    for g, w in zip(got, want):  # each step's output, held while later steps ran
+        np.testing.assert_allclose(np.asarray(g), w, rtol=2e-5, atol=2e-5)
+    # the second call learns which input is fed back; the third's wait records the fourth
+    assert rt.ahead_used - used >= 8
+    assert len({id(g._buffer.raw) for g in got[-3:]}) == 3  # fresh outputs: not overwritten
+
+
+def test_a_carry_not_fed_back_is_recorded_afresh(rt: runtime.Runtime) -> None:
+    """After a loop's calls were predicted, a call given another array than the last output
+    (a restart from the first state) is recorded afresh and right."""
+    ins, want = _decode_ref(6, np.random.default_rng(9))
+    f = fusec.gpu_jit(_decode_like, donate_argnums=(0,))
+    for _ in range(2):
+        cache = fusec.device_put(np.zeros((64, 8), np.float32))
+        tok = fusec.device_put(np.full((1, 8), 0.5, np.float32))
+        first = tok
+        for (pos, a, b, c), w in zip(ins, want):
+            tok, cache = f(cache, tok, pos, a, b, c)
+            np.testing.assert_allclose(np.asarray(tok), w, rtol=2e-5, atol=2e-5)
+        used = rt.ahead_used
+        cache = fusec.device_put(np.zeros((64, 8), np.float32))
+        again, cache = f(cache, first, *ins[0])  # not the last output: recorded afresh
+        assert rt.ahead_used == used
+        np.testing.assert_allclose(np.asarray(again), want[0], rtol=2e-5, atol=2e-5)
+
+
+def test_a_donated_array_shared_with_another_is_copied_not_given_the_recording(
+        rt: runtime.Runtime) -> None:
+    """A donated array whose buffer another Array views is copied first (donation_copy): the
+    call binds the copy, not the buffer the call recorded ahead binds, and the view keeps its
+    values."""
+    x = np.random.default_rng(10).standard_normal((301, 67)).astype(np.float32)
+    f = fusec.gpu_jit(lambda x: fnp.tanh(x) * 2.0 - 0.5, donate_argnums=(0,))
+    y = fusec.device_put(x)
+    want = x.astype(np.float64)
+    for _ in range(4):
+        y = f(y)
+        want = np.tanh(want) * 2.0 - 0.5
+        np.asarray(y)
+    view = y.reshape(67, 301)  # shares y's buffer
+    used = rt.ahead_used
+    z = f(y)
+    assert rt.ahead_used == used
+    np.testing.assert_allclose(np.asarray(z), np.tanh(want) * 2.0 - 0.5, rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(np.asarray(view), want.reshape(67, 301), rtol=2e-5, atol=2e-5)
+
+
+def test_off_records_nothing(rt: runtime.Runtime) -> None:
+    x, w, b = _data(np.random.default_rng(11))
+    recorded = rt.ahead_recorded
     config.set("record_ahead", "off")
     g = fusec.gpu_jit(_mlp)
     dev = [fusec.device_put(v) for v in (x, w, b)]

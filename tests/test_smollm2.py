@@ -218,3 +218,26 @@ def test_decode_step_prologues_on_gpu_target(monkeypatch: pytest.MonkeyPatch) ->
                 nxt, logits = model.step(nxt, want_logits=True)
                 _close(np.asarray(logits)[0], want)
     assert counts[0] - counts[1] == 2 * cfg.n_layers, counts
+
+
+def test_decode_steps_recorded_ahead(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A decode loop with calls recorded ahead (each step's kernels recorded while the host
+    waits for the last token): each step donates the cache, takes the last step's token and
+    uploads its RoPE rows and mask; the call recorded ahead binds those buffers. Greedy tokens
+    equal to the reference's, and most steps submitted as recorded ahead."""
+    from fusec import config, runtime
+
+    rt = runtime.get_runtime()
+    assert rt is not None and rt.native is not None
+    cfg, w, r = _small(5)
+    prompt = [9, 33, 140, 2, 71, 5]
+    want, _ = NumpyLlama(cfg, r, max_len=64).greedy(prompt, 10)
+    monkeypatch.setattr(runtime, "BATCH_CALLS", 0)  # (a small model's step would join the batch)
+    config.set("record_ahead", "always")
+    try:
+        used = rt.ahead_used
+        got = np.concatenate(list(Llama(cfg, w, max_len=64).generate(np.asarray([prompt]), 10)))
+        assert got.tolist() == want
+        assert rt.ahead_used - used >= 6
+    finally:
+        config.set("record_ahead", None)
