@@ -7,7 +7,7 @@ JAX's wall clock beside them with ``--jax``.
 
 Names: any `fusec bench` workload, or one of PROBES (the argmax workload's input reduced other
 ways, to tell its arithmetic from its memory traffic). Settings are ``module.NAME=value``
-overrides (``codegen``, ``splitk``, ``fuse``, or ``config`` for fusec.config's settings:
+overrides (``codegen``, ``splitk``, ``fuse``, ``merge``, or ``config`` for fusec.config's settings:
 ``config.record_ahead=off``) joined by commas, ``default`` for none; the constants are
 read at lowering, so the persistent cache must be off.
 """
@@ -44,9 +44,9 @@ def main(argv: list[str] | None = None) -> int:
     from fusec import bench, codegen
     from fusec.passes import splitk
 
-    # (fusec.passes exports the pass function fuse under the module's name)
+    # (fusec.passes exports the pass functions fuse and merge under their modules' names)
     modules = {"codegen": codegen, "splitk": splitk, "fuse": sys.modules["fusec.passes.fuse"],
-               "config": ConfigSettings()}
+               "merge": sys.modules["fusec.passes.merge"], "config": ConfigSettings()}
     policy = bench.Policy(warmup=3, min_reps=10, max_reps=30, budget_s=1.0, heat_s=0.2)
     rng = np.random.default_rng(0)
     known = {w.name: w for w in bench.workloads(quick=a.quick)}

@@ -93,6 +93,22 @@ WIDE_TILES = 128
 # 4096x1536x384; 64x128 tiles 8 deep 53.8 / 144.5 / 175.2. (cuBLAS's kernels, by CUPTI, on those
 # three: 32.0, 109.7, 117.7.)
 MATMUL_THIN = (64, 64, 8, 8, 4)
+# On GPUs, products of 128x128 tiles take 128x192 tiles (12 columns a thread, pipelined) where
+# those leave no SM more columns to compute: each SM of a GPU_SMS-SM GPU takes a share of the
+# tiles (two 128x128 ones at once, or one 128x192 one: its registers), and the busiest SM's
+# columns, its tiles' count times their width, bound the product's time. The wider tile does the
+# same work about 5% faster, so a tie goes to it. H200, GPU us, bare products, 128x128 / 128x192
+# (bench/product_probe.py; M x K x N: the busiest SM's columns): 2048x1024x2816 (384 / 384) 321
+# / 305, 2048x1024x3072 (384 / 384) 322 / 307, 2048x2048x2816 625 / 590, 4096x1024x2816 (768 /
+# 768) 627 / 594, 4096x1024x1536 (384 / 384) 322 / 306, 1024x1024x2816 (256 / 192) 214 / 155,
+# and in the bench's transformer block the gate and up projections 319 / 303 and 330 / 320 (with
+# SwiGLU's product in the epilogue). Left to 128x128 tiles: 3072x1024x2816 (512 / 576) 429 /
+# 454, 8192x1024x2816 (1408 / 1536) 1137 / 1163, 4096^3 (1024 / 1152) 3116 / 3436,
+# 4096x1024x4096 790 / 856, 2048x1024x2048 (256 / 384) 215 / 296, 4096x128x4096 134 / 146, the
+# block's q, k, v and output projections 2048x1024x1024 (128 / 192) 109-115 / 150-159 and its 8
+# x 2048x128x2048 (2048 / 2112) 272 / 260.
+MATMUL_LARGE_WIDE = (128, 192, 16, 8, 12)
+GPU_SMS = 132
 THIN_K = 512
 THIN_K_MANY = 384
 THIN_TILES = 512
@@ -218,7 +234,8 @@ def tuning() -> dict[str, Any]:
                         FEWCOL4_ROWS, FEWCOL4_K_TILE),
             "first_index": FIRST_INDEX,
             "matmul": (MATMUL_BLOCK, MATMUL_LARGE, MATMUL_MEDIUM, MATMUL_SMALL, MATMUL_EPILOGUE,
-                       LARGE_TILES, MATMUL_WIDE, WIDE_TILES, MATMUL_THIN, THIN_K,
+                       LARGE_TILES, MATMUL_WIDE, WIDE_TILES, MATMUL_LARGE_WIDE, GPU_SMS,
+                       MATMUL_THIN, THIN_K,
                        THIN_K_MANY, THIN_TILES, PIPELINE_ALL, VEC_STORES,
                        VEC_STORES_BARE_K),
             "attention": (_attention.ROWS, _attention.SPLIT, _attention.MAX_TILE,
@@ -759,8 +776,18 @@ def matmul_config(m: int, n: int, target: str, k: int = 0, batch: int = 1
     if LARGE_TILES <= tiles < WIDE_TILES and wide <= WIDE_TILES:
         return _check_matmul_block(MATMUL_WIDE)
     if tiles >= LARGE_TILES:
+        if target == "gpu" and _fills_sms_better(m, n, batch, tiles):
+            return _check_matmul_block(MATMUL_LARGE_WIDE)
         return _check_matmul_block(MATMUL_LARGE)
     return _check_matmul_block(MATMUL_MEDIUM if tiles >= 64 else MATMUL_SMALL)
+
+
+def _fills_sms_better(m: int, n: int, batch: int, tiles: int) -> bool:
+    """Do 128x192 tiles leave the busiest SM no more columns to compute than the ``tiles``
+    128x128 ones (see MATMUL_LARGE_WIDE)?"""
+    bm, bn = MATMUL_LARGE_WIDE[:2]
+    wide = batch * -(-m // bm) * -(-n // bn)
+    return -(-wide // GPU_SMS) * bn <= -(-tiles // GPU_SMS) * MATMUL_LARGE[1]
 
 
 def mm_config(mm: Eqn, target: str) -> Optional[tuple[int, int, int, int, int]]:
@@ -1217,7 +1244,11 @@ def _fit_storage(cfg: tuple[int, int, int, int, int],
                  workgroup_storage: int) -> tuple[int, int, int, int, int]:
     """The large tile steps K by 8 where the device cannot hold two sets of its 16-deep tiles
     (32 KiB swizzled), so that it stays pipelined (two sets of 8-deep tiles take 16 KiB, which
-    every WebGPU device offers). A block forced by FUSEC_MATMUL_BLOCK is kept as it is."""
+    every WebGPU device offers). The 128x192 tile, which needs two sets (40 KiB), becomes the large
+    tile where they do not fit. A block forced by FUSEC_MATMUL_BLOCK is kept as it is."""
+    if MATMUL_BLOCK is None and cfg == MATMUL_LARGE_WIDE and not _pipelined(cfg,
+                                                                             workgroup_storage):
+        cfg = MATMUL_LARGE
     if MATMUL_BLOCK is None and cfg == MATMUL_LARGE and not _pipelined(cfg, workgroup_storage):
         return _check_matmul_block((cfg[0], cfg[1], 8, cfg[3], cfg[4]))
     return cfg

@@ -598,3 +598,84 @@ def test_reshaped_operands_by_axis_groups(rng: np.random.Generator) -> None:
     g = fusec.gpu_jit(lambda y, v: y.reshape(4, 15) @ v + y.reshape(15, 4).T.sum())
     np.testing.assert_allclose(np.asarray(g(y, v)), y64.reshape(4, 15) @ v64 + y64.sum(),
                                rtol=1e-5, atol=1e-4)
+
+
+def test_128x192_tiles_where_no_sm_computes_more_columns() -> None:
+    """On GPUs, products of 128x128 tiles take 128x192 tiles where those leave the busiest SM
+    no more columns to compute: the shapes measured on the H200 (codegen.MATMUL_LARGE_WIDE).
+    split_k counts them as 128x128 tiles: its cuts stay as they were."""
+    from fusec import codegen
+    from fusec.passes import splitk
+
+    wide, large = codegen.MATMUL_LARGE_WIDE, codegen.MATMUL_LARGE
+    for (batch, m, k, n), want in [((1, 2048, 1024, 2816), wide), ((1, 2048, 1024, 3072), wide),
+                                   ((1, 2048, 2048, 2816), wide), ((1, 4096, 1024, 1536), wide),
+                                   ((1, 4096, 1024, 2816), wide), ((1, 1024, 1024, 2816), wide),
+                                   ((1, 3072, 1024, 2816), large), ((1, 8192, 1024, 2816), large),
+                                   ((1, 2048, 1024, 2048), large), ((1, 2048, 1024, 1024), large),
+                                   ((1, 4096, 4096, 4096), large), ((1, 4096, 4096, 1024), large),
+                                   ((1, 4096, 128, 4096), large), ((8, 2048, 128, 2048), large)]:
+        assert codegen.matmul_config(m, n, "gpu", k, batch) == want, (batch, m, k, n)
+        assert codegen.matmul_config(m, n, "cpu", k, batch) != wide
+    # 176 large tiles: whole (RB_WAVE); 4 chunks of 512 rows make 352 (RB_GROUPS)
+    assert splitk.rb_chunks_for(1024, 4096, 2816) == 1
+    assert splitk.rb_chunks_for(512, 4096, 2816) == 4
+    # where two sets of 128x192 tiles do not fit (40 KiB), the large tile's kernel
+    assert codegen._fit_storage(wide, 32768) == large
+    assert codegen._fit_storage(wide, 16384) == (128, 128, 8, 8, 8)
+    assert codegen._fit_storage(wide, 49152) == wide
+
+
+def test_gate_projection_on_the_gpu_target(rng: np.random.Generator) -> None:
+    """2048x1024 @ 1024x2816 with SwiGLU's product as the epilogue, the GPU target's plan: on a
+    device that holds two sets of 128x192 tiles (the H100/H200) their pipelined kernel, else the
+    128x128 one; against float64 numpy."""
+    from fusec.runtime import get_runtime
+
+    rt = get_runtime()
+    assert rt is not None
+    x = rng.standard_normal((2048, 1024)).astype(np.float32)
+    wg = (rng.standard_normal((1024, 2816)) / 32).astype(np.float32)
+    g = rng.standard_normal((2048, 2816)).astype(np.float32)
+    x[5, 7] = np.nan
+    with forced_target("gpu"):
+        f = fusec.gpu_jit(lambda a, w, h: nn.silu(h) * (a @ w))
+        got = np.asarray(f(x, wg, g))
+        kernels = f.lower(x, wg, g).kernels
+    with np.errstate(invalid="ignore"):
+        want = (g / (1 + np.exp(-g.astype(np.float64)))) * (x.astype(np.float64) @ wg)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+    assert np.isnan(got[5]).all() and not np.isnan(got[6]).any()
+    tile = "128x192" if rt.max_workgroup_storage >= 40960 else "128x128"
+    assert len(kernels) == 1 and f"computes a {tile} tile" in kernels[0].wgsl
+
+
+# (batch, M, K, N): odd sizes (a partial tile in every direction, K not a multiple of 16), a
+# batch, B read along K (transposed), N under one tile
+@pytest.mark.parametrize("case", [((), 257, 77, 401), ((3,), 130, 64, 200), ((), 389, 1031, 385),
+                                  ((2,), 129, 33, 100)])
+def test_128x192_tiles(target: str, case: tuple[tuple[int, ...], int, int, int],
+                       rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The 128x192 tile (12 columns a thread) forced on every product: right with an epilogue
+    and the bare product as a second output, B transposed, NaN and inf carried to their rows."""
+    from fusec import codegen
+
+    monkeypatch.setattr(codegen, "MATMUL_BLOCK", codegen.MATMUL_LARGE_WIDE)
+    batch, m, k, n = case
+    a = rng.standard_normal(batch + (m, k)).astype(np.float32)
+    a[..., 3, 5] = np.nan
+    a[..., m - 1, 0] = np.inf
+    bt = rng.standard_normal((n, k)).astype(np.float32)  # used transposed
+    c = rng.standard_normal(n).astype(np.float32)
+    f = fusec.gpu_jit(lambda x, y, z: (nn.gelu(x @ y.T + z), x @ y.T))
+    r, p = f(a, bt, c)
+    with np.errstate(invalid="ignore"):
+        p64 = a.astype(np.float64) @ bt.T.astype(np.float64)
+    tol = dict(rtol=1e-5, atol=1e-5 * np.sqrt(k))
+    np.testing.assert_allclose(np.asarray(p), p64, **tol)
+    q = p64 + c
+    with np.errstate(invalid="ignore"):
+        gelu = 0.5 * q * (1 + np.tanh(np.sqrt(2 / np.pi) * (q + 0.044715 * q ** 3)))
+    np.testing.assert_allclose(np.asarray(r), gelu, rtol=1e-4, atol=1e-4 * np.sqrt(k))
+    assert np.isnan(np.asarray(p)[..., 3, :]).all()
+    assert any("computes a 128x192 tile" in kc.wgsl for kc in f.lower(a, bt, c).kernels)
