@@ -97,18 +97,20 @@ MATMUL_THIN = (64, 64, 8, 8, 4)
 # those leave no SM more columns to compute: each SM of a GPU_SMS-SM GPU takes a share of the
 # tiles (two 128x128 ones at once, or one 128x192 one: its registers), and the busiest SM's
 # columns, its tiles' count times their width, bound the product's time. The wider tile does the
-# same work about 5% faster, so a tie goes to it. H200, GPU us, bare products, 128x128 / 128x192
-# (bench/product_probe.py; M x K x N: the busiest SM's columns): 2048x1024x2816 (384 / 384) 321
+# same work about 5% faster (LARGE_WIDE_SPEED): its columns count that much less. H200, GPU us,
+# bare products, 128x128 / 128x192 (bench/product_probe.py; M x K x N: the busiest SM's
+# columns): 2048x1024x2816 (384 / 384) 321
 # / 305, 2048x1024x3072 (384 / 384) 322 / 307, 2048x2048x2816 625 / 590, 4096x1024x2816 (768 /
 # 768) 627 / 594, 4096x1024x1536 (384 / 384) 322 / 306, 1024x1024x2816 (256 / 192) 214 / 155,
 # and in the bench's transformer block the gate and up projections 319 / 303 and 330 / 320 (with
 # SwiGLU's product in the epilogue). Left to 128x128 tiles: 3072x1024x2816 (512 / 576) 429 /
 # 454, 8192x1024x2816 (1408 / 1536) 1137 / 1163, 4096^3 (1024 / 1152) 3116 / 3436,
 # 4096x1024x4096 790 / 856, 2048x1024x2048 (256 / 384) 215 / 296, 4096x128x4096 134 / 146, the
-# block's q, k, v and output projections 2048x1024x1024 (128 / 192) 109-115 / 150-159 and its 8
-# x 2048x128x2048 (2048 / 2112) 272 / 260.
+# block's q, k, v and output projections 2048x1024x1024 (128 / 192) 109-115 / 150-159; its 8 x
+# 2048x128x2048 (2048 / 2112, that is 2006) takes the wider tile: 272-277 / 260-265.
 MATMUL_LARGE_WIDE = (128, 192, 16, 8, 12)
 GPU_SMS = 132
+LARGE_WIDE_SPEED = 0.95
 THIN_K = 512
 THIN_K_MANY = 384
 THIN_TILES = 512
@@ -235,7 +237,7 @@ def tuning() -> dict[str, Any]:
             "first_index": FIRST_INDEX,
             "matmul": (MATMUL_BLOCK, MATMUL_LARGE, MATMUL_MEDIUM, MATMUL_SMALL, MATMUL_EPILOGUE,
                        LARGE_TILES, MATMUL_WIDE, WIDE_TILES, MATMUL_LARGE_WIDE, GPU_SMS,
-                       MATMUL_THIN, THIN_K,
+                       LARGE_WIDE_SPEED, MATMUL_THIN, THIN_K,
                        THIN_K_MANY, THIN_TILES, PIPELINE_ALL, VEC_STORES,
                        VEC_STORES_BARE_K),
             "attention": (_attention.ROWS, _attention.SPLIT, _attention.MAX_TILE,
@@ -787,7 +789,8 @@ def _fills_sms_better(m: int, n: int, batch: int, tiles: int) -> bool:
     128x128 ones (see MATMUL_LARGE_WIDE)?"""
     bm, bn = MATMUL_LARGE_WIDE[:2]
     wide = batch * -(-m // bm) * -(-n // bn)
-    return -(-wide // GPU_SMS) * bn <= -(-tiles // GPU_SMS) * MATMUL_LARGE[1]
+    return (LARGE_WIDE_SPEED * -(-wide // GPU_SMS) * bn
+            <= -(-tiles // GPU_SMS) * MATMUL_LARGE[1])
 
 
 def mm_config(mm: Eqn, target: str) -> Optional[tuple[int, int, int, int, int]]:

@@ -614,7 +614,8 @@ def test_128x192_tiles_where_no_sm_computes_more_columns() -> None:
                                    ((1, 3072, 1024, 2816), large), ((1, 8192, 1024, 2816), large),
                                    ((1, 2048, 1024, 2048), large), ((1, 2048, 1024, 1024), large),
                                    ((1, 4096, 4096, 4096), large), ((1, 4096, 4096, 1024), large),
-                                   ((1, 4096, 128, 4096), large), ((8, 2048, 128, 2048), large)]:
+                                   ((1, 4096, 128, 4096), large), ((8, 2048, 128, 2048), wide),
+                                   ((8, 2048, 2048, 128), large)]:
         assert codegen.matmul_config(m, n, "gpu", k, batch) == want, (batch, m, k, n)
         assert codegen.matmul_config(m, n, "cpu", k, batch) != wide
     # 176 large tiles: whole (RB_WAVE); 4 chunks of 512 rows make 352 (RB_GROUPS)
