@@ -2074,13 +2074,15 @@ class GpuExecutable(_Steps):
     # Calls recorded ahead. A large call's recording (and wgpu-native's finish of it) costs the
     # host 5-8 us per dispatch, and the GPU starts only once the first chunk is submitted; each
     # later submit costs the GPU a gap. While the host waits for such a call, it has nothing to
-    # do: it records the executable's next call then, assuming the same inputs' buffers, into
+    # do: it records the executable's next call then, for the inputs' buffers it predicts (this
+    # call's, or this call's outputs where the last call's outputs were fed back: _predict), into
     # one command buffer it finishes but does not submit. The next call submits that buffer if
-    # its inputs are those buffers (the same Arrays, or host data uploaded into the same pooled
-    # buffer), and records afresh otherwise. What the buffer binds is what the call would bind:
-    # the inputs' buffers (their contents are read when the GPU runs it), the executable's own
-    # pooled buffers, and fresh output buffers taken from the pool when it was recorded (held
-    # until the call, so nothing else gets them). A buffer destroyed since voids it.
+    # its inputs are those buffers (the same Arrays, a donated input written in place, host data
+    # uploaded into the same pooled buffer), and records afresh otherwise. What the buffer binds
+    # is what the call would bind: the inputs' buffers (their contents are read when the GPU
+    # runs it), the executable's own pooled buffers, and fresh output buffers taken from the pool
+    # when it was recorded (held until the call, so nothing else gets them). A buffer destroyed
+    # since voids it.
 
     def _ahead_for(self, raws: list[Any]) -> Optional[_Ahead]:
         """The call recorded ahead for inputs bound to ``raws``, if there is one and it binds
