@@ -413,3 +413,20 @@ def test_the_user_guide_snippet_runs(rt: runtime.Runtime) -> None:
     for _ in range(40):
         x = np.tanh(x @ w)
     np.testing.assert_allclose(np.asarray(ns["y"]), x, rtol=1e-4, atol=1e-5)
+
+
+def test_donated_carries_from_several_threads(rt: runtime.Runtime) -> None:
+    """Threads each running a loop of their own over one donating function: the predictions of
+    the next call's inputs (each thread's carry) are wrong as often as not, and every thread's
+    results stay right."""
+    f = fusec.gpu_jit(_decode_like, donate_argnums=(0,))
+
+    def worker(t: int) -> None:
+        ins, want = _decode_ref(8, np.random.default_rng(20 + t))
+        cache = fusec.device_put(np.zeros((64, 8), np.float32))
+        tok = fusec.device_put(np.full((1, 8), 0.5, np.float32))
+        for (pos, a, b, c), w in zip(ins, want):
+            tok, cache = f(cache, tok, pos, a, b, c)
+            np.testing.assert_allclose(np.asarray(tok), w, rtol=2e-5, atol=2e-5)
+
+    in_threads(worker, 4)
