@@ -369,7 +369,8 @@ def test_two_functions_with_the_same_kernel_share_its_pipeline():
 
 
 def test_matmul_tile_choice(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The 128x128 tile from 96 such tiles on (batch included, whatever K), but 64x192 where
+    """The 128x128 tile from 96 such tiles on (batch included, whatever K; 128x192 where those
+    share the columns out better: see test_targets), but 64x192 where
     there are fewer than 128 and at most 128 of those, and 64x64 tiles of 128 threads over a
     short K (up to 512 under 128 large tiles, up to 384 up to 512 of them, on GPUs); 128x64 for
     fewer (from 64), 64x64 for fewer still or a side under 128; the 16x16 baseline under 32 (or
@@ -387,7 +388,9 @@ def test_matmul_tile_choice(monkeypatch: pytest.MonkeyPatch) -> None:
     assert codegen.matmul_config(4096, 1024, "gpu", 256) == thin  # 256 tiles, K 256
     assert codegen.matmul_config(2048, 2048, "gpu", 512) == large  # 256 tiles, K 512
     assert codegen.matmul_config(4096, 4096, "gpu", 128) == large  # 1024 tiles
-    assert codegen.matmul_config(2048, 2048, "gpu", 128, batch=8) == large  # batch counts
+    # batch counts: 2048 tiles, and 1408 of 128x192 leave no SM more columns (at 95%)
+    assert codegen.matmul_config(2048, 2048, "gpu", 128, batch=8) == codegen.MATMUL_LARGE_WIDE
+    assert codegen.matmul_config(2048, 2048, "gpu", 128, batch=4) == large
     assert codegen.matmul_config(1920, 1000, "gpu", 1024) == large  # 120 tiles; 30 x 6 wide
     assert codegen.matmul_config(3072, 512, "gpu", 1024) == large  # 96 tiles; 48 x 3 wide
     assert codegen.matmul_config(3072, 512, "gpu", 512) == thin  # ... K 512
