@@ -93,21 +93,20 @@ WIDE_TILES = 128
 # 4096x1536x384; 64x128 tiles 8 deep 53.8 / 144.5 / 175.2. (cuBLAS's kernels, by CUPTI, on those
 # three: 32.0, 109.7, 117.7.)
 MATMUL_THIN = (64, 64, 8, 8, 4)
-# On GPUs, products of 128x128 tiles take 128x192 tiles (12 columns a thread, pipelined) where
-# those leave no SM more columns to compute: each SM of a GPU_SMS-SM GPU takes a share of the
-# tiles (two 128x128 ones at once, or one 128x192 one: its registers), and the busiest SM's
-# columns, its tiles' count times their width, bound the product's time. The wider tile does the
-# same work about 5% faster (LARGE_WIDE_SPEED): its columns count that much less. H200, GPU us,
-# bare products, 128x128 / 128x192 (bench/product_probe.py; M x K x N: the busiest SM's
-# columns): 2048x1024x2816 (384 / 384) 321
-# / 305, 2048x1024x3072 (384 / 384) 322 / 307, 2048x2048x2816 625 / 590, 4096x1024x2816 (768 /
-# 768) 627 / 594, 4096x1024x1536 (384 / 384) 322 / 306, 1024x1024x2816 (256 / 192) 214 / 155,
+# On GPUs, products of 128x128 tiles take 128x192 tiles (12 columns a thread, pipelined) where those
+# leave no SM more columns to compute: each SM of a GPU_SMS-SM GPU takes a share of the tiles (two
+# 128x128 ones at once, or one 128x192 one: its registers), and the busiest SM's columns, its tiles'
+# count times their width, bound the product's time. The wider tile does the same work about 5%
+# faster (LARGE_WIDE_SPEED): its columns count that much less. H200, GPU us, bare products, 128x128
+# / 128x192 (bench/product_probe.py; M x K x N: the busiest SM's columns): 2048x1024x2816 (384 /
+# 384) 321 / 305, 2048x1024x3072 (384 / 384) 322 / 307, 2048x2048x2816 625 / 590, 4096x1024x2816
+# (768 / 768) 627 / 594, 4096x1024x1536 (384 / 384) 322 / 306, 1024x1024x2816 (256 / 192) 214 / 155,
 # and in the bench's transformer block the gate and up projections 319 / 303 and 330 / 320 (with
-# SwiGLU's product in the epilogue). Left to 128x128 tiles: 3072x1024x2816 (512 / 576) 429 /
-# 454, 8192x1024x2816 (1408 / 1536) 1137 / 1163, 4096^3 (1024 / 1152) 3116 / 3436,
-# 4096x1024x4096 790 / 856, 2048x1024x2048 (256 / 384) 215 / 296, 4096x128x4096 134 / 146, the
-# block's q, k, v and output projections 2048x1024x1024 (128 / 192) 109-115 / 150-159; its 8 x
-# 2048x128x2048 (2048 / 2112, that is 2006) takes the wider tile: 272-277 / 260-265.
+# SwiGLU's product in the epilogue). Left to 128x128 tiles: 3072x1024x2816 (512 / 576) 429 / 454,
+# 8192x1024x2816 (1408 / 1536) 1137 / 1163, 4096^3 (1024 / 1152) 3116 / 3436, 4096x1024x4096 790 /
+# 856, 2048x1024x2048 (256 / 384) 215 / 296, 4096x128x4096 134 / 146, the block's q, k, v and output
+# projections 2048x1024x1024 (128 / 192) 109-115 / 150-159; its 8 x 2048x128x2048 (2048 / 2112, that
+# is 2006) takes the wider tile: 272-277 / 260-265.
 MATMUL_LARGE_WIDE = (128, 192, 16, 8, 12)
 GPU_SMS = 132
 LARGE_WIDE_SPEED = 0.95

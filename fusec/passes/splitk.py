@@ -101,10 +101,10 @@ def rb_chunks_for(m: int, k: int, n: int, target: str = "gpu") -> int:
         return cfg
 
     def groups(s: int) -> int:
-        # (large tiles counted as 128x128 ones, also where the product takes 128x192 tiles:
-        # codegen.MATMUL_LARGE_WIDE, chosen to share the same columns out better)
+        # (128x192 tiles counted as the 128x128 ones they stand in for: codegen.MATMUL_LARGE_WIDE
+        # is chosen to share the same columns out better)
         cfg = config(s)
-        bm, bn = codegen.MATMUL_LARGE[:2] if codegen.large_tile(cfg) else cfg[:2]
+        bm, bn = codegen.MATMUL_LARGE[:2] if cfg == codegen.MATMUL_LARGE_WIDE else cfg[:2]
         return s * -(-m // bm) * -(-n // bn)
 
     if k < RB_MIN_K or (codegen.large_tile(config(1)) and groups(1) >= RB_WAVE):
