@@ -7,9 +7,9 @@ JAX's wall clock beside them with ``--jax``.
 
 Names: any `fusec bench` workload, or one of PROBES (the argmax workload's input reduced other
 ways, to tell its arithmetic from its memory traffic). Settings are ``module.NAME=value``
-overrides (``codegen``, ``splitk``, ``fuse``, ``merge``, or ``config`` for fusec.config's settings:
-``config.record_ahead=off``) joined by commas, ``default`` for none; the constants are
-read at lowering, so the persistent cache must be off.
+overrides (``codegen``, ``splitk``, ``fuse``, ``merge``, ``attention``, or ``config`` for
+fusec.config's settings: ``config.record_ahead=off``) joined by commas, ``default`` for none;
+the constants are read at lowering, so the persistent cache must be off.
 """
 
 from __future__ import annotations
@@ -44,9 +44,12 @@ def main(argv: list[str] | None = None) -> int:
     from fusec import bench, codegen
     from fusec.passes import splitk
 
+    fusec.hold_gpu_clocks()  # (a process without a CUDA context runs the GPU at idle clocks)
+
     # (fusec.passes exports the pass functions fuse and merge under their modules' names)
     modules = {"codegen": codegen, "splitk": splitk, "fuse": sys.modules["fusec.passes.fuse"],
-               "merge": sys.modules["fusec.passes.merge"], "config": ConfigSettings()}
+               "merge": sys.modules["fusec.passes.merge"],
+               "attention": sys.modules["fusec.passes.attention"], "config": ConfigSettings()}
     policy = bench.Policy(warmup=3, min_reps=10, max_reps=30, budget_s=1.0, heat_s=0.2)
     rng = np.random.default_rng(0)
     known = {w.name: w for w in bench.workloads(quick=a.quick)}

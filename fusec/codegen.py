@@ -36,7 +36,7 @@ from .emit import (  # noqa: F401 - re-exported: part of codegen's interface
     store_expr,
     strides,
 )
-from .ir import MOVEMENT, REDUCE, Eqn, Lit, Op, Program, Shape, Var, reduced_ends
+from .ir import ELEMENTWISE, MOVEMENT, REDUCE, Eqn, Lit, Op, Program, Shape, Var, reduced_ends
 from .kernels import GENERATORS
 from .kernels import attention as _attention
 from .kernels import quant as _quant
@@ -1117,6 +1117,67 @@ def _vector_stores(body: Program, mm: Eqn, cfg: tuple[int, int, int, int, int],
                     for o in body.outputs))
 
 
+def deferred_prologue(m: int, k: int, n: int, batch: int, target: str,
+                      workgroup_storage: int) -> bool:
+    """Would a product of ``batch`` times (M x K) @ (K x N) take a pipelined kernel, the one that
+    computes an elementwise A a step behind its loads (_deferred_a)? (Elsewhere A's arithmetic
+    waits for its loads: attention's probabilities computed so cost more than writing them.)"""
+    cfg = matmul_config(m, n, target, k, batch)
+    return cfg is not None and _pipelined(_fit_storage(cfg, workgroup_storage), workgroup_storage)
+
+
+def _deferred_a(body: Program, mm: Eqn) -> Optional[tuple[Var, list[Var]]]:
+    """Where product ``mm``'s A is elementwise work computed in the kernel (a prologue:
+    attention's probabilities, ``exp(s * scale - max)``; passes/attention.py), the one value of
+    A's shape it reads from memory (the scores) and the values constant along K it reads (one
+    per row: the rows' maxima), else None; all float32. A pipelined kernel then loads the
+    scores into its prefetch registers as it would load A, two steps of K ahead, loads the
+    per-row values once, and computes A from both at the top of the step before the one that
+    uses them (their loads have arrived; the results wait in registers through the step's
+    products) and stores it at that step's end. Computed where it is loaded, the arithmetic
+    waited for the load, and exposed the latency the prefetch hides (H200, the bench
+    transformer's p @ v: 381 us, against 216 with A written out; computed where the tile is
+    stored, after the step's products, 285 us, as the store waited for it; a step behind, see
+    passes/attention.py)."""
+    producers = {id(o): e for e in body.eqns for o in e.outs}
+    a = mm.inputs[0]
+    assert isinstance(a, Var)
+    if (a.dtype != "float32" or mm.out.dtype != "float32" or id(a) not in producers
+            or producers[id(a)].op not in ELEMENTWISE):
+        return None
+    full: list[Var] = []
+    rows: list[Var] = []
+    stack = [a]
+    seen: set[int] = set()
+    while stack:
+        v = stack.pop()
+        e = producers.get(id(v))
+        if v is not a and (e is None or e.op not in ELEMENTWISE):
+            # read from memory (or through movement ops): full, or one value per row
+            if v.dtype != "float32":
+                return None
+            if v.shape == a.shape:
+                full.append(v)
+            elif v.shape == a.shape[:-1] + (1,):
+                rows.append(v)
+            else:
+                return None
+            continue
+        assert e is not None
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        for x in e.inputs:
+            if isinstance(x, Var):
+                if x.shape != a.shape and x.shape != a.shape[:-1] + (1,):
+                    return None
+                stack.append(x)
+    uniq = {id(v): v for v in full}
+    if len(uniq) != 1 or len({id(v) for v in rows}) > 2:
+        return None
+    return full[0], list({id(v): v for v in rows}.values())
+
+
 def _matmul_rb(body: Program, names: dict[int, str], mm: Eqn,
                cfg: tuple[int, int, int, int, int], workgroup_storage: int,
                vec: set[str]) -> tuple[str, int]:
@@ -1137,11 +1198,15 @@ def _matmul_rb(body: Program, names: dict[int, str], mm: Eqn,
     val_a: list[list[str]] = []
     load_b: list[list[str]] = []
     val_b: list[list[str]] = []
+    deferred = _deferred_a(body, mm) if pipelined else None
+    loaded = deferred[0] if deferred is not None else a  # what the prefetch loads
     for _ in range(a_groups):
-        pairs = [_operand(body, names, a, batch, ("row", "ka"), indent, counter)
+        pairs = [_operand(body, names, loaded, batch, ("row", "ka"), indent, counter)
                  for _ in range(4)]
         load_a.append([p[0] for p in pairs])
         val_a.append([p[1] for p in pairs])
+    row_loads, a_from = (_deferred_parts(body, names, mm, deferred, a_groups, bk, counter)
+                         if deferred is not None else ([], []))
     # the input bound as vec4s for B (_matmul_vector_buffers), if any
     src = next((v for v in body.inputs if names.get(id(v)) in vec), None)
     bvec = names[id(src)] if src is not None else ""
@@ -1166,6 +1231,7 @@ def _matmul_rb(body: Program, names: dict[int, str], mm: Eqn,
     loads = dict(a_loads=a_groups, b_loads=b_groups, load_a=load_a, val_a=val_a, load_b=load_b,
                  val_b=val_b, vec_b=bool(bvec), bvec=bvec, bwiden=bwiden, load_bv=load_bv,
                  at_bv=at_bv, guard_bv=guard_bv, guard_branch=pipelined, pipelined=pipelined, ap=ap,
+                 row_loads=row_loads, a_from=a_from, row_vals=len(deferred[1]) if deferred else 0,
                  b_cols=not bvec and _b_columns(body, mm), a_rows=_a_rows(body, mm))
     staged = _staged_rows(body, cfg)
     if staged:
@@ -1212,6 +1278,48 @@ def _matmul_rb(body: Program, names: dict[int, str], mm: Eqn,
                           + "\n".join("    " + st[4:] for st in stores) + "\n    }")
     return _render_rb(mm, cfg, m, n, k, tm_tiles, tn_tiles, nb, loads,
                       epilogue="\n".join(blocks), rounds=0, rr=0, per_thread=0, lanes="")
+
+
+def _deferred_parts(body: Program, names: dict[int, str], mm: Eqn,
+                    deferred: tuple[Var, list[Var]], a_groups: int, bk: int,
+                    counter: list[int]) -> tuple[list[list[str]], list[str]]:
+    """A deferred prologue's code (see _deferred_a), for the template: per A group and row of
+    its four, the statements that load the thread's per-row values once (into registers
+    ``ra{j}_{p}``, value j at the 4 rows of A group p; ``row`` is that row); and per A group,
+    the statements that compute the group's A values from the values the prefetch loaded
+    (``SRC``, the register they are in; ``ka`` their k) into ``fa``. A value past K's end (an
+    edge tile's) is zero, as the plain loads leave it (rows past M's are never stored)."""
+    a, b, batch, m, k, n, nb = _mm_dims(mm)
+    full, rows = deferred
+    row_loads: list[list[str]] = []
+    for p in range(a_groups):
+        per_row = []
+        for q in range(4):
+            em = Emitter(body, names, indent="            ", counter=counter)
+            bc = _batch_coords(em, batch)
+            vals = [em.value(r, Idx(r.shape, coords=bc + ("row", "0u"))) for r in rows]
+            per_row.append("\n".join(em.lines + [f"            ra{j}_{p}[{q}] = {v};"
+                                                  for j, v in enumerate(vals)]))
+        row_loads.append(per_row)
+    indent = "            "
+    froms: list[str] = []
+    for p in range(a_groups):
+        out = [f"{indent}var fa = vec4<f32>();"]
+        for q in range(4):
+            em = Emitter(body, names, indent=indent + "    ", counter=counter)
+            bc = _batch_coords(em, batch)
+            here = bc + ("row", "ka")
+            em.registers[id(full)] = (_nonunit(here, full.shape), f"SRC[{q}]")
+            for j, r in enumerate(rows):
+                em.registers[id(r)] = (_nonunit(bc + ("row", "0u"), r.shape), f"ra{j}_{p}[{q}]")
+            val = em.value(a, Idx(a.shape, coords=here))
+            out.append(f"{indent}{{\n{indent}    let row = row0 + ar + {q}u;\n"
+                       + "".join(x + "\n" for x in em.lines)
+                       + (f"{indent}    fa[{q}] = select(0.0f, {val}, ka < {k}u);" if k % bk
+                          else f"{indent}    fa[{q}] = {val};")
+                       + f"\n{indent}}}")
+        froms.append("\n".join(out))
+    return row_loads, froms
 
 
 def _render_rb(mm: Eqn, cfg: tuple[int, int, int, int, int], m: int, n: int, k: int,

@@ -13,6 +13,7 @@ import pytest
 import fusec
 import fusec.numpy as fnp
 from fusec import nn
+from fusec.ir import Op
 from fusec.kernels import attention as attention_kernel
 
 
@@ -407,3 +408,108 @@ def test_key_chunks_and_staged_bias(monkeypatch: pytest.MonkeyPatch, target: str
         assert np.isinf(got[4, :, :, :2]).all()
         fin = np.isfinite(want)
         np.testing.assert_allclose(got[fin], want[fin], rtol=2e-5, atol=2e-6)
+
+
+# -- wider heads: the written-out plan, its probabilities computed where p @ v loads them --
+
+def _plan(f: Any, *args: Any) -> list[tuple[str, list[tuple[int, ...]]]]:
+    """Each kernel's kind and the shapes of what it writes."""
+    return [(e.params["kind"], [tuple(o.shape) for o in e.outs])
+            for e in f.lower(*args).ir.eqns if e.op is Op.KERNEL]
+
+
+def _wide_case(rng: np.random.Generator, b: int, s: int, t: int, d: int, e: int
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    q, k, v = _data(rng, b, s, d), _data(rng, b, t, d), _data(rng, b, t, e)
+    q[0, 0, 0] = np.nan        # a NaN score: its row is NaN
+    q[1, 5, 3] = np.inf        # +inf and -inf scores: inf - inf, its row is NaN
+    v[2, 7, 1] = np.inf        # an infinite value: inf in its column where it weighs
+    v[3, 9, 2] = -np.inf
+    # a row whose every score is far below 0: exp(-max) overflows, so a probability computed
+    # for a key past the last (an edge tile's) would be inf, and inf x 0 NaN
+    k[4, :, 0] = 1.0 + np.abs(k[4, :, 0])
+    q[4, 2] = 0.0
+    q[4, 2, 0] = -3000.0
+    return q, k, v
+
+
+def _check_wide(got: np.ndarray, want: np.ndarray) -> None:
+    """NaN and infinities where float64 has them; the finite values to float32's tolerance, the
+    far-below-zero row to one its scores' rounding justifies (scores of about -400 carry an
+    absolute error of about 1e-4, and exp turns it into a relative one)."""
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_array_equal(np.isinf(got), np.isinf(want))
+    far = np.zeros(want.shape, bool)
+    far[4, 2] = True
+    np.testing.assert_allclose(got[far], want[far], rtol=1e-3, atol=1e-5)
+    fin = np.isfinite(want) & ~far
+    np.testing.assert_allclose(got[fin], want[fin], rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.usefixtures("gpu_target")
+@pytest.mark.parametrize("b,s,t", [
+    (12, 1031, 515),  # ragged rows and keys (515 % 16 = 3: the last step of K is past the end)
+    (6, 2053, 256),   # a prime number of rows past a tile, keys a whole number of steps
+])
+def test_probabilities_computed_in_the_product(b: int, s: int, t: int) -> None:
+    # head dims past the attention kernel's: the written-out plan, but on GPUs the softmax's
+    # kernel only reduces the rows (their maximum and sum) and the p @ v product computes
+    # exp(s * scale - max) as it loads A, a step behind its loads, and divides its rows by the
+    # sums: the b x s x t probabilities are never written
+    rng = np.random.default_rng(s + t)
+    d, e = 64, 128
+    q, k, v = _wide_case(rng, b, s, t, d, e)
+    f = fusec.gpu_jit(lambda q, k, v: _attention(q, k, v, scale=0.125))
+    plan = _plan(f, q, k, v)
+    assert [kind for kind, _ in plan] == ["matmul", "reduce", "matmul"]
+    assert plan[1][1] == [(b, s), (b, s)]  # the rows' statistics, not b x s x t probabilities
+    wgsl = f.lower(q, k, v).kernels[2].wgsl
+    assert "a step behind the loads" in wgsl and "exp(" in wgsl
+    got = np.asarray(f(q, k, v))
+    _check_wide(got, _reference(q, k, v, 0.125, None))
+    assert np.isnan(got[0, 0]).all() and np.isnan(got[1, 5]).all() and np.isinf(got).any()
+
+
+@pytest.mark.usefixtures("gpu_target")
+def test_probabilities_written_where_the_product_would_wait_for_them(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # the rewrite only where the product's kernel is pipelined; with a bias (a mask); with
+    # PROBS_IN_PRODUCT = 0; on the cpu target: the probabilities are written, as before
+    import importlib
+
+    att = importlib.import_module("fusec.passes.attention")
+    rng = np.random.default_rng(11)
+    q, k, v = _wide_case(rng, 12, 1031, 515, 64, 128)
+    bias = np.where(rng.random((1031, 515)) < 0.1, -np.inf, 0.0).astype(np.float32)
+    want = _reference(q, k, v, 0.125, bias)
+    g = fusec.gpu_jit(lambda q, k, v, m: _attention(q, k, v, m, scale=0.125))
+    assert _plan(g, q, k, v, bias)[1][1] == [(12, 1031, 515)]
+    _check_wide(np.asarray(g(q, k, v, bias)), want)
+    small = [x[:4, :37, :] for x in (q, k, v)]
+    h = fusec.gpu_jit(lambda q, k, v: _attention(q, k, v, scale=0.125))
+    assert _plan(h, *small)[1][1] == [(4, 37, 37)]  # a 64x64 tile: not pipelined
+    monkeypatch.setattr(att, "PROBS_IN_PRODUCT", 0)
+    f = fusec.gpu_jit(lambda q, k, v: _attention(q, k, v, scale=0.125))
+    assert _plan(f, q, k, v)[1][1] == [(12, 1031, 515)]
+    monkeypatch.undo()
+    fusec.config.set("target", "cpu")
+    try:
+        c = fusec.gpu_jit(lambda q, k, v: _attention(q, k, v, scale=0.125))
+        assert _plan(c, *small)[1][1] == [(4, 37, 37)]
+    finally:
+        fusec.config.set("target", "gpu")
+
+
+@pytest.mark.usefixtures("gpu_target")
+def test_probabilities_computed_where_loaded_without_the_pipeline(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # forced onto a product whose kernel is not pipelined, A's arithmetic is computed where it
+    # is loaded (slower, see codegen._deferred_a; still right)
+    monkeypatch.setattr(fusec.codegen, "deferred_prologue", lambda *a: True)
+    rng = np.random.default_rng(12)
+    q, k, v = _wide_case(rng, 5, 37, 53, 40, 24)
+    f = fusec.gpu_jit(lambda q, k, v: _attention(q, k, v, scale=0.3))
+    plan = _plan(f, q, k, v)
+    assert plan[1][1] == [(5, 37), (5, 37)]
+    assert "a step behind the loads" not in f.lower(q, k, v).kernels[2].wgsl
+    _check_wide(np.asarray(f(q, k, v)), _reference(q, k, v, 0.3, None))

@@ -60,7 +60,8 @@ PIPELINE: list[tuple[str, Pass]] = [
     # product with the weights joined (a fusion too: not in unfused plans)
     ("merge_products", lambda p, o: merge_products(p) if o.fuse else p),
     # attention written out becomes one op of its own kernel (a fusion: not in unfused plans)
-    ("attention", lambda p, o: rewrite_attention(p, o.target, o.subgroups) if o.fuse else p),
+    ("attention", lambda p, o: rewrite_attention(p, o.target, o.subgroups, o.workgroup_storage)
+     if o.fuse else p),
     # products with a quantized matrix and few rows become one op whose kernel dequantises the
     # weights in registers (a fusion too)
     ("quant", lambda p, o: rewrite_quant(p, o.target) if o.fuse else p),
@@ -86,6 +87,7 @@ def tuning() -> dict[str, object]:
     persistent cache's key, so that a process with other settings never loads another plan."""
     import importlib
 
+    from . import attention as attention_module
     from . import merge, quant, split, splitk
 
     # (the attribute fusec.passes.fuse is the pass's function: the module by its name)
@@ -94,6 +96,7 @@ def tuning() -> dict[str, object]:
     return {"fuse": (fuse_module.ROW_MAX, fuse_module.CONE_MAX, fuse_module.PROLOGUE_MAX,
                      fuse_module.PROLOGUE_ROWS, fuse_module.PROLOGUE_QUERY_ROWS),
             "merge": (merge.MAX_ROWS, merge.MAX_TILES),
+            "attention": (attention_module.PROBS_IN_PRODUCT,),
             "quant": (quant.FOLD_RMS_NORM,),
             "split": (split.SPLIT_MIN, split.SPLIT_MAX_OUTPUTS, split.CHUNK, split.MAX_CHUNKS,
                       split.COLUMN_THREADS, split.COLUMN_MIN),

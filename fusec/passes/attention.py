@@ -14,15 +14,28 @@ The pass looks for this chain, as ``fusec.nn.softmax`` traces it, from the last 
 Every value inside the chain must be used only by the chain (the scores or probabilities that a
 program returns, or that a backward pass reads, keep it as it is). It is rewritten only where the
 kernel pays (:func:`fusec.kernels.attention.fits`): float32 and head dims up to 32.
+
+Where the kernel does not pay (wider heads) the chain stays written out, but on GPUs its last
+product computes the probabilities as it loads them (:func:`_probabilities_in_product`)::
+
+    o = div(matmul(e, v), n)      the matmul marked ``a_prologue``: e = exp(s - m) not written
+
+so the softmax's kernel only reduces the rows (m and n), and the S x T probabilities never reach
+memory: the product's kernel computes ``exp(s - m)`` where it loads A, and divides each output
+row by its sum in its epilogue.
 """
 
 from __future__ import annotations
 
+import math
+import os
 from typing import Optional
 
+from .. import codegen
 from ..ir import Atom, Eqn, Lit, Op, Program, Var
 from ..kernels.attention import fits, split_lanes
 from .dce import dce
+from .splitk import rb_chunks_for
 from .uses import Uses
 
 
@@ -34,6 +47,12 @@ def _last_axis_reduce(u: Uses, v: Atom, op: Op, src: Var, uses: int = 1) -> bool
     red = u.sole(r.inputs[0], op)
     return (red is not None and red.inputs[0] is src
             and tuple(red.params["axes"]) == (len(src.shape) - 1,))
+
+
+# On GPUs, a written-out attention's probabilities are computed by the p @ v product as it loads
+# them (see the module's docstring) where v has at most this many columns (the product's tiles
+# then span them once or twice, so each probability's exp is computed once or twice); 0: never.
+PROBS_IN_PRODUCT = int(os.environ.get("FUSEC_PROBS_IN_PRODUCT", 256))
 
 
 def _match(u: Uses, out: Eqn) -> Optional[tuple[list[Atom], float]]:
@@ -92,7 +111,8 @@ def _match(u: Uses, out: Eqn) -> Optional[tuple[list[Atom], float]]:
     return ins, scale
 
 
-def rewrite_attention(prog: Program, target: str = "gpu", subgroups: int = 0) -> Program:
+def rewrite_attention(prog: Program, target: str = "gpu", subgroups: int = 0,
+                      workgroup_storage: int = codegen.WORKGROUP_STORAGE) -> Program:
     """Replace each attention chain (see the module's docstring) by one ``attention`` op; the
     chain's other equations become dead and are dropped. ``subgroups`` (Options.subgroups): where
     the device has subgroup operations, a query row's head dims may be split over several
@@ -100,7 +120,7 @@ def rewrite_attention(prog: Program, target: str = "gpu", subgroups: int = 0) ->
     if not any(e.op is Op.MATMUL for e in prog.eqns):
         return prog
     u = Uses(prog)
-    found: dict[int, Eqn] = {}
+    found: dict[int, Eqn | list[Eqn]] = {}
     for e in prog.eqns:
         if e.op is not Op.MATMUL:
             continue
@@ -110,6 +130,8 @@ def rewrite_attention(prog: Program, target: str = "gpu", subgroups: int = 0) ->
         ins, scale = hit
         q, kt, v = ins[:3]
         if not fits(q.shape, kt.shape, v.shape, target):
+            if _probabilities_pay(e, len(ins) > 3, target, workgroup_storage):
+                found[id(e)] = _probabilities_in_product(u, e)
             continue
         # buffer_inputs (): the fusion pass reads the operands through their movement ops
         params = {"scale": scale, "bias": len(ins) > 3, "buffer_inputs": ()}
@@ -120,5 +142,37 @@ def rewrite_attention(prog: Program, target: str = "gpu", subgroups: int = 0) ->
     if not found:
         return prog
     # the chains' other equations are dead now
-    return dce(Program(list(prog.inputs), [found.get(id(e), e) for e in prog.eqns],
-                       list(prog.outputs)))
+    eqns: list[Eqn] = []
+    for e in prog.eqns:
+        new = found.get(id(e), e)
+        eqns.extend(new if isinstance(new, list) else [new])
+    return dce(Program(list(prog.inputs), eqns, list(prog.outputs)))
+
+
+def _probabilities_pay(out: Eqn, bias: bool, target: str, workgroup_storage: int) -> bool:
+    """Does the p @ v product ``out`` of a written-out attention compute the probabilities as it
+    loads them (_probabilities_in_product)? On GPUs, without a bias (the product's kernel then
+    reads one value per probability, the score, and one per row, the maximum), where v has at most
+    PROBS_IN_PRODUCT columns and the product takes a pipelined kernel, which computes them a step
+    behind its loads (codegen.deferred_prologue) and is not split along the keys (split_k)."""
+    p, v = out.inputs
+    *batch, m, k = p.shape
+    n = v.shape[-1]
+    nb = math.prod(batch)
+    return (target == "gpu" and not bias and 0 < n <= PROBS_IN_PRODUCT
+            and codegen.deferred_prologue(m, k, n, nb, target, workgroup_storage)
+            and (len(p.shape) > 2 or rb_chunks_for(m, k, n, target) == 1))
+
+
+def _probabilities_in_product(u: Uses, out: Eqn) -> list[Eqn]:
+    """``o = matmul(div(e, n), v)`` as ``o = div(matmul(e, v), n)``, the product marked
+    ``a_prologue`` (the fusion pass then leaves e = exp(s - m) to be computed where the product
+    loads it; n divides each output row, a per-row factor of the sum over the keys). The
+    probabilities' S x T values are then never written: the softmax's kernel reduces the rows
+    (its max and sum) only."""
+    p, v = out.inputs
+    div = u.producer[id(p)]  # _match found it: div(e, n), read by this product only
+    e, n = div.inputs
+    t = Var(out.out.shape, out.out.dtype)
+    return [Eqn(Op.MATMUL, (e, v), (t,), {**out.params, "a_prologue": True}),
+            Eqn(Op.DIV, (t, n), (out.out,), {})]

@@ -126,6 +126,10 @@ class _Planner:
                     if j == 0 and e.op in (Op.QMATMUL, Op.ATTENTION) and _few_rows(e, a) \
                             and _prologue(self, a):
                         continue
+                    if j == 0 and enabled and e.params.get("a_prologue"):
+                        # attention's probabilities, computed where p @ v loads them
+                        # (passes/attention.py: _probabilities_in_product)
+                        continue
                     v = a
                     while isinstance(v, Var) and id(v) in self.producer and (
                             self.producer[id(v)].op in MOVEMENT or e.op is Op.MATMUL
