@@ -1145,37 +1145,29 @@ def _deferred_a(body: Program, mm: Eqn) -> Optional[tuple[Var, list[Var]]]:
     if (a.dtype != "float32" or mm.out.dtype != "float32" or id(a) not in producers
             or producers[id(a)].op not in ELEMENTWISE):
         return None
-    full: list[Var] = []
-    rows: list[Var] = []
+    row_shape = a.shape[:-1] + (1,)
+    full: dict[int, Var] = {}
+    rows: dict[int, Var] = {}
     stack = [a]
     seen: set[int] = set()
     while stack:
         v = stack.pop()
+        if v.shape != a.shape and v.shape != row_shape:
+            return None
         e = producers.get(id(v))
         if v is not a and (e is None or e.op not in ELEMENTWISE):
             # read from memory (or through movement ops): full, or one value per row
             if v.dtype != "float32":
                 return None
-            if v.shape == a.shape:
-                full.append(v)
-            elif v.shape == a.shape[:-1] + (1,):
-                rows.append(v)
-            else:
-                return None
+            (full if v.shape == a.shape else rows)[id(v)] = v
             continue
         assert e is not None
-        if id(e) in seen:
-            continue
-        seen.add(id(e))
-        for x in e.inputs:
-            if isinstance(x, Var):
-                if x.shape != a.shape and x.shape != a.shape[:-1] + (1,):
-                    return None
-                stack.append(x)
-    uniq = {id(v): v for v in full}
-    if len(uniq) != 1 or len({id(v) for v in rows}) > 2:
+        if id(e) not in seen:
+            seen.add(id(e))
+            stack.extend(x for x in e.inputs if isinstance(x, Var))
+    if len(full) != 1 or len(rows) > 2:
         return None
-    return full[0], list({id(v): v for v in rows}.values())
+    return next(iter(full.values())), list(rows.values())
 
 
 def _matmul_rb(body: Program, names: dict[int, str], mm: Eqn,
