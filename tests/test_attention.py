@@ -492,12 +492,11 @@ def test_probabilities_written_where_the_product_would_wait_for_them(
     f = fusec.gpu_jit(lambda q, k, v: _attention(q, k, v, scale=0.125))
     assert _plan(f, q, k, v)[1][1] == [(12, 1031, 515)]
     monkeypatch.undo()
-    fusec.config.set("target", "cpu")
-    try:
+    from helpers import forced_target
+
+    with forced_target("cpu"):
         c = fusec.gpu_jit(lambda q, k, v: _attention(q, k, v, scale=0.125))
         assert _plan(c, *small)[1][1] == [(4, 37, 37)]
-    finally:
-        fusec.config.set("target", "gpu")
 
 
 @pytest.mark.usefixtures("gpu_target")
