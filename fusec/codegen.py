@@ -16,6 +16,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any, Optional
 
+from . import config
 from .dtypes import WGSL_STORAGE, WGSL_TYPE
 from .emit import (  # noqa: F401 - re-exported: part of codegen's interface
     LOOP_BUDGET,
@@ -47,7 +48,7 @@ TILE = 16  # matmul tile edge
 ELEMS_PER_THREAD = 4  # elementwise kernels over large arrays
 VEC_MIN = 1 << 16  # elementwise kernels at least this large use vec4 loads and stores on GPUs
 # vec4s per thread: on the H200 (2^26 float32) 2 gave 4.1-4.3 TB/s where 1 gave 3.2-3.6 (4: as 2)
-VEC_PER_THREAD = int(os.environ.get("FUSEC_VEC_PER_THREAD", 2))
+VEC_PER_THREAD = config.env_int("FUSEC_VEC_PER_THREAD", 2)
 # Register-blocked matmuls store their epilogue's runs of 4 columns as vec4s (_vector_stores).
 VEC_STORES = 1
 VEC_STORES_BARE_K = 4096
@@ -57,7 +58,7 @@ VEC_STORES_BARE_K = 4096
 # They load single elements: runs of 4 (vec4) measured no faster on the H200 (8192x8192 softmax
 # 136.7 vs 137.3 us, layer_norm 142.5 vs 137.7), nor did a two-level shared-memory combine in
 # place of the tree (140.2 vs 137.6), nor subgroup operations in place of it (see row_threads).
-ROW_CACHE = int(os.environ.get("FUSEC_ROW_CACHE", 64))
+ROW_CACHE = config.env_int("FUSEC_ROW_CACHE", 64)
 # Register-blocked matmul on GPUs: (BM, BN, BK, TM, TN). Measured on the H100 at 4096^3 float32
 # (trusted modules, cuBLAS 50.2 TFLOP/s; ms): 128x128x16 with 8x8 per thread 4.59, BK 8 5.20, BK
 # 32 5.44; 128x64x16 4.76, BK 32 4.96; 64x64x16 5.57, BK 32 5.45. A thread's 8 columns of the
@@ -198,12 +199,12 @@ FEWCOL4_LANES = 4
 FEWCOL4_ROWS = 2
 FEWCOL4_K_TILE = 512
 # threads per row of row kernels on GPUs (FUSEC_ROW_THREADS forces one; default: see row_threads)
-ROW_THREADS = int(os.environ.get("FUSEC_ROW_THREADS", 0))
+ROW_THREADS = config.env_int("FUSEC_ROW_THREADS", 0)
 ROW_PER_THREAD = 16  # elements per thread row_threads aims at
 # loads each thread of a partial-reduction kernel has in flight per loop step (FUSEC_PARTIAL_UNROLL)
 # (sum of 2^26 float32 on the H200: 120 us with 1, 73 with 4 to 16; 2^22 x 16 column sums: 927
 # with 8, 715 with 16)
-PARTIAL_UNROLL = int(os.environ.get("FUSEC_PARTIAL_UNROLL", 16))
+PARTIAL_UNROLL = config.env_int("FUSEC_PARTIAL_UNROLL", 16)
 if PARTIAL_UNROLL < 1:
     raise ValueError(f"FUSEC_PARTIAL_UNROLL must be at least 1; got {PARTIAL_UNROLL}")
 # partial reductions over leading axes take a thread per (chunk, column) from this many columns
@@ -219,7 +220,7 @@ PARTIAL_COLUMNS_MIN = 4
 # 96.2 / 145.6, 7 103.7 / 132.4, 8 95.7 / 117.9, 16 96.0 / 104.8, 64 96.6 / 98.9, 128 96.9 /
 # 100.4, 200 106.8 / 106.6, 256 98.4 / 97.7; 2^24 in 4 columns 30.9 / 52.4 (full 31.1), 2^22
 # 11.1 / 14.6 (11.1), 2^20 12.4 / 14.6 (11.3)
-FLAT_COLUMNS = int(os.environ.get("FUSEC_FLAT_COLUMNS", 128))
+FLAT_COLUMNS = config.env_int("FUSEC_FLAT_COLUMNS", 128)
 if not 0 <= FLAT_COLUMNS <= WORKGROUP:
     raise ValueError(f"FUSEC_FLAT_COLUMNS must be from 0 to {WORKGROUP}; got {FLAT_COLUMNS}")
 

@@ -31,6 +31,8 @@ import os
 import sys
 from typing import Any
 
+from .errors import FusecError
+
 _overrides: dict[str, Any] = {}
 
 _ENV = {
@@ -89,6 +91,19 @@ def get(name: str) -> Any:
         except ValueError:
             return 1 if raw.lower() in ("true", "yes", "on") else 0
     return raw.strip().lower() if name in _CASE_INSENSITIVE else raw
+
+
+def env_int(env: str, default: int) -> int:
+    """An integer tuning constant from environment variable ``env`` (``default`` where it is unset
+    or empty), read where a module defines the constant; anything but an integer is an error
+    that names the variable."""
+    raw = os.environ.get(env, "")
+    if not raw.strip():
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise FusecError(f"{env} must be an integer; got {raw!r}") from None
 
 
 def set(name: str, value: Any) -> None:  # noqa: A001 - mirrors get()

@@ -20,6 +20,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Optional
 
+from .config import env_int
+
 MAGIC = "fusec-cache-v1"
 SUFFIX = ".fcache"
 
@@ -36,7 +38,7 @@ def cache_dir() -> Optional[Path]:
 
 
 def max_bytes() -> int:
-    return int(os.environ.get("FUSEC_CACHE_MAX_BYTES", 256 << 20))
+    return env_int("FUSEC_CACHE_MAX_BYTES", 256 << 20)
 
 
 def key_of(*parts: Any) -> str:

@@ -191,7 +191,7 @@ class Runtime:
         self._pooled: OrderedDict[int, tuple[int, Any]] = OrderedDict()
         self._free_bytes = 0
         self.destroyed = 0
-        self.pool_limit = int(os.environ.get("FUSEC_POOL_BYTES", 1 << 30))
+        self.pool_limit = config.env_int("FUSEC_POOL_BYTES", 1 << 30)
         self._staging: dict[int, Any] = {}
         self._sync_src: Any = None
         # GPU timing: when ``profile`` is set (and the adapter has timestamp queries), each call

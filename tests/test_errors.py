@@ -373,3 +373,21 @@ def test_python_int_argument_outside_int32_names_the_argument():
     f = fusec.gpu_jit(lambda x, offset: x + offset)
     msg = raises(fusec.FusecError, f, np.ones(3, np.int32), 2**40)
     has(msg, "'offset'", str(2**40), "int32")
+
+
+def test_integer_setting_that_is_not_an_integer_names_its_variable(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # the tuning constants read from the environment (FUSEC_PROBS_IN_PRODUCT, FUSEC_ROW_THREADS,
+    # FUSEC_POOL_BYTES, ...): a clear error, not int()'s ValueError; unset or empty: the default
+    from fusec.config import env_int
+
+    monkeypatch.setenv("FUSEC_PROBS_IN_PRODUCT", "lots")
+    with pytest.raises(fusec.FusecError, match=r"FUSEC_PROBS_IN_PRODUCT must be an integer; "
+                                               r"got 'lots'"):
+        env_int("FUSEC_PROBS_IN_PRODUCT", 256)
+    monkeypatch.setenv("FUSEC_PROBS_IN_PRODUCT", " ")
+    assert env_int("FUSEC_PROBS_IN_PRODUCT", 256) == 256
+    monkeypatch.setenv("FUSEC_PROBS_IN_PRODUCT", "128")
+    assert env_int("FUSEC_PROBS_IN_PRODUCT", 256) == 128
+    monkeypatch.delenv("FUSEC_PROBS_IN_PRODUCT")
+    assert env_int("FUSEC_PROBS_IN_PRODUCT", 256) == 256

@@ -28,10 +28,9 @@ row by its sum in its epilogue.
 from __future__ import annotations
 
 import math
-import os
 from typing import Optional
 
-from .. import codegen
+from .. import codegen, config
 from ..ir import Atom, Eqn, Lit, Op, Program, Var
 from ..kernels.attention import fits, split_lanes
 from .dce import dce
@@ -52,7 +51,7 @@ def _last_axis_reduce(u: Uses, v: Atom, op: Op, src: Var, uses: int = 1) -> bool
 # On GPUs, a written-out attention's probabilities are computed by the p @ v product as it loads
 # them (see the module's docstring) where v has at most this many columns (the product's tiles
 # then span them once or twice, so each probability's exp is computed once or twice); 0: never.
-PROBS_IN_PRODUCT = int(os.environ.get("FUSEC_PROBS_IN_PRODUCT", 256))
+PROBS_IN_PRODUCT = config.env_int("FUSEC_PROBS_IN_PRODUCT", 256)
 
 
 def _match(u: Uses, out: Eqn) -> Optional[tuple[list[Atom], float]]:
