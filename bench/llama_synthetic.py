@@ -6,7 +6,8 @@ package needed): where a decode step's wall time goes. Per step, medians of ``--
 - **gpu ms**: the step's GPU time by timestamps (one pass; ``rt.profile``);
 - the kernel count, and (``--profile``) each kernel kind's GPU time, each kernel run alone.
 
-    python bench/llama_synthetic.py [--layers 30] [--steps 20] [--batch 1] [--profile]
+    python bench/llama_synthetic.py [--layers 30] [--steps 20] [--batch 1] [--max-len 256]
+        [--profile]
         [--cprofile] [--submit-firsts 4,2,1,0,4/4 [--rounds 3]] [--record-ahead [--rounds 3]]
         [--settings "default;fuse.PROLOGUE_MAX=0" [--rounds 3]] [--hold-clocks]
 
@@ -167,7 +168,7 @@ def compare_settings(cfg: LlamaConfig, w: dict, a: argparse.Namespace) -> None:
     for r in range(a.rounds):
         for setting in a.settings.split(";"):
             with overridden(setting_changes(setting, modules)):
-                model = Llama(cfg, w, max_len=256)
+                model = Llama(cfg, w, max_len=a.max_len)
                 nxt = warmed_up(model, a.batch)
                 count = kernel_count(model, nxt)
                 host, step, nxt = timed_steps(model, nxt, a.steps)
@@ -188,6 +189,8 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=30)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--max-len", type=int, default=256,
+                    help="the KV cache's length (bench/smollm2_bench.py uses 1024)")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--submit-firsts", default="")
     ap.add_argument("--rounds", type=int, default=3)
@@ -206,7 +209,7 @@ def main() -> None:
     if a.settings:
         compare_settings(cfg, w, a)
         return
-    model = Llama(cfg, w, max_len=256)
+    model = Llama(cfg, w, max_len=a.max_len)
     print(f"weights made and uploaded in {time.perf_counter() - t0:.1f} s; "
           f"{fusec.default_device()}")
     nxt = warmed_up(model, a.batch)

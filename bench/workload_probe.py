@@ -28,6 +28,9 @@ from timing import ConfigSettings, overridden, setting_changes  # noqa: E402  (b
 PROBES: dict[str, tuple[Callable[..., Any], tuple[tuple[int, ...], ...]]] = {
     "row_max": (lambda B, x: x.max(axis=-1), ((8192, 8192),)),
     "row_sum": (lambda B, x: x.sum(axis=-1), ((8192, 8192),)),
+    # products whose B is read along K (a B tile stored k-major from columns of K)
+    "q_kt": (lambda B, q, k: q @ k.swapaxes(-1, -2), ((8, 2048, 128), (8, 2048, 128))),
+    "x_wt": (lambda B, x, w: x @ w.T, ((2048, 1024), (2816, 1024))),
 }
 
 

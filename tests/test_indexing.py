@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import Delta, requires_wgpu, spy_sizes
+from helpers import Delta, forced_target, requires_wgpu, spy_sizes
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -632,6 +632,78 @@ def test_dynamic_update_slice_is_one_kernel(rng):
     want = x.copy()
     want[3, 9:11] = u[0, :2]
     check(y, want)
+
+
+def _threads(f: Any, *args: Any) -> int:
+    """Threads the single kernel of ``f``'s plan for ``args`` launches (workgroups of 256)."""
+    kernels = f.lower(*args).kernels
+    assert len(kernels) == 1, [k.name for k in kernels]
+    return int(np.prod(kernels[0].grid)) * 256
+
+
+@requires_wgpu
+@pytest.mark.parametrize("target", ["gpu", "cpu"])
+def test_dynamic_update_slice_into_a_donated_buffer_runs_over_its_window(rng, target):
+    """An update written in place into a donated buffer is computed over its window alone (a
+    decode step's cache update: one position, not the whole cache); the rest of the buffer keeps
+    its values, whatever the start (clamped, negative, at either end). On both targets' code (a
+    GPU's binds large buffers as vec4s)."""
+    with forced_target(target):
+        _window_updates(rng)
+
+
+def _window_updates(rng: np.random.Generator) -> None:
+    # 65568 elements in rows of 16: the whole-buffer kernel would bind them as vec4s
+    x = distinct((3, 2, 683, 16), rng)
+    u = distinct((3, 2, 1, 16), rng) * 1000
+    w = distinct((3, 2, 1, 16), rng) * 10000
+
+    def step(a: Any, b: Any, u: Any, w: Any, p: Any) -> Any:
+        # the update is computed (fused into the kernel); two buffers share the start
+        return (lax.dynamic_update_slice(a, u * 2.0 - 1.0, (0, 0, p, 0)),
+                lax.dynamic_update_slice(b, w + u, (0, 0, p, 0)))
+
+    f = fusec.gpu_jit(step, donate_argnums=(0, 1))
+    p0 = np.int32(0)
+    assert _threads(f, x, x, u, w, p0) == 256  # 96 elements, not 65568
+    for p in [0, 5, 682, -1, -700, 800]:
+        a, b = fusec.device_put(x), fusec.device_put(x + 0.5)
+        ya, yb = f(a, b, u, w, np.int32(p))
+        s = _fit(p, 683, 1)
+        want_a, want_b = x.copy(), x + 0.5
+        want_a[:, :, s:s + 1] = u * 2.0 - 1.0
+        want_b[:, :, s:s + 1] = w + u
+        check(ya, want_a)
+        check(yb, want_b)
+
+    # windows along several axes, static (x.at[...].set) and traced starts mixed
+    y = distinct((5, 300, 7), rng)
+    v = distinct((2, 3, 7), rng) * 10
+    g = fusec.gpu_jit(lambda y, v, i: lax.dynamic_update_slice(y, v, (i, 250, 0)),
+                      donate_argnums=0)
+    assert _threads(g, y, v, np.int32(0)) == 256
+    for i in [0, 3, 4, -2]:
+        want = y.copy()
+        want[_fit(i, 5, 2):_fit(i, 5, 2) + 2, 250:253] = v
+        check(g(fusec.device_put(y), v, np.int32(i)), want)
+    h = fusec.gpu_jit(lambda y, v: y.at[1:3, 7:10].set(v + 1.0), donate_argnums=0)
+    assert _threads(h, y, v) == 256
+    want = y.copy()
+    want[1:3, 7:10] = v + 1.0
+    check(h(fusec.device_put(y), v), want)
+
+    # not donated: the output is a buffer of its own, written whole; the input is unchanged
+    k = fusec.gpu_jit(lambda y, v, i: lax.dynamic_update_slice(y, v, (i, 250, 0)))
+    assert _threads(k, y, v, np.int32(0)) >= y.size
+    yd = fusec.device_put(y)
+    want = y.copy()
+    want[1:3, 250:253] = v
+    check(k(yd, v, np.int32(1)), want)
+    check(yd, y)
+    # a donated buffer changed by a test that is no window: every element
+    m = fusec.gpu_jit(lambda y, v: fnp.where(y > 0, y, v[:1, :1]), donate_argnums=0)
+    assert _threads(m, y, v) >= y.size // 4  # (vectorised: 4 elements a thread)
+    check(m(fusec.device_put(y), v), np.where(y > 0, y, v[:1, :1]))
 
 
 def test_lax_errors():
