@@ -936,6 +936,12 @@ def ref_gelu_tanh(x: np.ndarray) -> np.ndarray:
     return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
 
 
+def ref_gelu_tanh_exact(x: np.ndarray) -> np.ndarray:
+    """ref_gelu_tanh without its cancellation for negative x (1 + tanh(u) is 0 in float64 below
+    x = -6 or so): the same function, 0.5 x (1 + tanh(u)) = x / (1 + exp(-2u))."""
+    return x / (1.0 + np.exp(-2.0 * math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+
+
 def ref_gelu_erf(x: np.ndarray) -> np.ndarray:
     return 0.5 * x * (1.0 + np_erf(x / math.sqrt(2.0)))
 
@@ -1111,6 +1117,28 @@ def test_rms_norm(shape: Any, axis: int, with_weight: bool, eps: float,
     # a sum of squares (all positive: 1e-5 log2 n relative), rsqrt, two multiplications
     t = 1e-5 * max(1.0, math.log2(n)) + _tol(Op.RSQRT)[0] + 4 * U32
     assert_close(got, want, t, 1e-6)
+
+
+def test_gelu_keeps_its_relative_accuracy_for_negative_inputs(rng: np.random.Generator) -> None:
+    """gelu(x) for x from -9 to -0.5 is small (down to 1e-28) but within exp's relative error (the
+    op table's) and a few roundings of the float64 formula: nn.gelu's x / (1 + exp(-2u)) does
+    not subtract, where 0.5 x (1 + tanh(u)) cancels (10% off near -9 in float32). Also inside a
+    matmul's epilogue, at 1031 columns (not a multiple of 4)."""
+    x = np.concatenate([np.linspace(-9.0, -0.5, 4001), rng.uniform(-9.0, -0.5, 999)])
+    x = x.astype(np.float32)
+    want = ref_gelu_tanh_exact(x.astype(np.float64))
+    got = np.asarray(jit(nn.gelu)(x)).astype(np.float64)
+    rel = np.abs(got - want) / np.abs(want)
+    assert rel.max() <= EXP_R + 8 * U32, (rel.max(), x[np.argmax(rel)])
+    a = randf(rng, (7, 13), -1, 1)
+    w = randf(rng, (13, 1031), -1, 1)
+    h = (a.astype(np.float64) @ w.astype(np.float64)) * 3 - 4  # mostly negative
+    hw = np.asarray(jit(lambda a, w: nn.gelu(a @ w * 3.0 - 4.0))(a, w)).astype(np.float64)
+    # the product's own rounding (K = 13) passes through gelu's slope, as in any epilogue
+    slope = np.abs(np.gradient(ref_gelu_tanh(np.linspace(-10, 0, 100001)), 1e-4)).max()
+    err = np.abs(hw - ref_gelu_tanh_exact(h))
+    assert (err <= (EXP_R + 8 * U32) * np.abs(ref_gelu_tanh_exact(h))
+            + slope * 3 * 13 * 4 * U32 * (np.abs(a) @ np.abs(w)) + 1e-30).all(), err.max()
 
 
 def test_jit_of_functions_with_default_arguments(rng: np.random.Generator) -> None:
