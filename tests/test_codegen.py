@@ -520,6 +520,29 @@ def test_a_tile_padded_where_it_fits_else_swizzled(block: tuple[int, int, int, i
     assert workgroup_bytes(k.wgsl) == (padded_bytes if padded else padded_bytes - sets * 16 * bk)
 
 
+@pytest.mark.usefixtures("gpu_target")
+def test_bare_products_of_whole_tiles_store_without_the_bounds_test(
+        rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bare product whose rows and columns are whole tiles stores its block unconditionally
+    (NVIDIA's compiler builds a faster kernel so); a product with an epilogue, or with an edge
+    tile, keeps the bounds test. All of them compute the product (through wgpu)."""
+    monkeypatch.setattr(codegen, "MATMUL_BLOCK", (128, 128, 16, 8, 8))
+    a = rng.standard_normal((256, 48)).astype(np.float32)
+    b = rng.standard_normal((48, 384)).astype(np.float32)
+    c = rng.standard_normal(384).astype(np.float32)
+    ad, bd = a.astype(np.float64), b.astype(np.float64)
+    cases = [(lambda x, y: x @ y, (a, b), ad @ bd, False),
+             (lambda x, y, z: x @ y + z, (a, b, c), ad @ bd + c, True),
+             (lambda x, y: x @ y, (a[:250], b), ad[:250] @ bd, True),
+             (lambda x, y: x @ y, (a, b[:, :383]), ad @ bd[:, :383], True)]
+    for fn, args, want, guarded in cases:
+        f = fusec.gpu_jit(fn)
+        (k,) = f.lower(*args).kernels
+        epilogue = k.wgsl[k.wgsl.rindex("workgroupBarrier();"):]
+        assert ("if (r" in epilogue) == guarded, epilogue[:400]
+        np.testing.assert_allclose(np.asarray(f(*args)), want, rtol=1e-5, atol=1e-4 * 48)
+
+
 @pytest.mark.usefixtures("cpu_target")
 def test_cpu_target_kernels_stay_within_the_software_loop_limit() -> None:
     """Software adapters end an invocation's loops after 65535 iterations in all: on the "cpu"
