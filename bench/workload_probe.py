@@ -6,7 +6,8 @@ JAX's wall clock beside them with ``--jax``.
         [--settings "default;codegen.NAME=value"] [--rounds 3] [--jax]
 
 Names: any `fusec bench` workload, or one of PROBES (the argmax workload's input reduced other
-ways, to tell its arithmetic from its memory traffic). Settings are ``module.NAME=value``
+ways, to tell its arithmetic from its memory traffic; products whose B is read along K, as the
+transformer block's ``q @ kᵀ`` and a ``x @ w.T``). Settings are ``module.NAME=value``
 overrides (``codegen``, ``splitk``, ``fuse``, ``merge``, ``attention``, or ``config`` for
 fusec.config's settings: ``config.record_ahead=off``) joined by commas, ``default`` for none;
 the constants are read at lowering, so the persistent cache must be off.

@@ -405,7 +405,9 @@ def _update_window(body: Program, inplace: tuple[tuple[int, int], ...]) -> Optio
         j = it.params["axis"]
         if i.shape[j] != shape[j] or (isinstance(s, Lit) and isinstance(s.value, float)):
             return None
-        axis, _, bounds = tests.setdefault(id(w), (j, s, [0, 0]))
+        # (two upper bounds keep the last: a window larger than the test is still right, since
+        # the kernel evaluates the test itself; a smaller one would not be)
+        bounds = tests.setdefault(id(w), (j, s, [0, 0]))[2]
         if e.op is Op.GE and int(bound.value) == 0:
             bounds[0] = 1
         elif e.op is Op.LT and int(bound.value) > 0:
