@@ -19,8 +19,9 @@ rounds, with how many steps were submitted as recorded ahead during the wait bef
 setting (``F/G``: and FUSEC_SUBMIT_GROWTH G), interleaved over ``--rounds`` rounds in this
 process (the GPU's clocks drift between processes), and prints each setting's best round.
 ``--settings`` does the same for planner settings: each a list of ``module.NAME=value``
-overrides (modules ``fuse``, ``codegen``, ``merge``, ``quant``: fusec.passes.fuse,
-fusec.codegen, fusec.passes.merge, fusec.passes.quant), ``default`` for none, each round on a
+overrides (modules ``fuse``, ``codegen``, ``merge``, ``quant``, ``attention``:
+fusec.passes.fuse, fusec.codegen, fusec.passes.merge, fusec.passes.quant,
+fusec.passes.attention), ``default`` for none, each round on a
 model built afresh (run with ``FUSEC_CACHE_DIR=off``: the settings are read at lowering); it
 prints each round's step and GPU time, and each setting's kernel count and best round.
 """
@@ -163,7 +164,8 @@ def compare_settings(cfg: LlamaConfig, w: dict, a: argparse.Namespace) -> None:
     # (the attribute fusec.passes.fuse is the pass's function: modules by their names)
     modules = {name: importlib.import_module(path) for name, path in (
         ("fuse", "fusec.passes.fuse"), ("codegen", "fusec.codegen"),
-        ("merge", "fusec.passes.merge"), ("quant", "fusec.passes.quant"))}
+        ("merge", "fusec.passes.merge"), ("quant", "fusec.passes.quant"),
+        ("attention", "fusec.passes.attention"))}
     best: dict[str, tuple[float, float, float, int]] = {}
     for r in range(a.rounds):
         for setting in a.settings.split(";"):

@@ -28,6 +28,7 @@ from .emit import (  # noqa: F401 - re-exported: part of codegen's interface
     Idx,
     KernelCode,
     Unaligned,
+    Window,
     _bindings,
     _env,
     _helpers,
@@ -36,12 +37,13 @@ from .emit import (  # noqa: F401 - re-exported: part of codegen's interface
     grid_for,
     store_expr,
     strides,
+    update_window,
+    window_stores,
 )
 from .ir import (
     ELEMENTWISE,
     MOVEMENT,
     REDUCE,
-    Atom,
     Eqn,
     Lit,
     Op,
@@ -128,6 +130,10 @@ THIN_K_MANY = 384
 THIN_TILES = 512
 # Every tile pipelined where two sets fit (for probes: bench/product_probe.py).
 PIPELINE_ALL = 0
+# Experimental (measuring): register-blocked tiles in groups of RB_GROUP tile rows (0: row by
+# row), and a warp as 8 x 4 thread blocks (RB_WARP_SQUARE = 1) instead of 16 x 2.
+RB_GROUP = 0
+RB_WARP_SQUARE = 0
 MATMUL_BLOCK: Optional[tuple[int, ...]] = (
     tuple(int(v) for v in os.environ["FUSEC_MATMUL_BLOCK"].split(","))
     if os.environ.get("FUSEC_MATMUL_BLOCK") else None)
@@ -251,7 +257,7 @@ def tuning() -> dict[str, Any]:
                        LARGE_TILES, MATMUL_WIDE, WIDE_TILES, MATMUL_LARGE_WIDE, GPU_SMS,
                        LARGE_WIDE_SPEED, MATMUL_THIN, THIN_K,
                        THIN_K_MANY, THIN_TILES, PIPELINE_ALL, VEC_STORES,
-                       VEC_STORES_BARE_K),
+                       VEC_STORES_BARE_K, RB_GROUP, RB_WARP_SQUARE),
             "attention": (_attention.ROWS, _attention.SPLIT, _attention.MAX_TILE,
                           _attention.MAX_HEAD, _attention.FEW_ROWS, _attention.FEW_HEAD,
                           _attention.FEW_KEYS, _attention.FEW_THREADS, _attention.FEW_UNROLL,
@@ -289,7 +295,7 @@ def _generate(kernel: Eqn, target: str, workgroup_storage: int) -> KernelCode:
     body: Program = kernel.params["body"]
     name = kernel.params["name"]
     inplace = tuple(kernel.params.get("inplace", ()))
-    window = (_update_window(body, inplace) if kind == "elementwise" and UPDATE_WINDOW
+    window = (update_window(body, inplace) if kind == "elementwise" and UPDATE_WINDOW
               else None)
     vec: set[str] = set()
     if kind == "elementwise" and target == "gpu" and window is None:
@@ -345,114 +351,20 @@ def _elementwise(body: Program, names: dict[int, str], target: str = "gpu") -> t
     return src, -(-n // (WORKGROUP * per))
 
 
-Window = list[Optional[tuple[Atom, int]]]
-# An in-place update's kernel runs over its window alone (see _update_window); 0: over the whole
-# buffer, as before (bench/llama_synthetic.py --settings "default;codegen.UPDATE_WINDOW=0").
+# An in-place update's kernel runs over its window alone (see emit.update_window); 0: over the
+# whole buffer, as before (bench/llama_synthetic.py --settings "default;codegen.UPDATE_WINDOW=0").
 UPDATE_WINDOW = 1
-
-
-def _update_window(body: Program, inplace: tuple[tuple[int, int], ...]) -> Optional[Window]:
-    """Where an elementwise kernel changes the buffers it updates in place only inside a window,
-    that window: per axis of its outputs (start, length), or None for the whole axis; None if
-    the kernel is not such a kernel.
-
-    That is a ``dynamic_update_slice`` (or ``x.at[a:b].set``) into a donated buffer: every output
-    is ``where(inside, new, old)``, ``old`` the body input whose buffer the output is
-    (``inplace``), and ``inside`` one conjunction of ``i_j - s_j >= 0`` and ``i_j - s_j < n_j``
-    over iotas i_j along some axes (``fusec.numpy.indexing._window_update`` builds it). Outside
-    the window each element would be rewritten with its own value, so a kernel over the window
-    alone leaves the buffers as the whole one would: a decode step's cache update then touches
-    one position instead of the whole cache."""
-    outs = body.outputs
-    alias = {k: j for j, k in inplace}
-    if not outs or set(alias) != set(range(len(outs))) or len(alias) != len(inplace):
-        return None
-    producer = {id(o): e for e in body.eqns for o in e.outs}
-    shape = outs[0].shape
-    inside: Optional[Var] = None
-    for k, o in enumerate(outs):
-        e = producer.get(id(o)) if isinstance(o, Var) else None
-        if e is None or e.op is not Op.WHERE or o.shape != shape:
-            return None
-        c, old = e.inputs[0], e.inputs[2]
-        if old is not body.inputs[alias[k]] or not isinstance(c, Var) or inside not in (None, c):
-            return None
-        inside = c
-    assert inside is not None
-    tests: dict[int, tuple[int, Atom, list[int]]] = {}  # id(i_j - s_j) -> (j, s_j, bounds)
-    stack = [inside]
-    while stack:
-        v = stack.pop()
-        e = producer.get(id(v))
-        if e is None:
-            return None
-        if e.op in (Op.MUL, Op.AND) and v.dtype == "bool":
-            if not all(isinstance(a, Var) for a in e.inputs):
-                return None
-            stack.extend(a for a in e.inputs if isinstance(a, Var))
-            continue
-        w, bound = e.inputs
-        if (e.op not in (Op.GE, Op.LT) or not isinstance(w, Var) or not isinstance(bound, Lit)
-                or w.dtype != "int32" or isinstance(bound.value, float)):
-            return None
-        diff = producer.get(id(w))
-        if diff is None or diff.op is not Op.SUB:
-            return None
-        i, s = diff.inputs
-        it = producer.get(id(i)) if isinstance(i, Var) else None
-        if it is None or it.op is not Op.IOTA or s.shape != ():
-            return None
-        j = it.params["axis"]
-        if i.shape[j] != shape[j] or (isinstance(s, Lit) and isinstance(s.value, float)):
-            return None
-        # (two upper bounds keep the last: a window larger than the test is still right, since
-        # the kernel evaluates the test itself; a smaller one would not be)
-        bounds = tests.setdefault(id(w), (j, s, [0, 0]))[2]
-        if e.op is Op.GE and int(bound.value) == 0:
-            bounds[0] = 1
-        elif e.op is Op.LT and int(bound.value) > 0:
-            bounds[1] = int(bound.value)
-        else:
-            return None
-    window: Window = [None] * len(shape)
-    for j, s, (low, n) in tests.values():
-        if not low or not n or window[j] is not None:
-            return None
-        window[j] = (s, min(n, shape[j]))
-    size = math.prod(d if w is None else w[1] for d, w in zip(shape, window))
-    return window if size < math.prod(shape) else None
 
 
 def _elementwise_window(body: Program, names: dict[int, str], window: Window
                         ) -> tuple[str, int]:
-    """An in-place update over its window alone (see _update_window): a thread per element of
-    the window, at coordinate s_j + o_j on a windowed axis (threads that fall outside the array,
-    where a start is not clamped, do nothing)."""
-    shape = body.outputs[0].shape
-    wshape = [d if w is None else w[1] for d, w in zip(shape, window)]
-    em = Emitter(body, names, indent="        ")
-    coords: list[str] = []
-    inside: list[str] = []
-    for j, (d, ws, w) in enumerate(zip(shape, strides(tuple(wshape)), window)):
-        o = em.let(f"(gid / {ws}u) % {wshape[j]}u" if j else f"gid / {ws}u", "o")
-        if w is None:
-            coords.append(o)
-            continue
-        s = w[0]
-        start = f"{int(s.value)}i" if isinstance(s, Lit) else em.value(s, Idx((), flat="0u"))
-        c = em.let(f"{start} + i32({o})", "w")
-        inside.append(f"{c} >= 0i && {c} < {d}i")
-        coords.append(em.let(f"u32({c})", "c"))
-    if inside:
-        test = " && ".join(inside)
-        em.lines.append(f"        if (!({test})) {{\n            return;\n        }}")
-    flat = em.let(" + ".join(f"{c} * {st}u" for c, st in zip(coords, strides(shape))), "i")
-    idx = Idx(shape, flat=flat, coords=tuple(coords))
-    stores = [f"        out{j}[{flat}] = {store_expr(em.value(o, idx), o.dtype)};"
-              for j, o in enumerate(body.outputs)]
-    n = math.prod(wshape)
+    """An in-place update over its window alone (see emit.update_window): a thread per element
+    of the window (threads that fall outside the array, where a start is not clamped, do
+    nothing)."""
+    lines, stores, n = window_stores(body, names, window, range(len(body.outputs)), "return",
+                                     "        ")
     src = _env().get_template("elementwise.wgsl.j2").render(
-        wg=WORKGROUP, n=n, per=1, body="\n".join(em.lines), stores="\n".join(stores))
+        wg=WORKGROUP, n=n, per=1, body="\n".join(lines), stores="\n".join(stores))
     return src, -(-n // WORKGROUP)
 
 
@@ -1460,6 +1372,8 @@ def _render_rb(mm: Eqn, cfg: tuple[int, int, int, int, int], m: int, n: int, k: 
     src = _env().get_template("matmul_rb.wgsl.j2").render(
         bm=bm, bn=bn, bk=bk, tm=tm, tn=tn, m=m, n=n, k=k, tm_tiles=tm_tiles, tn_tiles=tn_tiles,
         wy=bm // tm, threads=rb_threads(cfg),
+        group=RB_GROUP if tm_tiles > RB_GROUP > 0 else 0,
+        warp_square=bool(RB_WARP_SQUARE) and (bm // tm) % 4 == 0,
         total=tm_tiles * tn_tiles * nb, ty=WGSL_TYPE[dt], zero=wgsl_literal(0, dt), **loads,
         **epilogue)
     return src, tm_tiles * tn_tiles * nb

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Generator
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Union
@@ -489,3 +489,116 @@ def _helpers(code: str) -> str:
     return "".join(text for name, text in HELPERS.items() if name in used)
 
 
+# In-place updates over a window (lax.dynamic_update_slice into a donated buffer)
+
+Window = list[Optional[tuple[Atom, int]]]
+
+
+def update_window(body: Program, inplace: tuple[tuple[int, int], ...],
+                  which: Optional[Sequence[int]] = None) -> Optional[Window]:
+    """Where an elementwise kernel changes the buffers it updates in place only inside a window,
+    that window: per axis of its outputs (start, length), or None for the whole axis; None if
+    the kernel is not such a kernel.
+
+    That is a ``dynamic_update_slice`` (or ``x.at[a:b].set``) into a donated buffer: every output
+    is ``where(inside, new, old)``, ``old`` the body input whose buffer the output is
+    (``inplace``), and ``inside`` one conjunction of ``i_j - s_j >= 0`` and ``i_j - s_j < n_j``
+    over iotas i_j along some axes (``fusec.numpy.indexing._window_update`` builds it). Outside
+    the window each element would be rewritten with its own value, so a kernel over the window
+    alone leaves the buffers as the whole one would: a decode step's cache update then touches
+    one position instead of the whole cache. ``which``: the outputs that are the update (all of
+    them by default; an attention kernel's first output is its own, see
+    fusec.passes.attention.fold_cache_update), exactly those written in place."""
+    which = range(len(body.outputs)) if which is None else which
+    outs = [body.outputs[k] for k in which]
+    alias = {k: j for j, k in inplace}
+    if not outs or set(alias) != set(which) or len(alias) != len(inplace):
+        return None
+    producer = {id(o): e for e in body.eqns for o in e.outs}
+    shape = outs[0].shape
+    inside: Optional[Var] = None
+    for k, o in zip(which, outs):
+        e = producer.get(id(o)) if isinstance(o, Var) else None
+        if e is None or e.op is not Op.WHERE or o.shape != shape:
+            return None
+        c, old = e.inputs[0], e.inputs[2]
+        if old is not body.inputs[alias[k]] or not isinstance(c, Var) or inside not in (None, c):
+            return None
+        inside = c
+    assert inside is not None and isinstance(outs[0], Var)
+    tests: dict[int, tuple[int, Atom, list[int]]] = {}  # id(i_j - s_j) -> (j, s_j, bounds)
+    stack = [inside]
+    while stack:
+        v = stack.pop()
+        e = producer.get(id(v))
+        if e is None:
+            return None
+        if e.op in (Op.MUL, Op.AND) and v.dtype == "bool":
+            if not all(isinstance(a, Var) for a in e.inputs):
+                return None
+            stack.extend(a for a in e.inputs if isinstance(a, Var))
+            continue
+        w, bound = e.inputs
+        if (e.op not in (Op.GE, Op.LT) or not isinstance(w, Var) or not isinstance(bound, Lit)
+                or w.dtype != "int32" or isinstance(bound.value, float)):
+            return None
+        diff = producer.get(id(w))
+        if diff is None or diff.op is not Op.SUB:
+            return None
+        i, s = diff.inputs
+        it = producer.get(id(i)) if isinstance(i, Var) else None
+        if it is None or it.op is not Op.IOTA or s.shape != ():
+            return None
+        j = it.params["axis"]
+        if i.shape[j] != shape[j] or (isinstance(s, Lit) and isinstance(s.value, float)):
+            return None
+        # (two upper bounds keep the last: a window larger than the test is still right, since
+        # the kernel evaluates the test itself; a smaller one would not be)
+        bounds = tests.setdefault(id(w), (j, s, [0, 0]))[2]
+        if e.op is Op.GE and int(bound.value) == 0:
+            bounds[0] = 1
+        elif e.op is Op.LT and int(bound.value) > 0:
+            bounds[1] = int(bound.value)
+        else:
+            return None
+    window: Window = [None] * len(shape)
+    for j, s, (low, n) in tests.values():
+        if not low or not n or window[j] is not None:
+            return None
+        window[j] = (s, min(n, shape[j]))
+    size = math.prod(d if w is None else w[1] for d, w in zip(shape, window))
+    return window if size < math.prod(shape) else None
+
+
+def window_stores(body: Program, names: dict[int, str], window: Window, which: Sequence[int],
+                  skip: str, indent: str) -> tuple[list[str], list[str], int]:
+    """The code that stores outputs ``which`` of ``body`` at the element ``gid`` of ``window``
+    (see :func:`update_window`): its lines (``skip``, "return" or "continue", where the element
+    falls outside the array: a start that is not clamped), the stores, and the window's size.
+    The element's coordinate on a windowed axis is s_j + o_j."""
+    shape = body.outputs[which[0]].shape
+    wshape = [d if w is None else w[1] for d, w in zip(shape, window)]
+    em = Emitter(body, names, indent=indent)
+    coords: list[str] = []
+    inside: list[str] = []
+    for j, (d, ws, w) in enumerate(zip(shape, strides(tuple(wshape)), window)):
+        o = em.let(f"(gid / {ws}u) % {wshape[j]}u" if j else f"gid / {ws}u", "o")
+        if w is None:
+            coords.append(o)
+            continue
+        s = w[0]
+        start = f"{int(s.value)}i" if isinstance(s, Lit) else em.value(s, Idx((), flat="0u"))
+        c = em.let(f"{start} + i32({o})", "w")
+        inside.append(f"{c} >= 0i && {c} < {d}i")
+        coords.append(em.let(f"u32({c})", "c"))
+    if inside:
+        test = " && ".join(inside)
+        em.lines.append(f"{indent}if (!({test})) {{\n{indent}    {skip};\n{indent}}}")
+    flat = em.let(" + ".join(f"{c} * {st}u" for c, st in zip(coords, strides(shape))), "i")
+    idx = Idx(shape, flat=flat, coords=tuple(coords))
+    stores = []
+    for k in which:
+        out = body.outputs[k]
+        assert isinstance(out, Var)
+        stores.append(f"{indent}out{k}[{flat}] = {store_expr(em.value(out, idx), out.dtype)};")
+    return em.lines, stores, math.prod(wshape)

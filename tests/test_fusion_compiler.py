@@ -734,12 +734,13 @@ def test_pipeline_order() -> None:
     normalisation into a quantized product, the lowerings
     of the primitives computed by kernels of their own kind (scatter, scan, sort),
     split_reductions, split_k, prepare_loops (loop bodies lowered on their own), fuse,
-    plan_memory in that order."""
+    plan_memory, and the fold of a cache update into the attention kernel after it, in that
+    order."""
     assert [name for name, _ in PIPELINE] == [
         "simplify", "cse", "dce", "widen_float16", "merge_products", "attention", "quant",
         "fold_rms_norm", "lower_scatter",
         "lower_scan", "lower_sort", "split_reductions", "split_k", "prepare_loops", "fuse",
-        "plan_memory"]
+        "plan_memory", "fold_cache_update"]
 
 
 # --- [S6] inspection ------------------------------------------------------------------------------
@@ -768,8 +769,10 @@ def test_debug_5_prints_the_ir_after_every_pass(capsys: pytest.CaptureFixture[st
     # the mul by 1 is gone from the first block on; kernels appear from fuse on
     assert "mul" not in blocks[0].split(" in ")[0]
     n_before_fuse = PASS_NAMES.index("fuse")
-    assert [("= kernel" in b) for b in blocks] == [False] * n_before_fuse + [True, True]
-    assert "slots=" in blocks[-1] and "slots=" not in blocks[-2]
+    after = len(PASS_NAMES) - n_before_fuse
+    assert [("= kernel" in b) for b in blocks] == [False] * n_before_fuse + [True] * after
+    memory = PASS_NAMES.index("plan_memory")
+    assert "slots=" in blocks[memory] and "slots=" not in blocks[memory - 1]
     # below level 5, no per-pass IR
     fusec.config.set("debug", 4)
     try:

@@ -202,6 +202,9 @@ def test_decode_step_prologues_on_gpu_target(monkeypatch: pytest.MonkeyPatch) ->
     ref = NumpyLlama(cfg, r, max_len=64)
     prompt = [7, 100, 3, 255, 18]
     fuse_module = importlib.import_module("fusec.passes.fuse")
+    # (the cache update is folded into the attention kernel only where the attention kernel
+    # comes right after it, as RoPE's prologue lets it: the next test)
+    monkeypatch.setattr(importlib.import_module("fusec.passes.attention"), "FOLD_CACHE_UPDATE", 0)
     with forced_target("gpu"):
         counts = []
         for prologue_max in (0, fuse_module.PROLOGUE_MAX):
@@ -218,6 +221,55 @@ def test_decode_step_prologues_on_gpu_target(monkeypatch: pytest.MonkeyPatch) ->
                 nxt, logits = model.step(nxt, want_logits=True)
                 _close(np.asarray(logits)[0], want)
     assert counts[0] - counts[1] == 2 * cfg.n_layers, counts
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_decode_step_cache_update_in_the_attention_kernel(
+        monkeypatch: pytest.MonkeyPatch, batch: int) -> None:
+    """Kernels for GPUs: a decode step's in-place update of the cache is done by the attention
+    kernel that reads it (passes.attention.fold_cache_update): one kernel a block fewer, and at
+    every step (each attending over the positions the steps before wrote) the logits of the
+    same model without the fold, and the reference's; the cache after the steps as without the
+    fold, bit for bit. (A float16 cache is updated over the whole buffer, two values to a
+    32-bit word, never in place over a window: nothing to fold there.)"""
+    import importlib
+
+    from helpers import forced_target
+
+    att = importlib.import_module("fusec.passes.attention")
+    cfg, w, r = _small(4 + batch)
+    prompts = np.asarray([[7, 100, 3, 255, 18], [4, 4, 90, 1, 200]][:batch])
+    ref = NumpyLlama(cfg, r, max_len=64)
+    runs: dict[int, tuple[list[np.ndarray], list[np.ndarray], int, list[str]]] = {}
+    with forced_target("gpu"):
+        for fold in (0, 1):
+            monkeypatch.setattr(att, "FOLD_CACHE_UPDATE", fold)
+            model = Llama(cfg, w, max_len=64)
+            model.reset(batch)
+            nxt, logits = model.step(prompts, want_logits=True)
+            got = [np.asarray(logits)]
+            low = model.lower_step(nxt)
+            for _ in range(4):
+                nxt, logits = model.step(nxt, want_logits=True)
+                got.append(np.asarray(logits))
+            cache = [np.asarray(c) for kv in model.cache for c in kv]
+            runs[fold] = (got, cache, len(low.kernels),
+                          [k.wgsl for k in low.kernels if k.kind == "attention"])
+    (off, cache_off, n_off, _), (on, cache_on, n_on, att_on) = runs[0], runs[1]
+    assert n_off - n_on == cfg.n_layers, (n_off, n_on)
+    assert len(att_on) == cfg.n_layers and all("storageBarrier" in k for k in att_on)
+    for a, b in zip(on, off):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    for a, b in zip(cache_on, cache_off):
+        np.testing.assert_array_equal(a, b)
+    assert np.abs(cache_on[0][:, :, :9]).min() > 0  # the steps wrote positions 0..8
+    np.testing.assert_array_equal(cache_on[0][:, :, 9:], 0)
+    ref.reset(batch)  # the reference, token by token
+    want = ref.step(prompts)
+    _close(on[0], want)
+    for step in range(1, 5):
+        want = ref.step(np.argmax(on[step - 1], axis=-1)[:, None])
+        _close(on[step], want)
 
 
 def test_decode_steps_recorded_ahead(monkeypatch: pytest.MonkeyPatch) -> None:

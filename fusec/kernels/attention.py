@@ -27,7 +27,18 @@ from __future__ import annotations
 import hashlib
 import math
 
-from ..emit import LOOP_BUDGET, Emitter, Idx, KernelCode, _bindings, _env, _helpers, grid_for
+from ..emit import (
+    LOOP_BUDGET,
+    Emitter,
+    Idx,
+    KernelCode,
+    _bindings,
+    _env,
+    _helpers,
+    grid_for,
+    update_window,
+    window_stores,
+)
 from ..ir import Atom, Eqn, Op, Program, Shape, Var
 from ..ops import wgsl_literal
 
@@ -234,7 +245,7 @@ def generate(kernel: Eqn, target: str = "gpu", workgroup_storage: int = 16384) -
         ty="vec4<f32>" if vec else "f32")
     key = hashlib.sha256(wgsl.encode()).hexdigest()
     return KernelCode(kernel.params["name"], "attention", wgsl, grid_for(nb * row_blocks),
-                      len(body.inputs), len(body.outputs), key=key)
+                      len(body.inputs) - len(inplace), len(body.outputs), key=key)
 
 
 def _few_rows(kernel: Eqn, body: Program, e: Eqn, bc: tuple[str, ...], prelude: str,
@@ -246,8 +257,21 @@ def _few_rows(kernel: Eqn, body: Program, e: Eqn, bc: tuple[str, ...], prelude: 
     batch = q.shape[:-2]
     nb = math.prod(batch)
     s_len, d, t_len, e_len = q.shape[-2], q.shape[-1], kt.shape[-1], v.shape[-1]
-    binds, names = _bindings(body, tuple(kernel.params.get("inplace", ())))
+    inplace = tuple(kernel.params.get("inplace", ()))
+    binds, names = _bindings(body, inplace)
     counter = [0]
+    # a cache update folded in (fusec.passes.attention.fold_cache_update): its outputs, the last
+    # ones, stored over their window by every workgroup before the attention reads them
+    folded = int(kernel.params.get("window", 0))
+    window_lines: list[str] = []
+    window_n = 0
+    if folded:
+        which = list(range(len(body.outputs) - folded, len(body.outputs)))
+        window = update_window(body, inplace, which)
+        assert window is not None, "a folded cache update is a window update"
+        lines, stores, window_n = window_stores(body, names, window, which, "continue",
+                                                "        ")
+        window_lines = lines + stores
     q_val, q_lines = _value(body, names, counter, q, Idx(q.shape, coords=bc + ("r", "qd")),
                             "        ")
 
@@ -271,13 +295,13 @@ def _few_rows(kernel: Eqn, body: Program, e: Eqn, bc: tuple[str, ...], prelude: 
         idx = em.unbroadcast(Idx(q.shape[:-1] + (t_len,), coords=bc + ("r", "t")), bias.shape)
         bias_val = em.value(bias, idx)
         bias_lines = em.lines
-    code = "\n".join(q_lines + k_lines + v_lines + bias_lines)
+    code = "\n".join(window_lines + q_lines + k_lines + v_lines + bias_lines)
     wgsl = _env().get_template("attention_rows.wgsl.j2").render(
         bindings=binds, helpers=_helpers(code), wg=FEW_THREADS, d=d, e=e_len, s=s_len, t=t_len,
         nb=nb, prelude=prelude, scale=scale, q_lines="\n".join(q_lines), q_val=q_val,
         k_lines="\n".join(k_lines), k_vals=k_vals, v_lines="\n".join(v_lines), v_vals=v_vals,
         bias_lines="\n".join(bias_lines), bias_val=bias_val, cols=e_len, parts=parts,
-        unroll=unroll)
+        unroll=unroll, window_lines="\n".join(window_lines), window_n=window_n)
     key = hashlib.sha256(wgsl.encode()).hexdigest()
     return KernelCode(kernel.params["name"], "attention", wgsl, grid_for(nb * s_len),
-                      len(body.inputs), len(body.outputs), key=key)
+                      len(body.inputs) - len(inplace), len(body.outputs), key=key)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 
 from .. import codegen, config
 from ..ir import Program
-from .attention import rewrite_attention
+from .attention import fold_cache_update, rewrite_attention
 from .cse import cse
 from .dce import dce, used_inputs
 from .fuse import fuse
@@ -79,6 +79,11 @@ PIPELINE: list[tuple[str, Pass]] = [
     ("fuse", lambda p, o: fuse(p, enabled=o.fuse, max_bindings=o.max_bindings,
                                 target=o.target, scalar_sides=o.loop_carries >= 0)),
     ("plan_memory", lambda p, o: plan_memory(p, o.donated)),
+    # a decode step's in-place cache update done by the attention kernel that reads it (GPUs;
+    # after memory planning, which decides what is written in place; a fusion: not in unfused
+    # plans)
+    ("fold_cache_update", lambda p, o: fold_cache_update(p, o.target, o.max_bindings)
+     if o.fuse else p),
 ]
 
 
@@ -96,7 +101,8 @@ def tuning() -> dict[str, object]:
     return {"fuse": (fuse_module.ROW_MAX, fuse_module.CONE_MAX, fuse_module.PROLOGUE_MAX,
                      fuse_module.PROLOGUE_ROWS, fuse_module.PROLOGUE_QUERY_ROWS),
             "merge": (merge.MAX_ROWS, merge.MAX_TILES),
-            "attention": (attention_module.PROBS_IN_PRODUCT,),
+            "attention": (attention_module.PROBS_IN_PRODUCT, attention_module.FOLD_CACHE_UPDATE,
+                          attention_module.FOLD_WINDOW_MAX),
             "quant": (quant.FOLD_RMS_NORM,),
             "split": (split.SPLIT_MIN, split.SPLIT_MAX_OUTPUTS, split.CHUNK, split.MAX_CHUNKS,
                       split.COLUMN_THREADS, split.COLUMN_MIN),
@@ -139,4 +145,5 @@ __all__ = ["PIPELINE", "Options", "run_pipeline", "INTERPRETER_PASSES", "run_int
            "simplify", "cse", "dce", "split_reductions",
            "split_k", "fuse", "plan_memory", "lower_scatter", "lower_scan", "lower_sort",
            "analyse", "MemoryAnalysis", "merge_products", "rewrite_attention", "rewrite_quant",
-           "verify", "VerifyError", "used_inputs", "prepare_loops", "widen_float16", "tuning"]
+           "verify", "VerifyError", "used_inputs", "prepare_loops", "widen_float16", "tuning",
+           "fold_cache_update"]

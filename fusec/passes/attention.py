@@ -31,8 +31,9 @@ import math
 from typing import Optional
 
 from .. import codegen, config
+from ..emit import update_window
 from ..ir import Atom, Eqn, Lit, Op, Program, Var
-from ..kernels.attention import fits, split_lanes
+from ..kernels.attention import few_rows, fits, split_lanes
 from .dce import dce
 from .splitk import rb_chunks_for
 from .uses import Uses
@@ -175,3 +176,133 @@ def _probabilities_in_product(u: Uses, out: Eqn) -> list[Eqn]:
     t = Var(out.out.shape, out.out.dtype)
     return [Eqn(Op.MATMUL, (e, v), (t,), {**out.params, "a_prologue": True}),
             Eqn(Op.DIV, (t, n), (out.out,), {})]
+
+
+# A decode step's cache update, an elementwise kernel writing a window of a donated cache in place
+# (lax.dynamic_update_slice), whose results only the next kernel reads, a few-rows attention, is
+# done by that attention kernel (fold_cache_update); 0: never. Every workgroup of the attention
+# kernel writes the whole window, so only windows of at most FOLD_WINDOW_MAX elements (all the
+# update's outputs together) are folded.
+FOLD_CACHE_UPDATE = config.env_int("FUSEC_FOLD_CACHE_UPDATE", 1)
+FOLD_WINDOW_MAX = 4096
+
+
+def fold_cache_update(prog: Program, target: str = "gpu", max_bindings: int = 8) -> Program:
+    """Merge each in-place window update into the few-rows attention kernel right after it that
+    reads its results (GPUs, after memory planning: only then is it known which buffers are
+    donated and written in place).
+
+    The merged kernel's first output is the attention's; the update's outputs follow, each
+    written in place into the donated buffer it updates (``params["inplace"]``), and
+    ``params["window"]`` counts them. Each workgroup first stores the whole window (every
+    workgroup the same values), then a storage barrier, then runs the attention, which reads the
+    keys and values from those buffers: it sees its own workgroup's stores, and other
+    workgroups' stores of the same values. One kernel (and one dispatch) less per layer of a
+    decode step."""
+    if not FOLD_CACHE_UPDATE or target != "gpu":
+        return prog
+    kernels = [i for i, e in enumerate(prog.eqns) if e.op is Op.KERNEL]
+    if not any(prog.eqns[i].params.get("kind") == "attention" for i in kernels):
+        return prog
+    reads: dict[int, int] = {}
+    slot_of: dict[int, str] = {}
+    for e in prog.eqns:
+        for a in e.inputs:
+            if isinstance(a, Var):
+                reads[id(a)] = reads.get(id(a), 0) + 1
+        for o, s in zip(e.outs, e.params.get("slots", ())):
+            slot_of[id(o)] = s
+    merged: dict[int, Eqn] = {}
+    dropped: set[int] = set()
+    for ui, ai in zip(kernels, kernels[1:]):
+        if ui in merged:
+            continue
+        m = _folded(prog.eqns[ui], prog.eqns[ai], reads, slot_of, max_bindings)
+        if m is not None:
+            merged[ai] = m
+            dropped.add(ui)
+    if not merged:
+        return prog
+    eqns = [merged.get(i, e) for i, e in enumerate(prog.eqns) if i not in dropped]
+    return Program(list(prog.inputs), eqns, list(prog.outputs))
+
+
+def _folded(up: Eqn, att: Eqn, reads: dict[int, int], slot_of: dict[int, str],
+            max_bindings: int) -> Optional[Eqn]:
+    """``up`` (a window update) merged into ``att`` (a few-rows attention kernel), or None where
+    that is not possible (see fold_cache_update)."""
+    if up.params.get("kind") != "elementwise" or att.params.get("kind") != "attention" \
+            or att.params.get("inplace") or att.params.get("window"):
+        return None
+    ub: Program = up.params["body"]
+    ab: Program = att.params["body"]
+    inplace = tuple(up.params.get("inplace", ()))
+    window = update_window(ub, inplace)
+    a_eqn = ab.eqns[-1]
+    if window is None or a_eqn.op is not Op.ATTENTION:
+        return None
+    q, kt, v = a_eqn.inputs[:3]
+    if not few_rows(q.shape, kt.shape, v.shape, "gpu"):
+        return None
+    shape = up.outs[0].shape
+    if math.prod(d if w is None else w[1] for d, w in zip(shape, window)) * len(up.outs) \
+            > FOLD_WINDOW_MAX:
+        return None
+    if not all(isinstance(a, Var) for a in up.inputs + att.inputs):
+        return None
+    # the update's results are read by the attention kernel alone (program outputs aside: they
+    # are the donated buffers, written in place either way)
+    outs = {id(o): k for k, o in enumerate(up.outs)}
+    if not any(id(a) in outs for a in att.inputs):
+        return None
+    for o in up.outs:
+        if reads.get(id(o), 0) != sum(1 for a in att.inputs if a is o):
+            return None
+    old = {k: up.inputs[j] for j, k in inplace}  # the buffer each output is written into
+    if any(a is b for a in att.inputs for b in old.values()):
+        return None  # (the attention reads a buffer as it was before the update)
+    # the update now runs where the attention does: no buffer it reads may be one the attention
+    # writes (a pooled buffer freed after the update)
+    written = {s for s in att.params.get("slots", ()) if s[:1] in ("p", "z")}
+    if any(slot_of.get(id(a)) in written for a in up.inputs):
+        return None
+    ins: list[Var] = []
+    at: dict[int, int] = {}
+
+    def index(a: Atom) -> int:
+        assert isinstance(a, Var)
+        if id(a) not in at:
+            at[id(a)] = len(ins)
+            ins.append(a)
+        return at[id(a)]
+
+    a_map = [index(old[outs[id(a)]] if id(a) in outs else a) for a in att.inputs]
+    u_map = [index(a) for a in up.inputs]
+    n_att = len(att.outs)
+    new_inplace = tuple((u_map[j], n_att + k) for j, k in inplace)
+    if len(ins) - len(new_inplace) + n_att + len(up.outs) > max_bindings:
+        return None
+    body_in = [Var(a.shape, a.dtype) for a in ins]
+    sub_a = {id(bv): body_in[a_map[i]] for i, bv in enumerate(ab.inputs)}
+    sub_u = {id(bv): body_in[u_map[i]] for i, bv in enumerate(ub.inputs)}
+
+    def clone(eqns: list[Eqn], sub: dict[int, Var]) -> list[Eqn]:
+        return [Eqn(e.op, tuple(sub.get(id(x), x) if isinstance(x, Var) else x
+                                for x in e.inputs), e.outs, e.params) for e in eqns]
+
+    def mapped(xs: list[Atom], sub: dict[int, Var]) -> list[Atom]:
+        return [sub.get(id(x), x) if isinstance(x, Var) else x for x in xs]
+
+    # (fusion copies cheap work, such as a position's reshape, into every kernel that reads it:
+    # an equation of both bodies is computed once)
+    shared = {id(e) for e in ub.eqns}
+    defined = {id(o) for e in ub.eqns for o in e.outs}
+    a_eqns = [e for e in ab.eqns if id(e) not in shared]
+    if any(id(o) in defined for e in a_eqns for o in e.outs):
+        return None
+    body = Program(body_in, clone(ub.eqns, sub_u) + clone(a_eqns, sub_a),
+                   mapped(ab.outputs, sub_a) + mapped(ub.outputs, sub_u))
+    params = {**att.params, "body": body, "inplace": new_inplace, "window": len(up.outs),
+              "slots": tuple(att.params.get("slots", ("new",) * n_att))
+              + tuple(up.params.get("slots", ("new",) * len(up.outs)))}
+    return Eqn(Op.KERNEL, tuple(ins), att.outs + up.outs, params)
