@@ -130,10 +130,6 @@ THIN_K_MANY = 384
 THIN_TILES = 512
 # Every tile pipelined where two sets fit (for probes: bench/product_probe.py).
 PIPELINE_ALL = 0
-# Experimental (measuring): register-blocked tiles in groups of RB_GROUP tile rows (0: row by
-# row), and a warp as 8 x 4 thread blocks (RB_WARP_SQUARE = 1) instead of 16 x 2.
-RB_GROUP = 0
-RB_WARP_SQUARE = 0
 MATMUL_BLOCK: Optional[tuple[int, ...]] = (
     tuple(int(v) for v in os.environ["FUSEC_MATMUL_BLOCK"].split(","))
     if os.environ.get("FUSEC_MATMUL_BLOCK") else None)
@@ -257,7 +253,7 @@ def tuning() -> dict[str, Any]:
                        LARGE_TILES, MATMUL_WIDE, WIDE_TILES, MATMUL_LARGE_WIDE, GPU_SMS,
                        LARGE_WIDE_SPEED, MATMUL_THIN, THIN_K,
                        THIN_K_MANY, THIN_TILES, PIPELINE_ALL, VEC_STORES,
-                       VEC_STORES_BARE_K, RB_GROUP, RB_WARP_SQUARE),
+                       VEC_STORES_BARE_K),
             "attention": (_attention.ROWS, _attention.SPLIT, _attention.MAX_TILE,
                           _attention.MAX_HEAD, _attention.FEW_ROWS, _attention.FEW_HEAD,
                           _attention.FEW_KEYS, _attention.FEW_THREADS, _attention.FEW_UNROLL,
@@ -361,8 +357,10 @@ def _elementwise_window(body: Program, names: dict[int, str], window: Window
     """An in-place update over its window alone (see emit.update_window): a thread per element
     of the window (threads that fall outside the array, where a start is not clamped, do
     nothing)."""
-    lines, stores, n = window_stores(body, names, window, range(len(body.outputs)), "return",
-                                     "        ")
+    lines, test, stores, n = window_stores(body, names, window, range(len(body.outputs)),
+                                           "        ")
+    if test:
+        lines.append(f"        if (!({test})) {{\n            return;\n        }}")
     src = _env().get_template("elementwise.wgsl.j2").render(
         wg=WORKGROUP, n=n, per=1, body="\n".join(lines), stores="\n".join(stores))
     return src, -(-n // WORKGROUP)
@@ -1372,8 +1370,6 @@ def _render_rb(mm: Eqn, cfg: tuple[int, int, int, int, int], m: int, n: int, k: 
     src = _env().get_template("matmul_rb.wgsl.j2").render(
         bm=bm, bn=bn, bk=bk, tm=tm, tn=tn, m=m, n=n, k=k, tm_tiles=tm_tiles, tn_tiles=tn_tiles,
         wy=bm // tm, threads=rb_threads(cfg),
-        group=RB_GROUP if tm_tiles > RB_GROUP > 0 else 0,
-        warp_square=bool(RB_WARP_SQUARE) and (bm // tm) % 4 == 0,
         total=tm_tiles * tn_tiles * nb, ty=WGSL_TYPE[dt], zero=wgsl_literal(0, dt), **loads,
         **epilogue)
     return src, tm_tiles * tn_tiles * nb

@@ -184,7 +184,7 @@ def _probabilities_in_product(u: Uses, out: Eqn) -> list[Eqn]:
 # kernel writes the whole window, so only windows of at most FOLD_WINDOW_MAX elements (all the
 # update's outputs together) are folded.
 FOLD_CACHE_UPDATE = config.env_int("FUSEC_FOLD_CACHE_UPDATE", 1)
-FOLD_WINDOW_MAX = 4096
+FOLD_WINDOW_MAX = 1024
 
 
 def fold_cache_update(prog: Program, target: str = "gpu", max_bindings: int = 8) -> Program:
