@@ -7,6 +7,7 @@ package needed): where a decode step's wall time goes. Per step, medians of ``--
 - the kernel count, and (``--profile``) each kernel kind's GPU time, each kernel run alone.
 
     python bench/llama_synthetic.py [--layers 30] [--steps 20] [--batch 1] [--max-len 256]
+        [--prompt 8]
         [--profile]
         [--cprofile] [--submit-firsts 4,2,1,0,4/4 [--rounds 3]] [--record-ahead [--rounds 3]]
         [--settings "default;fuse.PROLOGUE_MAX=0" [--rounds 3]] [--hold-clocks]
@@ -19,11 +20,12 @@ rounds, with how many steps were submitted as recorded ahead during the wait bef
 setting (``F/G``: and FUSEC_SUBMIT_GROWTH G), interleaved over ``--rounds`` rounds in this
 process (the GPU's clocks drift between processes), and prints each setting's best round.
 ``--settings`` does the same for planner settings: each a list of ``module.NAME=value``
-overrides (modules ``fuse``, ``codegen``, ``merge``, ``quant``, ``attention``:
-fusec.passes.fuse, fusec.codegen, fusec.passes.merge, fusec.passes.quant,
-fusec.passes.attention), ``default`` for none, each round on a
-model built afresh (run with ``FUSEC_CACHE_DIR=off``: the settings are read at lowering); it
-prints each round's step and GPU time, and each setting's kernel count and best round.
+overrides (modules ``fuse``, ``codegen``, ``merge``, ``quant``, ``attention``,
+``kattention``, ``kquant``: fusec.passes.fuse, fusec.codegen, fusec.passes.merge,
+fusec.passes.quant, fusec.passes.attention, fusec.kernels.attention, fusec.kernels.quant),
+``default`` for none, each round on a model built afresh (run with ``FUSEC_CACHE_DIR=off``: the
+settings are read at lowering); it prints each round's step and GPU time, and each setting's
+kernel count and best round.
 """
 
 from __future__ import annotations
@@ -86,10 +88,11 @@ def timed_steps(model: Llama, nxt: Any, steps: int) -> tuple[list[float], list[f
     return host, step, nxt
 
 
-def warmed_up(model: Llama, batch: int) -> Any:
-    """A prompt of 8 tokens fed, then 3 decode steps (the step compiled); the next token."""
+def warmed_up(model: Llama, batch: int, prompt: int = 8) -> Any:
+    """A prompt of ``prompt`` tokens fed, then 3 decode steps (the step compiled); the next
+    token."""
     model.reset(batch)
-    nxt = model.step(np.full((batch, 8), 7, np.int32))
+    nxt = model.step(np.full((batch, prompt), 7, np.int32))
     np.asarray(nxt)
     for _ in range(3):
         nxt = model.step(nxt)
@@ -165,13 +168,14 @@ def compare_settings(cfg: LlamaConfig, w: dict, a: argparse.Namespace) -> None:
     modules = {name: importlib.import_module(path) for name, path in (
         ("fuse", "fusec.passes.fuse"), ("codegen", "fusec.codegen"),
         ("merge", "fusec.passes.merge"), ("quant", "fusec.passes.quant"),
-        ("attention", "fusec.passes.attention"))}
+        ("attention", "fusec.passes.attention"), ("kattention", "fusec.kernels.attention"),
+        ("kquant", "fusec.kernels.quant"))}
     best: dict[str, tuple[float, float, float, int]] = {}
     for r in range(a.rounds):
         for setting in a.settings.split(";"):
             with overridden(setting_changes(setting, modules)):
                 model = Llama(cfg, w, max_len=a.max_len)
-                nxt = warmed_up(model, a.batch)
+                nxt = warmed_up(model, a.batch, a.prompt)
                 count = kernel_count(model, nxt)
                 host, step, nxt = timed_steps(model, nxt, a.steps)
                 gpu, nxt = gpu_steps(model, nxt, a.steps)
@@ -191,6 +195,8 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=30)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--prompt", type=int, default=8,
+                    help="tokens fed before the timed steps (their attention spans them)")
     ap.add_argument("--max-len", type=int, default=256,
                     help="the KV cache's length (bench/smollm2_bench.py uses 1024)")
     ap.add_argument("--profile", action="store_true")
@@ -214,7 +220,7 @@ def main() -> None:
     model = Llama(cfg, w, max_len=a.max_len)
     print(f"weights made and uploaded in {time.perf_counter() - t0:.1f} s; "
           f"{fusec.default_device()}")
-    nxt = warmed_up(model, a.batch)
+    nxt = warmed_up(model, a.batch, a.prompt)
     if a.record_ahead:
         compare_record_ahead(model, nxt, a)
         return

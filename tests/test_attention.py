@@ -267,7 +267,7 @@ def test_threads_per_row_match_float64(monkeypatch: pytest.MonkeyPatch, split: i
     ((), 1, 1, 1, 1),
     ((5,), 8, 131, 100, 17),      # the most rows; a head dim no vec4 divides
     ((2,), 2, 2048, 128, 128),    # the most keys and the widest head
-    ((3,), 7, 300, 33, 96),       # values that leave some threads idle (128 = 96 + 32)
+    ((3,), 7, 300, 33, 96),       # values that leave some threads idle (256 = 2 x 96 + 64)
 ])
 def test_few_rows_kernel_matches_float64(batch: tuple[int, ...], s: int, t: int, d: int,
                                          e: int) -> None:
