@@ -512,3 +512,37 @@ def test_probabilities_computed_where_loaded_without_the_pipeline(
     assert plan[1][1] == [(5, 37), (5, 37)]
     assert "a step behind the loads" not in f.lower(q, k, v).kernels[2].wgsl
     _check_wide(np.asarray(f(q, k, v)), _reference(q, k, v, 0.3, None))
+
+
+@pytest.mark.usefixtures("gpu_target")
+@pytest.mark.parametrize("donate", [True, False])
+def test_cache_update_done_by_the_attention_kernel(rng: np.random.Generator,
+                                                   donate: bool) -> None:
+    """A window of a donated cache updated in place (lax.dynamic_update_slice) and then attended
+    over by few query rows: the attention kernel does the update (passes.attention's
+    fold_cache_update), one kernel; without donation the update is a kernel of its own. Both
+    against float64, the returned cache against numpy's update, at positions inside the cache,
+    at its end, and one a clamped start moves back inside."""
+    from fusec import lax
+
+    h, t, d, s = 3, 37, 16, 2
+    scale = 1.0 / np.sqrt(d)
+
+    def step(cache: Any, q: Any, new: Any, pos: Any) -> Any:
+        cache = lax.dynamic_update_slice(cache, new, (0, pos, 0))
+        return _attention(q, cache, cache, scale=scale), cache
+
+    f = fusec.gpu_jit(step, donate_argnums=(0,) if donate else ())
+    for pos in (5, t - 2, t + 3):  # the last start clamps to t - 2
+        cache = _data(rng, h, t, d)
+        q, new = _data(rng, h, s, d), _data(rng, h, 2, d)
+        want_cache = cache.copy()
+        at = min(pos, t - 2)
+        want_cache[:, at:at + 2] = new
+        want = _reference(q, want_cache, want_cache, scale, None)
+        c = fusec.device_put(cache)
+        kinds = _kinds(f, c, q, new, np.int32(pos))
+        assert kinds == (["attention"] if donate else ["elementwise", "attention"]), kinds
+        out, got_cache = f(c, q, new, np.int32(pos))
+        np.testing.assert_allclose(np.asarray(out), want, rtol=2e-5, atol=2e-6)
+        np.testing.assert_array_equal(np.asarray(got_cache), want_cache)

@@ -205,7 +205,8 @@ def fold_cache_update(prog: Program, target: str = "gpu", max_bindings: int = 8)
     if not any(prog.eqns[i].params.get("kind") == "attention" for i in kernels):
         return prog
     reads: dict[int, int] = {}
-    slot_of: dict[int, str] = {}
+    # the buffer each value lives in, as a slot (a program input's own: "inK")
+    slot_of: dict[int, str] = {id(v): f"in{k}" for k, v in enumerate(prog.inputs)}
     for e in prog.eqns:
         for a in e.inputs:
             if isinstance(a, Var):
@@ -262,8 +263,8 @@ def _folded(up: Eqn, att: Eqn, reads: dict[int, int], slot_of: dict[int, str],
     if any(a is b for a in att.inputs for b in old.values()):
         return None  # (the attention reads a buffer as it was before the update)
     # the update now runs where the attention does: no buffer it reads may be one the attention
-    # writes (a pooled buffer freed after the update)
-    written = {s for s in att.params.get("slots", ()) if s[:1] in ("p", "z")}
+    # writes (a pooled buffer, or a donated input's, freed after the update)
+    written = {s for s in att.params.get("slots", ()) if s != "new"}
     if any(slot_of.get(id(a)) in written for a in up.inputs):
         return None
     ins: list[Var] = []
