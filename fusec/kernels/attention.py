@@ -64,7 +64,7 @@ FEW_HEAD = 128
 FEW_KEYS = 2048
 # A workgroup of FEW_THREADS threads per query row; FEW_UNROLL keys whose values a thread loads
 # before it weighs them. H100, the synthetic SmolLM2 step at batch 1 (GPU ms, 30 layers), 128 /
-# 8 before, 256 / 16, 256 / 32: over 64 keys 1.14, 1.08, the same kernel (16 keys a thread);
+# 8 before, 256 / 16, 256 / 32: over 64 keys 1.14, 1.08, the same kernel (16 keys a part);
 # over 1024 keys 2.93, 2.66, 2.48 (see the architecture page).
 FEW_THREADS = 256
 FEW_UNROLL = 32
