@@ -357,10 +357,8 @@ def _elementwise_window(body: Program, names: dict[int, str], window: Window
     """An in-place update over its window alone (see emit.update_window): a thread per element
     of the window (threads that fall outside the array, where a start is not clamped, do
     nothing)."""
-    lines, test, stores, n = window_stores(body, names, window, range(len(body.outputs)),
-                                           "        ")
-    if test:
-        lines.append(f"        if (!({test})) {{\n            return;\n        }}")
+    lines, stores, n = window_stores(body, names, window, range(len(body.outputs)), "return",
+                                     "        ")
     src = _env().get_template("elementwise.wgsl.j2").render(
         wg=WORKGROUP, n=n, per=1, body="\n".join(lines), stores="\n".join(stores))
     return src, -(-n // WORKGROUP)

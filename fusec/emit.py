@@ -494,6 +494,11 @@ def _helpers(code: str) -> str:
 Window = list[Optional[tuple[Atom, int]]]
 
 
+def window_shape(shape: Shape, window: Window) -> list[int]:
+    """The extent of ``window`` (see :func:`update_window`) along each axis of ``shape``."""
+    return [d if w is None else w[1] for d, w in zip(shape, window)]
+
+
 def update_window(body: Program, inplace: tuple[tuple[int, int], ...],
                   which: Optional[Sequence[int]] = None) -> Optional[Window]:
     """Where an elementwise kernel changes the buffers it updates in place only inside a window,
@@ -566,26 +571,23 @@ def update_window(body: Program, inplace: tuple[tuple[int, int], ...],
         if not low or not n or window[j] is not None:
             return None
         window[j] = (s, min(n, shape[j]))
-    size = math.prod(d if w is None else w[1] for d, w in zip(shape, window))
-    return window if size < math.prod(shape) else None
+    return window if math.prod(window_shape(shape, window)) < math.prod(shape) else None
 
 
 def window_stores(body: Program, names: dict[int, str], window: Window, which: Sequence[int],
-                  indent: str, index: str = "gid", counter: Optional[list[int]] = None
-                  ) -> tuple[list[str], str, list[str], int]:
-    """The code that stores outputs ``which`` of ``body`` at the element ``index`` of ``window``
-    (see :func:`update_window`; the element's coordinate on a windowed axis is s_j + o_j): the
-    lines that compute the values, the test that the element lies inside the array ("" if it
-    always does; a start may not be clamped), the stores, to be made only where the test holds,
-    and the window's size. The values are computed at coordinates clamped into the array, so
-    that the lines load nothing out of bounds whatever the test."""
+                  skip: str, indent: str, counter: Optional[list[int]] = None
+                  ) -> tuple[list[str], list[str], int]:
+    """The code that stores outputs ``which`` of ``body`` at the element ``gid`` of ``window``
+    (see :func:`update_window`): its lines (``skip``, "return" or "continue", where the element
+    falls outside the array: a start that is not clamped), the stores, and the window's size.
+    The element's coordinate on a windowed axis is s_j + o_j."""
     shape = body.outputs[which[0]].shape
-    wshape = [d if w is None else w[1] for d, w in zip(shape, window)]
+    wshape = window_shape(shape, window)
     em = Emitter(body, names, indent=indent, counter=counter)
     coords: list[str] = []
     inside: list[str] = []
     for j, (d, ws, w) in enumerate(zip(shape, strides(tuple(wshape)), window)):
-        o = em.let(f"({index} / {ws}u) % {wshape[j]}u" if j else f"{index} / {ws}u", "o")
+        o = em.let(f"(gid / {ws}u) % {wshape[j]}u" if j else f"gid / {ws}u", "o")
         if w is None:
             coords.append(o)
             continue
@@ -593,7 +595,10 @@ def window_stores(body: Program, names: dict[int, str], window: Window, which: S
         start = f"{int(s.value)}i" if isinstance(s, Lit) else em.value(s, Idx((), flat="0u"))
         c = em.let(f"{start} + i32({o})", "w")
         inside.append(f"{c} >= 0i && {c} < {d}i")
-        coords.append(em.let(f"u32(clamp({c}, 0i, {d - 1}i))", "c"))
+        coords.append(em.let(f"u32({c})", "c"))
+    if inside:
+        test = " && ".join(inside)
+        em.lines.append(f"{indent}if (!({test})) {{\n{indent}    {skip};\n{indent}}}")
     flat = em.let(" + ".join(f"{c} * {st}u" for c, st in zip(coords, strides(shape))), "i")
     idx = Idx(shape, flat=flat, coords=tuple(coords))
     stores = []
@@ -601,4 +606,4 @@ def window_stores(body: Program, names: dict[int, str], window: Window, which: S
         out = body.outputs[k]
         assert isinstance(out, Var)
         stores.append(f"{indent}out{k}[{flat}] = {store_expr(em.value(out, idx), out.dtype)};")
-    return em.lines, " && ".join(inside), stores, math.prod(wshape)
+    return em.lines, stores, math.prod(wshape)

@@ -273,10 +273,8 @@ def _few_rows(kernel: Eqn, body: Program, e: Eqn, bc: tuple[str, ...], prelude: 
         which = list(range(len(body.outputs) - folded, len(body.outputs)))
         window = update_window(body, inplace, which)
         assert window is not None, "a folded cache update is a window update"
-        lines, test, stores, window_n = window_stores(body, names, window, which, "        ",
-                                                      counter=counter)
-        if test:  # (an element outside the array, where a start is not clamped)
-            lines.append(f"        if (!({test})) {{\n            continue;\n        }}")
+        lines, stores, window_n = window_stores(body, names, window, which, "continue",
+                                                "        ", counter)
         window_lines = lines + stores
     q_val, q_lines = _value(body, names, counter, q, Idx(q.shape, coords=bc + ("r", "qd")),
                             "        ")

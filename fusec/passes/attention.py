@@ -31,7 +31,7 @@ import math
 from typing import Optional
 
 from .. import codegen, config
-from ..emit import update_window
+from ..emit import update_window, window_shape
 from ..ir import Atom, Eqn, Lit, Op, Program, Var
 from ..kernels.attention import few_rows, fits, split_lanes
 from .dce import dce
@@ -216,8 +216,6 @@ def fold_cache_update(prog: Program, target: str = "gpu", max_bindings: int = 8)
     merged: dict[int, Eqn] = {}
     dropped: set[int] = set()
     for ui, ai in zip(kernels, kernels[1:]):
-        if ui in merged:
-            continue
         m = _folded(prog.eqns[ui], prog.eqns[ai], reads, slot_of, max_bindings)
         if m is not None:
             merged[ai] = m
@@ -245,9 +243,7 @@ def _folded(up: Eqn, att: Eqn, reads: dict[int, int], slot_of: dict[int, str],
     q, kt, v = a_eqn.inputs[:3]
     if not few_rows(q.shape, kt.shape, v.shape, "gpu"):
         return None
-    shape = up.outs[0].shape
-    if math.prod(d if w is None else w[1] for d, w in zip(shape, window)) * len(up.outs) \
-            > FOLD_WINDOW_MAX:
+    if math.prod(window_shape(up.outs[0].shape, window)) * len(up.outs) > FOLD_WINDOW_MAX:
         return None
     if not all(isinstance(a, Var) for a in up.inputs + att.inputs):
         return None
