@@ -156,6 +156,14 @@ class Op(Enum):
     # * scale + bias) @ v along T, without the S x T scores in memory. Only the rewrite pass
     # makes it, from that computation written out (matmul, scale, bias, softmax, matmul).
     ATTENTION = "attention"
+    # A decode step's attention over many keys, in parts (flash-decoding): attention_parts takes
+    # attention's inputs and params and a param parts P; the keys are cut into P runs of
+    # ceil(T / P) (fusec.kernels.attention.key_parts) and its result [..., S, P, E + 2] holds, per
+    # part, the weighted sum of the values relative to the part's maximum score (E values), that
+    # maximum, and the sum of the weights. attention_combine: that result -> [..., S, E], the
+    # parts rescaled to the row's maximum and divided by the row's sum (ops.attention_parts_numpy).
+    ATTENTION_PARTS = "attention_parts"
+    ATTENTION_COMBINE = "attention_combine"
     # quantized weights: section owned by fusec.quant / fusec.passes.quant / fusec.kernels.quant
     # A GGUF-style quantized matrix of shape (N, K) is held as u32 words, one row of K // 32
     # blocks of 32 values per matrix row: params fmt ("q4_1" | "q8_0"; words per block in
@@ -243,6 +251,8 @@ KERNEL_KIND: dict[Op, str] = {}
 KERNEL_KIND[Op.SCAN_REDUCE] = "scan"
 KERNEL_KIND[Op.SCAN] = "scan"
 KERNEL_KIND[Op.ATTENTION] = "attention"
+KERNEL_KIND[Op.ATTENTION_PARTS] = "attention"
+KERNEL_KIND[Op.ATTENTION_COMBINE] = "attention"
 KERNEL_KIND[Op.DEQUANT] = "quant"
 KERNEL_KIND[Op.QMATMUL] = "quant"
 # scatter's stages (the primitive itself is lowered before fusion)
@@ -511,7 +521,7 @@ def kernel_cost(e: Eqn) -> tuple[int, int]:
         if be.op is Op.MATMUL:
             a = be.inputs[0]
             flops += 2 * math.prod(be.out.shape) * a.shape[-1]
-        elif be.op is Op.ATTENTION:
+        elif be.op in (Op.ATTENTION, Op.ATTENTION_PARTS):
             q, kt, v = be.inputs[:3]
             flops += 2 * math.prod(q.shape[:-1]) * kt.shape[-1] * (q.shape[-1] + v.shape[-1])
         elif be.op is Op.QMATMUL:

@@ -2502,7 +2502,8 @@ JVP_RULES.update({Op.MATMUL: _matmul_jvp, Op.GATHER: _linear_jvp, Op.SCATTER: _s
 # integer results: nothing to differentiate (rules that say so, so that coverage is checkable)
 NO_DERIVATIVE = frozenset({Op.IOTA, Op.ARGSORT, Op.SEARCHSORTED})
 # ops that only exist after the lowering passes; autodiff runs on traced programs, before them
-LOWERED_ONLY = frozenset({Op.PARTIAL, Op.ATTENTION, Op.QMATMUL, Op.SCATTER_ADD,
+LOWERED_ONLY = frozenset({Op.PARTIAL, Op.ATTENTION, Op.ATTENTION_PARTS,
+                          Op.ATTENTION_COMBINE, Op.QMATMUL, Op.SCATTER_ADD,
                           Op.SCATTER_INTO, Op.SCAN_REDUCE, Op.SCAN, Op.RADIX_HIST, Op.RADIX_SCAN,
                           Op.RADIX_SCATTER, Op.SORT_BLOCKS, Op.SORT_MERGE, Op.SORT_SPECIALS,
                           Op.SORT_FIXUP, Op.KERNEL})
@@ -2544,6 +2545,73 @@ def attention_numpy(args: Sequence[np.ndarray], params: dict[str, Any],
 
 TYPE_RULES[Op.ATTENTION] = _attention_type
 NUMPY_RULES[Op.ATTENTION] = attention_numpy
+
+
+def part_keys(t: int, parts: int) -> int:
+    """Keys in each part of an ``attention_parts`` over ``t`` keys (the last part may have
+    fewer)."""
+    return -(-t // parts)
+
+
+def _attention_parts_type(in_types: Sequence[tuple[Shape, str]], params: dict[str, Any]
+                          ) -> tuple[Shape, str]:
+    """attention's inputs -> [..., S, P, E + 2]: per part, the weighted values, the maximum
+    score and the sum of the weights."""
+    out, dt = _attention_type(in_types, params)
+    parts, t = int(params["parts"]), in_types[1][0][-1]
+    if parts < 1 or part_keys(t, parts) * (parts - 1) >= t:
+        raise ShapeError(f"attention_parts: {parts} parts of {t} keys leave a part empty")
+    return out[:-1] + (parts, out[-1] + 2), dt
+
+
+def attention_parts_numpy(args: Sequence[np.ndarray], params: dict[str, Any],
+                          out: tuple[Shape, str]) -> np.ndarray:
+    """The reference of attention_parts, as its kernel computes it: each part's maximum score
+    ignores NaN (a NaN score weighs NaN), and a -inf score weighs 0."""
+    q, kt, v = args[:3]
+    s = np.matmul(q, kt) * np.float32(params["scale"])
+    if len(args) > 3:
+        s = s + args[3]
+    t, parts = s.shape[-1], int(params["parts"])
+    c = part_keys(t, parts)
+    res = np.zeros(s.shape[:-1] + (parts, v.shape[-1] + 2), np.float32)
+    with np.errstate(invalid="ignore", over="ignore"):
+        for p in range(parts):
+            sp = s[..., p * c:(p + 1) * c]
+            m = np.where(np.isnan(sp), -np.inf, sp).max(axis=-1, keepdims=True)
+            w = np.where(sp == -np.inf, np.float32(0), np.exp(sp - m))
+            res[..., p, :-2] = np.matmul(w, v[..., p * c:(p + 1) * c, :])
+            res[..., p, -2] = m[..., 0]
+            res[..., p, -1] = w.sum(axis=-1)
+    return res.astype(out[1])
+
+
+def _attention_combine_type(in_types: Sequence[tuple[Shape, str]], params: dict[str, Any]
+                            ) -> tuple[Shape, str]:
+    """[..., S, P, E + 2] -> [..., S, E]"""
+    shape, dt = in_types[0]
+    if len(shape) < 3 or shape[-1] < 3:
+        raise ShapeError(f"attention_combine takes parts [..., S, P, E + 2], not {shape}")
+    return shape[:-2] + (shape[-1] - 2,), dt
+
+
+def attention_combine_numpy(args: Sequence[np.ndarray], params: dict[str, Any],
+                            out: tuple[Shape, str]) -> np.ndarray:
+    """The parts rescaled to the row's maximum (every part's maximum is a number or -inf: a row
+    of -inf scores only is NaN, 0 / 0, as attention's is)."""
+    parts = args[0]
+    m = parts[..., -2:-1]
+    with np.errstate(invalid="ignore", over="ignore"):
+        w = np.exp(m - m.max(axis=-2, keepdims=True))
+        num = (parts[..., :-2] * w).sum(axis=-2)
+        den = (parts[..., -1:] * w).sum(axis=-2)
+        return (num / den).astype(out[1])
+
+
+TYPE_RULES[Op.ATTENTION_PARTS] = _attention_parts_type
+NUMPY_RULES[Op.ATTENTION_PARTS] = attention_parts_numpy
+TYPE_RULES[Op.ATTENTION_COMBINE] = _attention_combine_type
+NUMPY_RULES[Op.ATTENTION_COMBINE] = attention_combine_numpy
 
 
 # --- quantized weights (fusec.quant, fusec.passes.quant, fusec.kernels.quant) --------------------

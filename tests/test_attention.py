@@ -190,7 +190,10 @@ def test_elementwise_queries_computed_in_the_kernel(s: int, t: int,
     q[1, 2, 0, 5] = np.nan
     f = fusec.gpu_jit(lambda q, c, sn, k, v: _attention(q * c - fnp.flip(q, -1) * sn, k, v,
                                                         scale=0.3))
-    assert _kinds(f, q, c, sn, k, v) == ["attention"]
+    # (70 keys for 3 rows: in 2 parts, then their combination)
+    parts = attention_kernel.key_parts(q.shape, k.shape[:-2] + (16, t), v.shape, "gpu")
+    assert _kinds(f, q, c, sn, k, v) == ["attention"] * (2 if parts > 1 else 1)
+    assert parts == (2 if s == 3 else 1)
     got = np.asarray(f(q, c, sn, k, v))
     q64 = q.astype(np.float64)
     want = _reference(q64 * c - q64[..., ::-1] * sn, k, v, 0.3, None)
@@ -268,28 +271,48 @@ def test_threads_per_row_match_float64(monkeypatch: pytest.MonkeyPatch, split: i
     ((5,), 8, 131, 100, 17),      # the most rows; a head dim no vec4 divides
     ((2,), 2, 2048, 128, 128),    # the most keys and the widest head
     ((3,), 7, 300, 33, 96),       # values that leave some threads idle (256 = 2 x 96 + 64)
+    ((1,), 3, 3001, 64, 64),      # more keys than a workgroup's scores hold: parts in any case
 ])
+@pytest.mark.parametrize("part_keys", [0, 128, 48])
 def test_few_rows_kernel_matches_float64(batch: tuple[int, ...], s: int, t: int, d: int,
-                                         e: int) -> None:
+                                         e: int, part_keys: int,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """Few query rows per head (a decode step) take a workgroup per row on GPUs, any head dim up
-    to FEW_HEAD: one kernel, against float64, with a causal mask of -inf."""
+    to FEW_HEAD: one kernel, against float64, with a causal mask of -inf. Over more than
+    PART_KEYS keys, a workgroup per row and part of the keys, then a kernel combining the parts
+    (flash-decoding): parts of 128 keys and of 48 (a last part shorter than the others, parts
+    masked whole)."""
+    monkeypatch.setattr(attention_kernel, "PART_KEYS", part_keys)
     rng = np.random.default_rng(s * 7919 + t)
     q, k, v = _data(rng, *batch, s, d), _data(rng, *batch, t, d), _data(rng, *batch, t, e)
     bias = np.where(np.arange(t)[None, :] <= t - s + np.arange(s)[:, None], 0.0,
                     -np.inf).astype(np.float32)
+    if t > 100:  # the middle half of the keys masked for every row: whole parts
+        bias[:, t // 4:3 * t // 4] = -np.inf
     scale = 1.0 / np.sqrt(d)
     f = fusec.gpu_jit(lambda q, k, v, b: _attention(q, k, v, b, scale=scale))
     kernels = f.lower(q, k, v, bias).kernels
-    assert [k.kind for k in kernels] == ["attention"]
+    parts = attention_kernel.key_parts(q.shape, k.shape[:-2] + (d, t), v.shape, "gpu")
+    want_parts = max(min(-(-t // part_keys), attention_kernel.MAX_PARTS) if part_keys else 1,
+                     -(-t // attention_kernel.FEW_KEYS))
+    assert parts == -(-t // -(-t // want_parts))  # (so that every part holds keys)
+    assert [k.kind for k in kernels] == ["attention"] * (1 if parts == 1 else 2)
     assert "threads per query row" in kernels[0].wgsl
+    if parts > 1:
+        assert f"The keys in {parts} parts" in kernels[0].wgsl
+        assert "combined" in kernels[1].wgsl
     got = np.asarray(f(q, k, v, bias))
     np.testing.assert_allclose(got, _reference(q, k, v, scale, bias), rtol=2e-5, atol=2e-6)
 
 
 @pytest.mark.usefixtures("gpu_target")
-def test_few_rows_kernel_nan_and_infinities() -> None:
+@pytest.mark.parametrize("part_keys", [0, 32])
+def test_few_rows_kernel_nan_and_infinities(part_keys: int,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """As the written-out softmax: a NaN or +inf score makes its row NaN, -inf weighs 0, a row of
-    -inf only is 0 / 0; 70 keys per row, more than the threads of a workgroup."""
+    -inf only is 0 / 0; 200 keys per row, more than the threads of a workgroup; and so in 7
+    parts of the keys (row 1's first 6 parts all -inf)."""
+    monkeypatch.setattr(attention_kernel, "PART_KEYS", part_keys)
     rng = np.random.default_rng(8)
     q, k, v = _data(rng, 6, 40), _data(rng, 200, 40), _data(rng, 200, 64)
     bias = np.zeros((6, 200), np.float32)
@@ -299,7 +322,7 @@ def test_few_rows_kernel_nan_and_infinities() -> None:
     bias[3, 199] = np.inf
     bias[4, 0] = -np.inf
     f = fusec.gpu_jit(lambda q, k, v, b: _attention(q, k, v, b, scale=0.5))
-    assert _kinds(f, q, k, v, bias) == ["attention"]
+    assert _kinds(f, q, k, v, bias) == ["attention"] * (2 if part_keys else 1)
     got = np.asarray(f(q, k, v, bias))
     want = _reference(q, k, v, 0.5, bias)
     assert np.isnan(got[[0, 2, 3]]).all() and np.isfinite(got[[1, 4, 5]]).all()
@@ -546,3 +569,34 @@ def test_cache_update_done_by_the_attention_kernel(rng: np.random.Generator,
         out, got_cache = f(c, q, new, np.int32(pos))
         np.testing.assert_allclose(np.asarray(out), want, rtol=2e-5, atol=2e-6)
         np.testing.assert_array_equal(np.asarray(got_cache), want_cache)
+
+
+@pytest.mark.parametrize("t,parts", [(1, 1), (7, 3), (130, 4), (200, 7)])
+def test_parts_references_compose_to_attention(t: int, parts: int) -> None:
+    """The numpy references of attention_parts and attention_combine (the interpreter's and the
+    kernels' tests') give attention's, NaN, infinities and keys masked whole included."""
+    from fusec import ops
+
+    rng = np.random.default_rng(t)
+    q, k, v = _data(rng, 2, 6, 8), _data(rng, 2, t, 8), _data(rng, 2, t, 5)
+    kt = np.swapaxes(k, -1, -2)
+    bias = np.zeros((6, t), np.float32)
+    bias[0, t // 2] = np.nan
+    bias[1, :] = -np.inf
+    bias[2, t - 1] = np.inf
+    bias[3, : max(1, t - 3)] = -np.inf
+    params = {"scale": 0.3, "bias": True, "parts": parts}
+    shape, dt = ops.TYPE_RULES[Op.ATTENTION_PARTS](
+        [(q.shape, "float32"), (kt.shape, "float32"), (v.shape, "float32"),
+         (bias.shape, "float32")], params)
+    assert shape == (2, 6, parts, 7) and dt == "float32"
+    p = ops.NUMPY_RULES[Op.ATTENTION_PARTS]([q, kt, v, bias], params, (shape, dt))
+    out_shape = ops.TYPE_RULES[Op.ATTENTION_COMBINE]([(shape, dt)], {})[0]
+    assert out_shape == (2, 6, 5)
+    got = ops.NUMPY_RULES[Op.ATTENTION_COMBINE]([p], {}, (out_shape, dt))
+    want = ops.NUMPY_RULES[Op.ATTENTION]([q, kt, v, bias], params, (out_shape, dt))
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    with pytest.raises(fusec.errors.ShapeError, match="empty"):
+        ops.TYPE_RULES[Op.ATTENTION_PARTS]([(q.shape, "f"), (kt.shape, "f"), (v.shape, "f")],
+                                           {"scale": 1.0, "parts": t + 1})

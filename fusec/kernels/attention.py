@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import math
 
+from .. import config
 from ..emit import (
     LOOP_BUDGET,
     Emitter,
@@ -40,7 +41,7 @@ from ..emit import (
     window_stores,
 )
 from ..ir import Atom, Eqn, Op, Program, Shape, Var
-from ..ops import wgsl_literal
+from ..ops import part_keys, wgsl_literal
 
 # query rows per workgroup (a head's rows where it has fewer). H200, GPU us, best of 2 rounds
 # (bench/attention_ab.py --configs), rows x threads per row: 32x12 heads of 128x128, head dim
@@ -68,6 +69,17 @@ FEW_KEYS = 2048
 # over 1024 keys 2.93, 2.66, 2.48 (see the architecture page).
 FEW_THREADS = 256
 FEW_UNROLL = 32
+# Flash-decoding: a few-rows attention over more than PART_KEYS keys is cut into parts of about
+# PART_KEYS keys each (at most MAX_PARTS parts, and at most FEW_KEYS keys a part), a workgroup per
+# query row and part (the attention_parts op), and a second kernel combines each row's parts
+# (attention_combine): a decode step's 9 workgroups per layer otherwise walk every key of a long
+# cache one after another. 0: only where a workgroup's scores would not fit (FEW_KEYS). H100,
+# the synthetic SmolLM2 step at batch 1, GPU ms, parts of 64 / 128 / none: 256 keys 1.12 / 1.23
+# / 1.33, 512 keys 1.11 / 1.22 / 1.71, 1024 keys 1.20 / 1.23 / 2.48; batch 8 over 1024 keys 3.01
+# / 2.94 / 3.69 (the architecture page).
+PART_KEYS = config.env_int("FUSEC_ATTENTION_PART_KEYS", 64)
+MAX_PARTS = 32
+COMBINE_THREADS = 64  # the combining kernel's workgroup (a thread per output value)
 # Where the device has subgroup operations, a query row's head dims are split over SPLIT
 # neighbouring threads of one subgroup (a WebGPU subgroup has at least 4): each holds its share
 # of the query row and of the output accumulators, and the partial scores are summed with
@@ -109,12 +121,27 @@ def few_rows(q: Shape, kt: Shape, v: Shape, target: str) -> bool:
             and 0 < e <= FEW_HEAD and 0 < t <= FEW_KEYS)
 
 
+def key_parts(q: Shape, kt: Shape, v: Shape, target: str) -> int:
+    """Parts the keys of a few-rows attention are cut into (:data:`PART_KEYS`): 1 where the
+    attention is not cut (not a few-rows one, or over few keys), 0 where it cannot be computed in
+    parts (more keys than MAX_PARTS parts of FEW_KEYS hold)."""
+    d, t, e = q[-1], kt[-1], v[-1]
+    if not (target == "gpu" and 0 < q[-2] <= FEW_ROWS and 0 < d <= FEW_HEAD
+            and 0 < e <= FEW_HEAD and t > 0):
+        return 1
+    parts = max(-(-t // PART_KEYS) if PART_KEYS > 0 else 1, -(-t // FEW_KEYS))
+    parts = min(parts, MAX_PARTS, t)
+    if parts > 1:
+        parts = -(-t // part_keys(t, parts))  # every part holds keys
+    return 0 if part_keys(t, parts) > FEW_KEYS else parts
+
+
 def fits(q: Shape, kt: Shape, v: Shape, target: str, storage: int = 16384) -> bool:
     """Whether a kernel takes this attention: the few-rows kernel (:func:`few_rows`), or the
     thread-per-row kernel for head dims up to MAX_HEAD, and on a software adapter (which ends a
     shader's loops after 65535 iterations in all) loops within budget."""
     d, t, e = q[-1], kt[-1], v[-1]
-    if few_rows(q, kt, v, target):
+    if few_rows(q, kt, v, target) or key_parts(q, kt, v, target) > 1:
         return True
     if d > MAX_HEAD or e > MAX_HEAD or min(q[-2], d, t, e) == 0:
         return False
@@ -153,7 +180,10 @@ def generate(kernel: Eqn, target: str = "gpu", workgroup_storage: int = 16384) -
     """WGSL for a kernel of kind "attention"."""
     body: Program = kernel.params["body"]
     e = body.eqns[-1]
-    assert e.op is Op.ATTENTION, f"attention kernels compute attention, not {e.op}"
+    if e.op is Op.ATTENTION_COMBINE:
+        return _combine(kernel, body, e)
+    assert e.op in (Op.ATTENTION, Op.ATTENTION_PARTS), \
+        f"attention kernels compute attention, not {e.op}"
     q, kt, v = e.inputs[:3]
     bias = e.inputs[3] if e.params.get("bias") else None
     assert isinstance(q, Var) and isinstance(kt, Var) and isinstance(v, Var)
@@ -181,7 +211,7 @@ def generate(kernel: Eqn, target: str = "gpu", workgroup_storage: int = 16384) -
     bc = tuple(bcoords)
 
     scale = wgsl_literal(float(e.params["scale"]), "float32")
-    if few_rows(q.shape, kt.shape, v.shape, target):
+    if e.op is Op.ATTENTION_PARTS or few_rows(q.shape, kt.shape, v.shape, target):
         return _few_rows(kernel, body, e, bc, "\n".join(prelude), scale)
     # head dims that are multiples of 4: the rows and tiles as vec4 (a quarter of the
     # workgroup-memory reads, and dot products)
@@ -261,6 +291,10 @@ def _few_rows(kernel: Eqn, body: Program, e: Eqn, bc: tuple[str, ...], prelude: 
     batch = q.shape[:-2]
     nb = math.prod(batch)
     s_len, d, t_len, e_len = q.shape[-2], q.shape[-1], kt.shape[-1], v.shape[-1]
+    # in parts (attention_parts): workgroup (row, part) takes keys t0 .. t0 + cn - 1
+    kparts = int(e.params["parts"]) if e.op is Op.ATTENTION_PARTS else 1
+    chunk = part_keys(t_len, kparts)
+    assert chunk <= FEW_KEYS
     inplace = tuple(kernel.params.get("inplace", ()))
     binds, names = _bindings(body, inplace)
     counter = [0]
@@ -291,8 +325,9 @@ def _few_rows(kernel: Eqn, body: Program, e: Eqn, bc: tuple[str, ...], prelude: 
 
     k_vals, k_lines = unrolled(kt, [(f"{kd}u", "t") for kd in range(d)], "        ")
     parts = max(1, FEW_THREADS // e_len)
-    unroll = max(1, min(FEW_UNROLL, -(-t_len // parts)))
-    v_vals, v_lines = unrolled(v, [(f"vt{u}", "ve") for u in range(unroll)], "            ")
+    unroll = max(1, min(FEW_UNROLL, -(-chunk // parts)))
+    v_keys = [f"vt{u}" if kparts == 1 else f"(t0 + vt{u})" for u in range(unroll)]
+    v_vals, v_lines = unrolled(v, [(k, "ve") for k in v_keys], "            ")
     bias_val, bias_lines = "", []
     if bias is not None:
         em = Emitter(body, names, indent="        ", counter=counter)
@@ -305,7 +340,49 @@ def _few_rows(kernel: Eqn, body: Program, e: Eqn, bc: tuple[str, ...], prelude: 
         nb=nb, prelude=prelude, scale=scale, q_lines="\n".join(q_lines), q_val=q_val,
         k_lines="\n".join(k_lines), k_vals=k_vals, v_lines="\n".join(v_lines), v_vals=v_vals,
         bias_lines="\n".join(bias_lines), bias_val=bias_val, cols=e_len, parts=parts,
-        unroll=unroll, window_lines="\n".join(window_lines), window_n=window_n)
+        unroll=unroll, window_lines="\n".join(window_lines), window_n=window_n,
+        kparts=kparts, chunk=chunk)
     key = hashlib.sha256(wgsl.encode()).hexdigest()
-    return KernelCode(kernel.params["name"], "attention", wgsl, grid_for(nb * s_len),
+    return KernelCode(kernel.params["name"], "attention", wgsl, grid_for(nb * s_len * kparts),
                       len(body.inputs) - len(inplace), len(body.outputs), key=key)
+
+
+def _combine(kernel: Eqn, body: Program, e: Eqn) -> KernelCode:
+    """attention_combine (templates/attention_combine.wgsl.j2): a thread per output value
+    rescales the row's parts to the row's maximum score."""
+    parts_in = e.inputs[0]
+    assert isinstance(parts_in, Var) and body.outputs[0] is e.out
+    *lead, kparts, e2 = parts_in.shape
+    e_len = e2 - 2
+    rows = math.prod(lead)
+    binds, names = _bindings(body, tuple(kernel.params.get("inplace", ())))
+    assert not kernel.params.get("inplace"), "attention_combine writes a buffer of its own"
+    counter = [0]
+    # the row's coordinates (its flat index: row) and the part's values through the emitter
+    coords: list[str] = []
+    stride = rows
+    for k, dim in enumerate(lead):
+        stride //= dim
+        coords.append(f"((row / {stride}u) % {dim}u)" if stride > 1 else f"(row % {dim}u)")
+
+    def load(p: int, col: str) -> tuple[str, list[str]]:
+        return _value(body, names, counter, parts_in,
+                      Idx(parts_in.shape, coords=tuple(coords) + (f"{p}u", col)), "    ")
+
+    ms: list[str] = []
+    os_: list[str] = []
+    ls: list[str] = []
+    lines: list[str] = []
+    for p in range(kparts):
+        for dest, col in ((ms, f"{e_len}u"), (ls, f"{e_len + 1}u"), (os_, "c")):
+            val, ln = load(p, col)
+            dest.append(val)
+            lines += ln
+    code = "\n".join(lines)
+    wgsl = _env().get_template("attention_combine.wgsl.j2").render(
+        bindings=binds, helpers=_helpers(code), wg=COMBINE_THREADS, rows=rows, e=e_len,
+        kparts=kparts, loads=code, m_vals=ms, l_vals=ls, o_vals=os_)
+    key = hashlib.sha256(wgsl.encode()).hexdigest()
+    groups = -(-rows * e_len // COMBINE_THREADS)
+    return KernelCode(kernel.params["name"], "attention", wgsl, grid_for(groups),
+                      len(body.inputs), len(body.outputs), key=key)

@@ -33,7 +33,7 @@ from typing import Optional
 from .. import codegen, config
 from ..emit import update_window, window_shape
 from ..ir import Atom, Eqn, Lit, Op, Program, Var
-from ..kernels.attention import few_rows, fits, split_lanes
+from ..kernels.attention import few_rows, fits, key_parts, split_lanes
 from .dce import dce
 from .splitk import rb_chunks_for
 from .uses import Uses
@@ -135,6 +135,14 @@ def rewrite_attention(prog: Program, target: str = "gpu", subgroups: int = 0,
             continue
         # buffer_inputs (): the fusion pass reads the operands through their movement ops
         params = {"scale": scale, "bias": len(ins) > 3, "buffer_inputs": ()}
+        parts = key_parts(q.shape, kt.shape, v.shape, target)
+        if parts > 1:
+            # flash-decoding: a workgroup per query row and part of the keys, then a kernel that
+            # combines each row's parts
+            pv = Var(e.out.shape[:-1] + (parts, e.out.shape[-1] + 2), e.out.dtype)
+            found[id(e)] = [Eqn(Op.ATTENTION_PARTS, tuple(ins), (pv,), {**params, "parts": parts}),
+                            Eqn(Op.ATTENTION_COMBINE, (pv,), (e.out,), {})]
+            continue
         split = split_lanes(q.shape, kt.shape, v.shape, target, subgroups)
         if split > 1:
             params["split"] = split
@@ -238,10 +246,10 @@ def _folded(up: Eqn, att: Eqn, reads: dict[int, int], slot_of: dict[int, str],
     inplace = tuple(up.params.get("inplace", ()))
     window = update_window(ub, inplace)
     a_eqn = ab.eqns[-1]
-    if window is None or a_eqn.op is not Op.ATTENTION:
+    if window is None or a_eqn.op not in (Op.ATTENTION, Op.ATTENTION_PARTS):
         return None
     q, kt, v = a_eqn.inputs[:3]
-    if not few_rows(q.shape, kt.shape, v.shape, "gpu"):
+    if a_eqn.op is Op.ATTENTION and not few_rows(q.shape, kt.shape, v.shape, "gpu"):
         return None
     if math.prod(window_shape(up.outs[0].shape, window)) * len(up.outs) > FOLD_WINDOW_MAX:
         return None

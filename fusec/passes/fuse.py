@@ -118,13 +118,13 @@ class _Planner:
                 mat.update(id(o) for o in e.outs)
                 must = e.params.get("buffer_inputs", range(len(e.inputs)))
                 mat.update(id(e.inputs[j]) for j in must if isinstance(e.inputs[j], Var))
-            if e.op in (Op.MATMUL, Op.ATTENTION, Op.QMATMUL):
+            if e.op in (Op.MATMUL, Op.ATTENTION, Op.ATTENTION_PARTS, Op.QMATMUL):
                 # operands: only movement ops (and float16 -> float32 casts, which a load does
                 # anyway) are recomputed per tile load; arithmetic is not, except on a quantized
                 # product's few rows of x and on attention's queries (a prologue: see _prologue)
                 for j, a in enumerate(e.inputs):
-                    if j == 0 and e.op in (Op.QMATMUL, Op.ATTENTION) and _few_rows(e, a) \
-                            and _prologue(self, a):
+                    if j == 0 and e.op in (Op.QMATMUL, Op.ATTENTION, Op.ATTENTION_PARTS) \
+                            and _few_rows(e, a) and _prologue(self, a):
                         continue
                     if j == 0 and enabled and e.params.get("a_prologue"):
                         # attention's probabilities, computed where p @ v loads them
