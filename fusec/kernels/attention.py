@@ -20,6 +20,11 @@ heads) and a broadcast bias are read in place.
 
 NaN and infinities come out as the written-out softmax gives them: a NaN score, or a +inf one,
 makes its row NaN; a -inf score weighs 0 (a row of -inf scores only is NaN, 0 / 0).
+
+On GPUs, few query rows per head (a decode step) take the few-rows kernel instead, a workgroup
+per row (:func:`few_rows`); over many keys, a workgroup per row and part of the keys
+(``attention_parts``, :func:`key_parts`), and a kernel that combines the parts
+(``attention_combine``): flash-decoding.
 """
 
 from __future__ import annotations
@@ -361,7 +366,7 @@ def _combine(kernel: Eqn, body: Program, e: Eqn) -> KernelCode:
     # the row's coordinates (its flat index: row) and the part's values through the emitter
     coords: list[str] = []
     stride = rows
-    for k, dim in enumerate(lead):
+    for dim in lead:
         stride //= dim
         coords.append(f"((row / {stride}u) % {dim}u)" if stride > 1 else f"(row % {dim}u)")
 
