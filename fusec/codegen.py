@@ -261,7 +261,7 @@ def tuning() -> dict[str, Any]:
                           _attention.PART_KEYS, _attention.MAX_PARTS,
                           _attention.COMBINE_THREADS),
             "quant": (_quant.QMATMUL_M, _quant.WORKGROUP, _quant.MAX_TEAM, _quant.UNROLL,
-                      _quant.CPU_ROWS),
+                      _quant.CPU_ROWS, _quant.TEAM_UNITS),
             "sort": (_sort.LOCAL_MAX, _sort.RADIX_PER_THREAD, _sort.RADIX_BLOCKS,
                      _sort.HIST_UNROLL, _sort.WLMS_SUBGROUP_MIN)}
 

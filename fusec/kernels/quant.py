@@ -66,6 +66,13 @@ WORKGROUP = 256  # threads per workgroup on GPUs (qmatmul at most; dequant alway
 MAX_TEAM = 64  # threads sharing a weight row on GPUs, at most
 UNROLL = 6  # units whose loads a thread issues before their arithmetic, at most
 CPU_ROWS = 64  # weight rows (threads) per workgroup on software adapters
+# A team grows (up to MAX_TEAM) while each thread keeps at least TEAM_UNITS / 2 units. H100, the
+# synthetic SmolLM2 step (bench/llama_synthetic.py --settings "default;kquant.TEAM_UNITS=2",
+# best of 2 interleaved rounds), GPU ms, TEAM_UNITS 8 (teams of 16 at K = 576, 32 at 1536) / 4 /
+# 2 (64 at both): batch 1 1.11 / - / 0.98-0.99 (step 1.93 -> 1.76 ms); batch 8 2.30 / 1.95-1.97
+# / 1.83-1.84: a team of 16 left most of the GPU's threads idle (gate and up at batch 8: 49K
+# threads where an H100 holds 270K), each thread's units' arithmetic in a row.
+TEAM_UNITS = 2
 
 
 def units(k: int) -> int:
@@ -74,18 +81,18 @@ def units(k: int) -> int:
 
 
 def team(k: int, target: str = "gpu") -> int:
-    """Threads sharing a weight row: a power of two from 4 to MAX_TEAM with at least four units
-    each where the row has them (K = 576: 16 threads of 4 or 5 units; K = 1536: 32 of 6); one
-    thread on software adapters. Why (reasoned, not yet timed): a thread issues the 8 to 18
-    word loads of its 4 to 6 units before any arithmetic, so that the ~270K threads an H100
-    holds at once keep several MB of loads in flight (what its bandwidth needs over the
-    memory's latency), and the team's tree at the end stays short (4 or 5 levels); a thread per
-    unit would need more levels and workgroups for the same bytes."""
+    """Threads sharing a weight row: a power of two from 4 to MAX_TEAM, each with at least
+    TEAM_UNITS / 2 units where the row has them (K = 576 and 1536: 64 threads of 1 or 2 and of
+    3 units); one thread on software adapters. A thread issues the word loads of its units
+    before any arithmetic; a decode step's products are small (a few hundred KB of weights), so
+    what bounds them is each thread's chain of loads and arithmetic, and more threads per row
+    shorten it, the team's tree at the end (6 levels) costing less than it saves (see
+    TEAM_UNITS)."""
     if target != "gpu":
         return 1
     u = units(k)
     t = 4
-    while t < MAX_TEAM and 8 * t <= u:
+    while t < MAX_TEAM and TEAM_UNITS * t <= u:
         t *= 2
     return t
 
@@ -96,7 +103,7 @@ def workgroup(k: int, rows: int, target: str, storage: int) -> int:
     if target != "gpu":
         return CPU_ROWS
     wg = WORKGROUP
-    while wg > team(k) and wg * rows * 4 > storage:
+    while wg > team(k, target) and wg * rows * 4 > storage:
         wg //= 2
     return wg
 
