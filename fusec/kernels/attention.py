@@ -116,23 +116,28 @@ def _tile(d: int, e: int, storage: int, staged: bool = True) -> int:
     return t
 
 
+def _few_rows_shape(q: Shape, kt: Shape, v: Shape, target: str) -> bool:
+    """A decode step's attention, on a GPU: few query rows per head, head dims up to FEW_HEAD,
+    some keys (however many)."""
+    d, t, e = q[-1], kt[-1], v[-1]
+    return (target == "gpu" and 0 < q[-2] <= FEW_ROWS and 0 < d <= FEW_HEAD
+            and 0 < e <= FEW_HEAD and t > 0)
+
+
 def few_rows(q: Shape, kt: Shape, v: Shape, target: str) -> bool:
     """Whether the few-rows kernel takes this attention (a workgroup per query row: a decode
     step's few rows per head, whatever the head dim up to FEW_HEAD, and keys whose scores fit
     FEW_KEYS floats of workgroup memory). On GPUs only: a software adapter runs each workgroup's
     loops for every one of its invocations."""
-    d, t, e = q[-1], kt[-1], v[-1]
-    return (target == "gpu" and 0 < q[-2] <= FEW_ROWS and 0 < d <= FEW_HEAD
-            and 0 < e <= FEW_HEAD and 0 < t <= FEW_KEYS)
+    return _few_rows_shape(q, kt, v, target) and kt[-1] <= FEW_KEYS
 
 
 def key_parts(q: Shape, kt: Shape, v: Shape, target: str) -> int:
     """Parts the keys of a few-rows attention are cut into (:data:`PART_KEYS`): 1 where the
     attention is not cut (not a few-rows one, or over few keys), 0 where it cannot be computed in
     parts (more keys than MAX_PARTS parts of FEW_KEYS hold)."""
-    d, t, e = q[-1], kt[-1], v[-1]
-    if not (target == "gpu" and 0 < q[-2] <= FEW_ROWS and 0 < d <= FEW_HEAD
-            and 0 < e <= FEW_HEAD and t > 0):
+    t = kt[-1]
+    if not _few_rows_shape(q, kt, v, target):
         return 1
     parts = max(-(-t // PART_KEYS) if PART_KEYS > 0 else 1, -(-t // FEW_KEYS))
     parts = min(parts, MAX_PARTS, t)
