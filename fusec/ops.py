@@ -2531,13 +2531,17 @@ def _attention_type(in_types: Sequence[tuple[Shape, str]], params: dict[str, Any
     return matmul_shape(scores, v), dt
 
 
+def _attention_scores(args: Sequence[np.ndarray], params: dict[str, Any]) -> np.ndarray:
+    """q @ kt * scale (+ bias): the scores of attention's inputs, in float32."""
+    s = np.matmul(args[0], args[1]) * np.float32(params["scale"])
+    return s + args[3] if len(args) > 3 else s
+
+
 def attention_numpy(args: Sequence[np.ndarray], params: dict[str, Any],
                     out: tuple[Shape, str]) -> np.ndarray:
     """The reference: the computation the rewrite pass replaced, op by op in float32."""
-    q, kt, v = args[:3]
-    s = np.matmul(q, kt) * np.float32(params["scale"])
-    if len(args) > 3:
-        s = s + args[3]
+    v = args[2]
+    s = _attention_scores(args, params)
     with np.errstate(invalid="ignore", over="ignore"):
         e = np.exp(s - s.max(axis=-1, keepdims=True))
         return np.matmul(e / e.sum(axis=-1, keepdims=True), v).astype(out[1])
@@ -2568,10 +2572,8 @@ def attention_parts_numpy(args: Sequence[np.ndarray], params: dict[str, Any],
                           out: tuple[Shape, str]) -> np.ndarray:
     """The reference of attention_parts, as its kernel computes it: each part's maximum score
     ignores NaN (a NaN score weighs NaN), and a -inf score weighs 0."""
-    q, kt, v = args[:3]
-    s = np.matmul(q, kt) * np.float32(params["scale"])
-    if len(args) > 3:
-        s = s + args[3]
+    v = args[2]
+    s = _attention_scores(args, params)
     t, parts = s.shape[-1], int(params["parts"])
     c = part_keys(t, parts)
     res = np.zeros(s.shape[:-1] + (parts, v.shape[-1] + 2), np.float32)

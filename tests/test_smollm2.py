@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -223,6 +224,19 @@ def test_decode_step_prologues_on_gpu_target(monkeypatch: pytest.MonkeyPatch) ->
     assert counts[0] - counts[1] == 2 * cfg.n_layers, counts
 
 
+def _five_steps(model: Llama, prompts: np.ndarray) -> tuple[list[np.ndarray], Any]:
+    """The prompts' prefill and 4 greedy decode steps: each step's logits, and the lowered
+    decode step (at the position after the prefill)."""
+    model.reset(len(prompts))
+    nxt, logits = model.step(prompts, want_logits=True)
+    got = [np.asarray(logits)]
+    low = model.lower_step(nxt)
+    for _ in range(4):
+        nxt, logits = model.step(nxt, want_logits=True)
+        got.append(np.asarray(logits))
+    return got, low
+
+
 @pytest.mark.parametrize("batch", [1, 2])
 def test_decode_step_cache_update_in_the_attention_kernel(
         monkeypatch: pytest.MonkeyPatch, batch: int) -> None:
@@ -245,13 +259,7 @@ def test_decode_step_cache_update_in_the_attention_kernel(
         for fold in (0, 1):
             monkeypatch.setattr(att, "FOLD_CACHE_UPDATE", fold)
             model = Llama(cfg, w, max_len=64)
-            model.reset(batch)
-            nxt, logits = model.step(prompts, want_logits=True)
-            got = [np.asarray(logits)]
-            low = model.lower_step(nxt)
-            for _ in range(4):
-                nxt, logits = model.step(nxt, want_logits=True)
-                got.append(np.asarray(logits))
+            got, low = _five_steps(model, prompts)
             cache = [np.asarray(c) for kv in model.cache for c in kv]
             runs[fold] = (got, cache, len(low.kernels),
                           [k.wgsl for k in low.kernels if k.kind == "attention"])
@@ -293,13 +301,7 @@ def test_decode_step_attends_in_parts(monkeypatch: pytest.MonkeyPatch, batch: in
         for part_keys in (0, 16):
             monkeypatch.setattr(katt, "PART_KEYS", part_keys)
             model = Llama(cfg, w, max_len=64, cache_dtype=cache_dtype)
-            model.reset(batch)
-            nxt, logits = model.step(prompts, want_logits=True)
-            got = [np.asarray(logits)]
-            low = model.lower_step(nxt)
-            for _ in range(4):
-                nxt, logits = model.step(nxt, want_logits=True)
-                got.append(np.asarray(logits))
+            got, low = _five_steps(model, prompts)
             runs[part_keys] = (got, [k.wgsl for k in low.kernels if k.kind == "attention"])
             assert model.cache[0][0].dtype == cache_dtype
     (whole, att_whole), (parts, att_parts) = runs[0], runs[16]

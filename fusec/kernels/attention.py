@@ -294,7 +294,8 @@ def generate(kernel: Eqn, target: str = "gpu", workgroup_storage: int = 16384) -
 
 def _few_rows(kernel: Eqn, body: Program, e: Eqn, bc: tuple[str, ...], prelude: str,
               scale: str) -> KernelCode:
-    """The few-rows kernel (templates/attention_rows.wgsl.j2): a workgroup per query row."""
+    """The few-rows kernel (templates/attention_rows.wgsl.j2): a workgroup per query row, or
+    per query row and part of the keys (attention_parts)."""
     q, kt, v = e.inputs[:3]
     bias = e.inputs[3] if e.params.get("bias") else None
     assert isinstance(q, Var) and isinstance(kt, Var) and isinstance(v, Var)
@@ -368,16 +369,11 @@ def _combine(kernel: Eqn, body: Program, e: Eqn) -> KernelCode:
     binds, names = _bindings(body, tuple(kernel.params.get("inplace", ())))
     assert not kernel.params.get("inplace"), "attention_combine writes a buffer of its own"
     counter = [0]
-    # the row's coordinates (its flat index: row) and the part's values through the emitter
-    coords: list[str] = []
-    stride = rows
-    for dim in lead:
-        stride //= dim
-        coords.append(f"((row / {stride}u) % {dim}u)" if stride > 1 else f"(row % {dim}u)")
 
     def load(p: int, col: str) -> tuple[str, list[str]]:
-        return _value(body, names, counter, parts_in,
-                      Idx(parts_in.shape, coords=tuple(coords) + (f"{p}u", col)), "    ")
+        """Part p's value at column ``col`` of the thread's row (row-major [..., S, P, E + 2])."""
+        flat = f"(row * {kparts * e2}u + {p * e2}u + {col})"
+        return _value(body, names, counter, parts_in, Idx(parts_in.shape, flat=flat), "    ")
 
     ms: list[str] = []
     os_: list[str] = []
