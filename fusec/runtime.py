@@ -590,7 +590,6 @@ class Runtime:
         if mode not in _WAIT_MODES:
             raise FusecError(f"FUSEC_WAIT must be one of {', '.join(_WAIT_MODES)}; got {mode!r}")
         ahead, self.ahead = self.ahead, None
-        t0: Optional[float] = None  # when a spin wait found the GPU busy
         if mode == "spin" and self._poll is not None:
             raw = self.device._internal
             poll, null = self._poll
@@ -599,7 +598,6 @@ class Runtime:
             # wait return before the GPU was done)
             if poll(raw, False, null) & 0xFF:
                 if ahead is not None:
-                    ahead[0].wait_s = 0.0
                     ahead[0].record_ahead(ahead[1], idle=True)
                 return
             t0 = time.perf_counter()
@@ -616,22 +614,15 @@ class Runtime:
                 finally:
                     self.lock.release()
             # ...and record the last large call's next one, if the rule says so
-            recorded = ahead is not None and ahead[0].record_ahead(ahead[1])
+            if ahead is not None:
+                ahead[0].record_ahead(ahead[1])
             deadline = t0 + 1e-6 * int(config.get("spin_us"))
-            busy = False
             while not poll(raw, False, null) & 0xFF:
-                busy = True
                 if time.perf_counter() > deadline:
                     break
             else:
-                if ahead is not None:
-                    # how long the GPU ran on: unknown where it was done before the recording
-                    # ended (shorter than that), and a wait that short does not pay for one
-                    ahead[0].wait_s = time.perf_counter() - t0 if busy or not recorded else 0.0
                 return
         self.device._poll_wait()
-        if ahead is not None and t0 is not None:  # (a spin wait that ran out of time)
-            ahead[0].wait_s = time.perf_counter() - t0
 
     def timestamp_writes(self) -> Optional[dict[str, Any]]:
         if not self.profile or "timestamp-query" not in self.info.features:
@@ -1395,14 +1386,7 @@ BATCH_MAX_WORKGROUPS = 4096
 BATCH_SECONDS = 100e-6
 # a wait that finds the GPU busy opens the next batch meanwhile (Runtime.wait_idle)
 PREOPEN_BATCH = True
-# Calls recorded ahead (GpuExecutable.record_ahead): with FUSEC_RECORD_AHEAD=auto, where the
-# GPU ran on, in the last wait after a call, for this many times the host's time to record one
-# (2 left the MiniLM encoder at 1x16 out: 0.94 ms per round trip on the H200, 0.87 with 1)
-AHEAD_WAIT_FACTOR = 1.0
-# the host's time to record and finish a dispatch, guessed until a recording is measured (the
-# H200's host: 3.6 us each for the MiniLM encoder's 53 at 1x16, 7.9 at 32x128;
-# bench/prerecord_probe.py)
-AHEAD_RECORD_GUESS_S = 5e-6
+# Calls recorded ahead (GpuExecutable.record_ahead): FUSEC_RECORD_AHEAD's values
 _AHEAD_MODES = ("auto", "always", "off")
 # ...and only for calls whose fresh output buffers (held from the recording to the call) take at
 # most this many bytes
@@ -1960,9 +1944,6 @@ class GpuExecutable(_Steps):
         self._fed: list[tuple[int, int]] = []
         self._predicted: Optional[list[Any]] = None  # the next call's inputs' buffers, predicted
         self._repeats = 0  # calls in a row whose inputs' buffers were predicted, less one
-        self.wait_s = 0.0  # the last wait for the GPU after a call of this executable
-        # the host's time to record a call (measured at each record_ahead; a guess before)
-        self.record_s = AHEAD_RECORD_GUESS_S * len(launches)
 
     def cuts(self, first: int, growth: int) -> list[int]:
         """Where this executable's calls submit under these settings (submit_cuts), reversed
@@ -2143,11 +2124,13 @@ class GpuExecutable(_Steps):
     def wants_ahead(self, idle: bool = False) -> bool:
         """Whether a wait now records this executable's next call (FUSEC_RECORD_AHEAD): never
         under the profilers or without wgpu-native's recorder; only after two calls in a row
-        with the same inputs' buffers; with "auto", only in a wait that finds the GPU busy and
-        where the GPU ran on for at least AHEAD_WAIT_FACTOR times a recording in the last wait
-        after a call of it (the recording then ends about when the GPU does; one that ends a
-        little later still saves the next call more than it costs this one); with "always", at
-        every such wait (the tests' setting)."""
+        with the same inputs' buffers; with "auto", in every wait that finds the GPU busy, even
+        where the recording outlasts the GPU's work (the next call then only submits: a
+        recording's time moved into a wait costs the caller no more than it saves the next
+        call, and the GPU runs the next call whole, at once; H100, the SmolLM2-shaped decode
+        step at batch 1: 1.55-1.59 ms per streamed token against 1.60-1.83 when a wait recorded
+        only where the GPU had run on for a recording's time after the call before); with
+        "always", also in a wait that finds the GPU done (the tests' setting)."""
         rt = self.rt
         mode = str(config.get("record_ahead"))
         if mode not in _AHEAD_MODES:
@@ -2156,7 +2139,7 @@ class GpuExecutable(_Steps):
         if (mode == "off" or rt.native is None or rt.profile or rt.kernel_profile is not None
                 or self._repeats < 1 or self._ahead is not None):
             return False
-        return mode == "always" or not idle and self.wait_s >= AHEAD_WAIT_FACTOR * self.record_s
+        return mode == "always" or not idle
 
     def record_ahead(self, inputs: list[Any], idle: bool = False) -> bool:
         """Record (and finish, without submitting) the next call, its inputs bound to the wgpu
@@ -2197,10 +2180,9 @@ class GpuExecutable(_Steps):
             enc, cpass = self._record_native(bufs, raws, enc, cpass, [])
             self._ahead = _Ahead(native, enc.finish(), bufs, list(inputs), destroyed)
             del held  # (back to the pool, for the call's uploads)
-            self.record_s = time.perf_counter() - t0
             rt.ahead_recorded += 1
             config.debug(2, f"recorded the next call ahead while waiting: "
-                            f"{1e6 * self.record_s:.0f} us of the host's time")
+                            f"{1e6 * (time.perf_counter() - t0):.0f} us of the host's time")
             return True
 
     def _record(self, bufs: list[Any], raws: list[Any], enc: Any, cpass: Any, cuts: list[int],
