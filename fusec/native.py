@@ -50,12 +50,57 @@ class Native:
         self.release_cb = lib.wgpuCommandBufferRelease
         self.clear = lib.wgpuCommandEncoderClearBuffer
         self.copy = lib.wgpuCommandEncoderCopyBufferToBuffer
+        self.write_buffer = lib.wgpuQueueWriteBuffer
+        # mapping a staging buffer for reading, its callback setting a flag (map_read)
+        self.map_async = lib.wgpuBufferMapAsync
+        self.mapped_range = lib.wgpuBufferGetConstMappedRange
+        self.unmap = lib.wgpuBufferUnmap
+        self.map_mode_read = lib.WGPUMapMode_Read
+        self.callback_mode = lib.WGPUCallbackMode_AllowProcessEvents
+        success = lib.WGPUMapAsyncStatus_Success
+
+        def on_mapped(status: int, message: Any, flag: Any, unused: Any) -> None:
+            ffi.cast("int32_t *", flag)[0] = 1 if status == success else 2
+
+        # (kept alive with this object: wgpu-native calls it during a device poll)
+        self.on_mapped = ffi.callback("void(WGPUMapAsyncStatus, WGPUStringView, void *, void *)",
+                                      on_mapped)
         # error-captured (wgpu-py raises what wgpu-native reports during the call)
         self.finish = libf.wgpuCommandEncoderFinish
         self.submit = libf.wgpuQueueSubmit
 
     def encoder(self) -> Encoder:
         return Encoder(self)
+
+    def write(self, buffer: Any, data: Any) -> None:
+        """Queue ``data`` (a contiguous numpy array) for ``buffer`` (a wgpu-py buffer at least
+        that large) at offset 0, as wgpu-py's ``queue.write_buffer`` does, without its checks and
+        error capture (the runtime's pooled buffers are live and sized for the data): the call's
+        uploads of host data (a decode step's position, RoPE rows and mask) come before its
+        submit. wgpu-native copies the data during the call."""
+        self.write_buffer(self.queue, buffer._internal, 0, self.ffi.from_buffer(data), data.nbytes)
+
+    def map_read(self, buffer: Any, nbytes: int) -> Any:
+        """Ask for ``buffer`` (a wgpu-py buffer with MAP_READ usage) to be mapped for reading
+        once the GPU is done with it. Returns a cffi ``int32_t *`` flag that a device poll sets
+        to 1 once mapped (2: it failed); the caller keeps it alive until it is set. wgpu-py's
+        own buffer state stays "unmapped": the buffer is read and unmapped here
+        (:meth:`take_mapped`), never through wgpu-py."""
+        flag = self.ffi.new("int32_t *")
+        info = self.ffi.new("WGPUBufferMapCallbackInfo *")
+        info.mode = self.callback_mode
+        info.callback = self.on_mapped
+        info.userdata1 = flag
+        self.map_async(buffer._internal, self.map_mode_read, 0, nbytes, info[0])
+        return flag
+
+    def take_mapped(self, buffer: Any, nbytes: int) -> bytes:
+        """A copy of the first ``nbytes`` of a buffer mapped by :meth:`map_read`; unmaps it."""
+        ptr = self.mapped_range(buffer._internal, 0, nbytes)
+        try:
+            return bytes(self.ffi.buffer(ptr, nbytes))
+        finally:
+            self.unmap(buffer._internal)
 
     def submit_finished(self, cb: Any) -> None:
         """Submit a command buffer from :meth:`Encoder.finish` and release it."""

@@ -193,6 +193,10 @@ class Runtime:
         self.destroyed = 0
         self.pool_limit = config.env_int("FUSEC_POOL_BYTES", 1 << 30)
         self._staging: dict[int, Any] = {}
+        # reads started ahead (read_ahead): free staging buffers by size, and the flags of
+        # mappings whose callback has not run yet (kept alive until it does)
+        self._ahead_staging: dict[int, list[Any]] = {}
+        self._map_flags: list[Any] = []
         self._sync_src: Any = None
         # GPU timing: when ``profile`` is set (and the adapter has timestamp queries), each call
         # brackets its compute pass with timestamps; ``last_gpu_ns`` reads the last call's time
@@ -485,7 +489,10 @@ class Runtime:
         if buf is None:
             buf = self.buffer(raw.nbytes)
         # takes effect at the next submit, before the commands it carries
-        self.device.queue.write_buffer(buf.raw, 0, memoryview(raw).cast("B"))  # type: ignore[arg-type]
+        if self.native is not None:
+            self.native.write(buf.raw, raw)
+        else:
+            self.device.queue.write_buffer(buf.raw, 0, memoryview(raw).cast("B"))  # type: ignore[arg-type]
         return buf
 
     def _staging_buffer(self, nbytes: int) -> Any:
@@ -521,6 +528,55 @@ class Runtime:
         self.completed = self.submitted
         cache.STATS.readbacks += 1
         return data[:nbytes]
+
+    def read_ahead(self, buffer: Any, nbytes: int) -> Optional[PendingRead]:
+        """Start copying ``nbytes`` of a device buffer to the host: the copy is submitted now,
+        behind the work submitted (or batched) so far, into a staging buffer of its own whose
+        mapping is requested at once; :meth:`finish_read` then waits for that copy only, not
+        for work submitted after it (Array.copy_to_host_async). None without wgpu-native's
+        functions (the read then waits for the queue as :meth:`read` does)."""
+        native = self.native
+        if native is None or self._poll is None:
+            return None
+        if isinstance(buffer, DeviceBuffer):
+            buffer = buffer.raw
+        words = max(4, -(-nbytes // 4) * 4)
+        size = 1 << max(8, (words - 1).bit_length())
+        with self.lock:
+            free = self._ahead_staging.get(size)
+            stage = free.pop() if free else self.device.create_buffer(
+                size=size, usage=self.wgpu.BufferUsage.MAP_READ | self.wgpu.BufferUsage.COPY_DST)
+            enc = self.take_batch()  # (after the calls that write the buffer)
+            enc.copy_buffer_to_buffer(buffer, 0, stage, 0, words)
+            self.submit(enc)
+            self.submitted_batch()
+            self.submitted += 1
+            # an abandoned read's flag is written when its buffer goes: keep every flag until
+            # its callback has run
+            self._map_flags = [f for f in self._map_flags if not f[0]]
+            flag = native.map_read(stage, words)
+            self._map_flags.append(flag)
+            return PendingRead(stage, size, words, nbytes, flag)
+
+    def finish_read(self, pending: PendingRead) -> bytes:
+        """The bytes of a read started by :meth:`read_ahead`, once its copy is done: polls
+        wgpu-native (without blocking, for up to FUSEC_SPIN_US, then blocking) until the
+        staging buffer is mapped."""
+        assert self.native is not None and self._poll is not None
+        raw = self.device._internal
+        poll, null = self._poll
+        flag = pending.flag
+        deadline = time.perf_counter() + 1e-6 * int(config.get("spin_us"))
+        while not flag[0]:
+            poll(raw, time.perf_counter() > deadline, null)
+        if flag[0] != 1:
+            raise FusecError("reading an array back failed: wgpu could not map the staging "
+                             "buffer its copy went to")
+        data = self.native.take_mapped(pending.stage, pending.words)
+        with self.lock:
+            self._ahead_staging.setdefault(pending.size, []).append(pending.stage)
+        cache.STATS.readbacks += 1
+        return data[:pending.nbytes]
 
     def read_pieces(self, pieces: Sequence[tuple[Any, int, int]]) -> memoryview:
         """Byte ranges of device buffers, one after another in one host buffer: one submit and one
@@ -1032,7 +1088,7 @@ class Array:
     __array_priority__ = 100  # ndarray + Array -> Array.__radd__ (runs on the device)
     # slots: every call makes one Array per output, so creating one is on the hot path
     __slots__ = ("_shape", "_dtype", "_buffer", "_host", "_submission", "_donated_to",
-                 "_shared", "_rt", "__weakref__")
+                 "_shared", "_rt", "_reading", "__weakref__")
 
     def __init__(self, shape: Sequence[int], dtype: str, buffer: Any = None,
                  host: Optional[np.ndarray] = None, submission: int = 0) -> None:
@@ -1048,6 +1104,7 @@ class Array:
         # another Array views the same buffer (an output returned twice, a reshape of an input):
         # donating this one must not overwrite what the other holds (see donation_copy)
         self._shared = False
+        self._reading: Optional[PendingRead] = None  # (copy_to_host_async)
 
     def _check_alive(self) -> None:
         if self._donated_to is not None:
@@ -1137,12 +1194,27 @@ class Array:
                 to_storage(self._host_value(), self._dtype)))
         return copy_array(self, rt)
 
+    def copy_to_host_async(self) -> None:
+        """Start copying the values to the host, behind the work submitted so far; a later read
+        (``np.asarray(a)``, ``a.numpy()``) then waits for this array's computation and the
+        copy only, not for calls made after this one (as JAX's ``copy_to_host_async``). A decode
+        loop calls it on a step's tokens, calls the next step, then reads the tokens while the
+        GPU computes that step (``Llama.generate``). Nothing to do for values already on the
+        host, or without wgpu-native's functions (the read then waits for every call)."""
+        self._check_alive()
+        rt = self._rt
+        if self._host is None and self._reading is None and rt is not None \
+                and self._buffer is not None:
+            self._reading = rt.read_ahead(self._buffer, self.nbytes)
+
     def _host_value(self) -> np.ndarray:
         self._check_alive()
         if self._host is None:
             rt = self._rt
             assert rt is not None and self._buffer is not None
-            raw = rt.read(self._buffer, self.nbytes)
+            reading, self._reading = self._reading, None
+            raw = (rt.finish_read(reading) if reading is not None
+                   else rt.read(self._buffer, self.nbytes))
             st = np.frombuffer(raw, dtype=dtypes.NUMPY_STORAGE[self._dtype],
                                count=self.size).reshape(self._shape)
             host = np.asarray(st != 0) if self._dtype == "bool" else st.copy()
@@ -1288,6 +1360,7 @@ def _device_array(shape: tuple[int, ...], dtype: str, buffer: DeviceBuffer,
     a._donated_to = None
     a._shared = False
     a._rt = rt  # (the buffer's)
+    a._reading = None
     return a
 
 
@@ -1456,6 +1529,16 @@ class _Launch:
     cap: int = BIND_GROUP_CACHE  # bind groups kept (more inside a loop: three per call)
     name: str = ""  # the kernel's name (fusec.profile reports it)
     gpu_us: float = 0.0  # its estimated GPU time (gpu_estimate_us), for where a call submits
+
+
+class PendingRead:
+    """A read started by Runtime.read_ahead: its staging buffer (of ``size`` bytes, ``words``
+    of them copied, ``nbytes`` wanted) and the flag its mapping sets."""
+
+    __slots__ = ("stage", "size", "words", "nbytes", "flag")
+
+    def __init__(self, stage: Any, size: int, words: int, nbytes: int, flag: Any) -> None:
+        self.stage, self.size, self.words, self.nbytes, self.flag = stage, size, words, nbytes, flag
 
 
 class _Ahead:

@@ -347,3 +347,43 @@ def test_chunks_through_wgpu_py_recording() -> None:
     assert p.returncode == 0, p.stdout + p.stderr
     got = json.loads(p.stdout.strip().splitlines()[-1])
     assert got["submits"] == 7 and got["err"] < 1e-4, got
+
+
+def test_copy_to_host_async_reads_without_waiting_for_later_calls() -> None:
+    """A copy started ahead goes behind the work submitted so far: the read gives the values
+    the array had then (a later call donating its buffer writes over it after the copy), waits
+    for that copy only, and tiny arrays (a token), batched calls and odd sizes read right."""
+    rt = _rt()
+    rng = np.random.default_rng(21)
+    step = fusec.gpu_jit(lambda c, x: (c * 0.5 + x, fnp.tanh(c @ x[:7].T)),
+                         donate_argnums=(0,))
+    small = fusec.gpu_jit(lambda v: v * 3 - 1)  # joins the batch
+    c0 = rng.standard_normal((257, 13)).astype(np.float32)
+    x = rng.standard_normal((257, 13)).astype(np.float32)
+    cache, first = step(fusec.device_put(c0), x)
+    cache.copy_to_host_async()  # (the values before the next call overwrites its buffer)
+    first.copy_to_host_async()
+    tok = small(fusec.device_put(rng.integers(0, 50, 3).astype(np.int32)))
+    tok.copy_to_host_async()
+    cache2, second = step(cache, x)  # donates cache's buffer, submitted after the copies
+    later = cache2._submission
+    want1 = c0.astype(np.float64) * 0.5 + x
+    np.testing.assert_allclose(np.asarray(first), np.tanh(c0.astype(np.float64) @ x[:7].T),
+                               rtol=1e-5, atol=1e-5)
+    assert rt.completed < later  # the reads above did not wait for the queue
+    with pytest.raises(fusec.FusecError, match="donated"):
+        np.asarray(cache)  # donated since: its values are the next call's
+    np.testing.assert_array_equal(np.asarray(tok) % 3, np.full(3, 2))
+    np.testing.assert_allclose(np.asarray(cache2), want1 * 0.5 + x, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(second), np.tanh(want1 @ x[:7].T),
+                               rtol=1e-5, atol=1e-5)
+    # an array dropped with its copy in flight, then reads that reuse the staging buffers
+    for _ in range(3):
+        gone, _ = step(fusec.device_put(c0), x)
+        gone.copy_to_host_async()
+        del gone
+    again, _ = step(fusec.device_put(c0), x)
+    again.copy_to_host_async()
+    again.copy_to_host_async()  # (a second request is the first)
+    np.testing.assert_allclose(np.asarray(again), want1, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(again), want1, rtol=1e-6, atol=1e-6)

@@ -142,6 +142,27 @@ def test_sampling() -> None:
         nxt, logits = model.step(nxt, want_logits=True)
 
 
+def test_generate_stops_where_the_steps_called_ahead_leave_no_trace() -> None:
+    """generate calls each step before reading the tokens of the one before; where it stops
+    early (eos, or the caller stops iterating) the model is where plain steps would leave it:
+    its position counts the tokens fed, and the next step gives the token a longer run did."""
+    cfg, w, _ = _small(4, n_layers=1)
+    prompt = np.asarray([[11, 12, 13, 14, 15]], dtype=np.int32)
+    full = [int(t[0]) for t in Llama(cfg, w, max_len=64).generate(prompt, 9)]
+    k = next(i for i in range(2, 8) if full[i] not in full[:i])  # a first occurrence as eos
+    model = Llama(cfg, w, max_len=64)
+    got = [int(t[0]) for t in model.generate(prompt, 9, eos=full[k])]
+    assert got == full[:k + 1]
+    assert model.pos == prompt.shape[1] + k  # the prompt and the tokens before the eos fed
+    assert int(np.asarray(model.step(np.asarray([full[k]], np.int32)))[0]) == full[k + 1]
+    gen = model.generate(prompt, 9)
+    taken = [int(next(gen)[0]) for _ in range(3)]
+    gen.close()  # the caller stops: the step called for the fourth token is dropped
+    assert taken == full[:3] and model.pos == prompt.shape[1] + 2
+    assert int(np.asarray(model.step(np.asarray([full[2]], np.int32)))[0]) == full[3]
+    assert [int(t[0]) for t in model.generate(prompt, 1)] == full[:1] and model.pos == 5
+
+
 def test_errors() -> None:
     cfg, w, _ = _small(4, n_layers=1)
     model = Llama(cfg, w, max_len=16)
@@ -321,9 +342,10 @@ def test_decode_step_attends_in_parts(monkeypatch: pytest.MonkeyPatch, batch: in
 
 def test_decode_steps_recorded_ahead(monkeypatch: pytest.MonkeyPatch) -> None:
     """A decode loop with calls recorded ahead (each step's kernels recorded while the host
-    waits for the last token): each step donates the cache, takes the last step's token and
-    uploads its RoPE rows and mask; the call recorded ahead binds those buffers. Greedy tokens
-    equal to the reference's, and most steps submitted as recorded ahead."""
+    waits for the last token; generate() reads without that wait: copy_to_host_async): each
+    step donates the cache, takes the last step's token and uploads its RoPE rows and mask; the
+    call recorded ahead binds those buffers. Greedy tokens equal to the reference's, and most
+    steps submitted as recorded ahead."""
     from fusec import config, runtime
 
     rt = runtime.get_runtime()
@@ -335,8 +357,15 @@ def test_decode_steps_recorded_ahead(monkeypatch: pytest.MonkeyPatch) -> None:
     config.set("record_ahead", "always")
     try:
         used = rt.ahead_used
-        got = np.concatenate(list(Llama(cfg, w, max_len=64).generate(np.asarray([prompt]), 10)))
-        assert got.tolist() == want
+        model = Llama(cfg, w, max_len=64)
+        model.reset(1)
+        nxt = model.step(np.asarray([prompt]))
+        got = []
+        for i in range(10):  # each token read before the next step (the wait records it)
+            got.append(int(np.asarray(nxt)[0]))
+            if i < 9:
+                nxt = model.step(nxt)
+        assert got == want
         assert rt.ahead_used - used >= 6
     finally:
         config.set("record_ahead", None)

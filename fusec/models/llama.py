@@ -32,6 +32,7 @@ from .. import lax, nn
 from .. import numpy as fnp
 from .. import random as frandom
 from ..errors import FusecError
+from ..tree_util import tree_flatten, tree_unflatten
 
 
 @dataclass(frozen=True)
@@ -348,8 +349,23 @@ class Llama:
         self.cos_table, self.sin_table = rope_tables(cfg, max_len)
         self.params = _to_device(weights)
         self.key = frandom.key(seed)
-        self._step = gpu_jit(forward, static_argnames=("cfg", "how", "want_logits"),
-                             donate_argnames=("cache",))
+        # The step takes the weights and the cache as flat tuples of arrays: a call walks a
+        # tuple of arrays inline, where the weights' tree (dicts of quantized matrices, 249
+        # leaves in 370 nodes for SmolLM2) cost the host about 0.4 ms a step on lavapipe's
+        # machine to flatten, all of it before the step's submit
+        leaves, tree = tree_flatten(self.params)
+        self._param_leaves = tuple(leaves)
+
+        def step(param_leaves: tuple[Any, ...], cache_leaves: tuple[Any, ...], tokens: Any,
+                 pos: Any, cos: Any, sin: Any, bias: Any, key: Any, *, cfg: LlamaConfig,
+                 how: Sampling, want_logits: bool = False) -> Any:
+            out = forward(tree_unflatten(tree, param_leaves),
+                          list(zip(cache_leaves[0::2], cache_leaves[1::2])), tokens, pos, cos,
+                          sin, bias, key, cfg=cfg, how=how, want_logits=want_logits)
+            return (out[0], tuple(a for kv in out[1] for a in kv), *out[2:])
+
+        self._step = gpu_jit(step, static_argnames=("cfg", "how", "want_logits"),
+                             donate_argnames=("cache_leaves",))
         self.batch = 0
         self.pos = 0
         self.cache: list[Any] = []
@@ -378,7 +394,8 @@ class Llama:
         tokens, t = self._checked(tokens)
         out = self._step(*self._step_args(tokens, t), cfg=self.cfg, how=self.sampling,
                          want_logits=want_logits)
-        self.cache = out[1]
+        flat = out[1]
+        self.cache = list(zip(flat[0::2], flat[1::2]))
         self.pos += t
         return (out[0], out[2]) if want_logits else out[0]
 
@@ -414,12 +431,20 @@ class Llama:
         """The step's positional arguments for ``t`` tokens at the current position."""
         cos, sin, bias = step_inputs(self.cfg, self.cos_table, self.sin_table, self.pos, t,
                                      _bucket(self.pos + t, self.max_len))
-        return (self.params, self.cache, tokens, np.int32(self.pos), cos, sin, bias, self.key)
+        return (self._param_leaves, tuple(a for kv in self.cache for a in kv), tokens,
+                np.int32(self.pos), cos, sin, bias, self.key)
 
     def generate(self, prompts: Sequence[Sequence[int]] | np.ndarray, max_new_tokens: int,
                  eos: Optional[int] = None) -> Iterator[np.ndarray]:
         """Yield the next tokens [B] of each of the equal-length ``prompts`` [B, T], one step at
-        a time, ``max_new_tokens`` times or until every sequence has produced ``eos``."""
+        a time, ``max_new_tokens`` times or until every sequence has produced ``eos``.
+
+        Each step's tokens start their copy to the host (``copy_to_host_async``) before the
+        next step is called, and are read back after it: the GPU computes that step while the
+        host reads, yields and records the one after (a step's input is the last step's output
+        on the device). Where generation stops early (``eos``, or the caller
+        stops iterating), that step's result is dropped and :attr:`pos` set back: the cache row
+        it wrote lies past ``pos``, where no query looks and the next step writes."""
         ids = np.asarray(prompts, dtype=np.int32)
         if ids.ndim != 2 or ids.shape[1] == 0:
             raise FusecError(f"prompts must be a [batch, length] array of token ids; got shape "
@@ -427,15 +452,21 @@ class Llama:
         self.reset(ids.shape[0])
         nxt = self.step(ids)
         done = np.zeros(ids.shape[0], dtype=bool)
-        for i in range(max_new_tokens):
-            host = np.asarray(nxt)
-            yield host
-            if eos is not None:
-                done |= host == eos
-                if done.all():
-                    return
-            if i + 1 < max_new_tokens:
-                nxt = self.step(nxt)
+        ahead = None  # the step called for tokens not yet yielded
+        try:
+            for i in range(max_new_tokens):
+                nxt.copy_to_host_async()
+                ahead = self.step(nxt) if i + 1 < max_new_tokens else None
+                host = np.asarray(nxt)
+                yield host
+                if eos is not None:
+                    done |= host == eos
+                    if done.all():
+                        return
+                nxt, ahead = ahead, None
+        finally:
+            if ahead is not None:
+                self.pos -= 1
 
 
 def measure_speed(model: Llama, *, reps: int = 5, decode_tokens: int = 32,
@@ -443,8 +474,9 @@ def measure_speed(model: Llama, *, reps: int = 5, decode_tokens: int = 32,
                   prompt_len: int = 32) -> dict[str, float]:
     """Wall-clock speed of ``model`` (the medians of ``reps`` runs, after one that compiles):
     decode tokens/s (batch x steps / s) at each batch, after a ``prompt_len``-token prompt,
-    with each step's tokens read back as a streaming user would (``..._streaming``) and left on
-    the device until the end (``..._device``); prefill tokens/s of a ``prefill_len``-token
+    with each step's tokens read back as :meth:`Llama.generate` streams them, once the next
+    step is called (``..._streaming``), and left on the device until the end (``..._device``);
+    prefill tokens/s of a ``prefill_len``-token
     prompt in one call (0 to skip)."""
     import statistics
     import time
@@ -460,9 +492,14 @@ def measure_speed(model: Llama, *, reps: int = 5, decode_tokens: int = 32,
             np.asarray(nxt)
             t = time.perf_counter()
             for _ in range(decode_tokens):
-                nxt = model.step(nxt)
                 if stream:
+                    nxt.copy_to_host_async()
+                called = model.step(nxt)
+                if stream:
+                    # the tokens of the step before, read back once this one is called, as
+                    # generate() streams them
                     np.asarray(nxt)
+                nxt = called
             np.asarray(nxt)
             return batch * decode_tokens / (time.perf_counter() - t)
 
