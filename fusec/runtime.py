@@ -561,11 +561,18 @@ class Runtime:
     def finish_read(self, pending: PendingRead) -> bytes:
         """The bytes of a read started by :meth:`read_ahead`, once its copy is done: polls
         wgpu-native (without blocking, for up to FUSEC_SPIN_US, then blocking) until the
-        staging buffer is mapped."""
+        staging buffer is mapped; first, the last large call's next call may be recorded
+        (record_ahead), as in :meth:`wait_idle`."""
         assert self.native is not None and self._poll is not None
         raw = self.device._internal
         poll, null = self._poll
         flag = pending.flag
+        # record the last large call's next one meanwhile, as a wait does (a decode loop's
+        # step after next, while it reads this step's tokens); "auto" records only while the
+        # copy, and so the GPU, is not done
+        ahead, self.ahead = self.ahead, None
+        if ahead is not None:
+            ahead[0].record_ahead(ahead[1], idle=bool(flag[0]))
         deadline = time.perf_counter() + 1e-6 * int(config.get("spin_us"))
         while not flag[0]:
             poll(raw, time.perf_counter() > deadline, null)
