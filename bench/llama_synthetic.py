@@ -10,11 +10,17 @@ package needed): where a decode step's wall time goes. Per step, medians of ``--
         [--prompt 8]
         [--profile]
         [--cprofile] [--submit-firsts 4,2,1,0,4/4 [--rounds 3]] [--record-ahead [--rounds 3]]
-        [--settings "default;fuse.PROLOGUE_MAX=0" [--rounds 3]] [--hold-clocks]
+        [--settings "default;fuse.PROLOGUE_MAX=0" [--rounds 3]] [--stream [--rounds 5]]
+        [--hold-clocks]
 
 ``--record-ahead`` times streaming steps (call, then the token read back) and a loop of steps
 left on the device, with FUSEC_RECORD_AHEAD off, auto and always, in ``--rounds`` interleaved
 rounds, with how many steps were submitted as recorded ahead during the wait before.
+
+``--stream`` times ``--steps`` steps after a 32-token prompt (mean per step), in ``--rounds``
+interleaved rounds, by how the loop calls them: each step's tokens read before the next call
+("read then call"); as ``Llama.generate`` streams them (``copy_to_host_async``, the next call,
+then the read), with FUSEC_RECORD_AHEAD as set and off; and left on the device until the end.
 
 ``--submit-firsts`` times the step (call to token on the host) with each FUSEC_SUBMIT_FIRST
 setting (``F/G``: and FUSEC_SUBMIT_GROWTH G), interleaved over ``--rounds`` rounds in this
@@ -160,6 +166,54 @@ def compare_record_ahead(model: Llama, nxt: Any, a: argparse.Namespace) -> None:
               f"ms over {a.rounds} rounds (medians of {a.steps})")
 
 
+STREAM_MODES = ("read then call", "generate", "generate, record-ahead off", "device loop")
+
+
+def compare_streaming(model: Llama, a: argparse.Namespace) -> None:
+    """Per step, each way of --stream's (see the docstring), interleaved over --rounds rounds."""
+    from fusec import config
+
+    rt = get_runtime()
+    assert rt is not None
+    ids = np.tile(np.arange(100, 132, dtype=np.int32), (a.batch, 1))
+
+    def run(mode: str) -> tuple[float, int]:
+        model.reset(a.batch)
+        nxt = model.step(ids)
+        np.asarray(nxt)
+        config.set("record_ahead", "off" if mode.endswith("record-ahead off") else None)
+        used = rt.ahead_used
+        t = time.perf_counter()
+        for _ in range(a.steps):
+            if mode.startswith("generate"):
+                nxt.copy_to_host_async()
+                called = model.step(nxt)
+                np.asarray(nxt)
+                nxt = called
+            else:
+                nxt = model.step(nxt)
+                if mode == "read then call":
+                    np.asarray(nxt)
+        np.asarray(nxt)
+        per = (time.perf_counter() - t) / a.steps
+        config.set("record_ahead", None)
+        return per, rt.ahead_used - used
+
+    for mode in STREAM_MODES:
+        run(mode)  # every context bucket compiled
+    rows: dict[str, list[float]] = {}
+    for r in range(a.rounds):
+        for mode in STREAM_MODES:
+            per, used = run(mode)
+            rows.setdefault(mode, []).append(per)
+            print(f"  round {r + 1}, {mode}: {1e3 * per:.3f} ms per step "
+                  f"({a.batch / per:.0f} tokens/s), {used}/{a.steps} recorded ahead", flush=True)
+    for mode, v in rows.items():
+        med = statistics.median(v)
+        print(f"{mode}: {1e3 * min(v):.3f}-{1e3 * max(v):.3f} ms per step, median {1e3 * med:.3f} "
+              f"({a.batch / med:.0f} tokens/s; {a.rounds} rounds of {a.steps} steps)")
+
+
 def compare_settings(cfg: LlamaConfig, w: dict, a: argparse.Namespace) -> None:
     """Each setting of ``--settings`` in ``--rounds`` interleaved rounds (see the docstring)."""
     import importlib
@@ -204,6 +258,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--settings", default="")
     ap.add_argument("--record-ahead", action="store_true")
+    ap.add_argument("--stream", action="store_true",
+                    help="time the ways a decode loop can call and read the steps")
     ap.add_argument("--cprofile", action="store_true",
                     help="cProfile the host side of --steps steps: where the host time goes")
     ap.add_argument("--hold-clocks", action="store_true",
@@ -220,6 +276,9 @@ def main() -> None:
     model = Llama(cfg, w, max_len=a.max_len)
     print(f"weights made and uploaded in {time.perf_counter() - t0:.1f} s; "
           f"{fusec.default_device()}")
+    if a.stream:
+        compare_streaming(model, a)
+        return
     nxt = warmed_up(model, a.batch, a.prompt)
     if a.record_ahead:
         compare_record_ahead(model, nxt, a)

@@ -387,3 +387,25 @@ def test_copy_to_host_async_reads_without_waiting_for_later_calls() -> None:
     again.copy_to_host_async()  # (a second request is the first)
     np.testing.assert_allclose(np.asarray(again), want1, rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(np.asarray(again), want1, rtol=1e-6, atol=1e-6)
+
+
+def test_copy_to_host_async_from_several_threads() -> None:
+    """Threads starting copies ahead and reading them while the others call and read: each
+    read gives its own array's values."""
+    _rt()
+    f = fusec.gpu_jit(lambda a, s: fnp.sin(a) * s + 1.0)
+
+    def worker(t: int) -> None:
+        x = np.linspace(-3, 3, 97 + 13 * t, dtype=np.float32)
+        a = fusec.device_put(x)
+        prev = None
+        for k in range(40):
+            y = f(a, np.float32(k))
+            y.copy_to_host_async()
+            if prev is not None:
+                kk, p = prev
+                np.testing.assert_allclose(np.asarray(p), np.sin(x.astype(np.float64)) * kk + 1,
+                                           rtol=1e-5, atol=1e-4)
+            prev = (k, y)
+
+    in_threads(worker, 4)
