@@ -409,3 +409,17 @@ def test_copy_to_host_async_from_several_threads() -> None:
             prev = (k, y)
 
     in_threads(worker, 4)
+
+
+def test_the_user_guides_copy_to_host_async_example() -> None:
+    text = (Path(__file__).resolve().parent.parent / "docs" / "user-guide.md").read_text()
+    at = text.index("tok.copy_to_host_async()")
+    block = text[text.rindex("```python\n", 0, at) + len("```python\n"):]
+    block = block[:block.index("```")]
+    ns: dict[str, object] = {}
+    exec(compile(block, "user-guide.md#device-arrays", "exec"), ns)  # noqa: S102
+    want, t = [], np.arange(4)
+    for _ in range(3):
+        t = (t * 7 + 3) % 1000
+        want.append(t)
+    np.testing.assert_array_equal(np.stack(ns["seen"]), np.stack(want))  # type: ignore[call-overload]
