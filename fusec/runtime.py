@@ -560,9 +560,9 @@ class Runtime:
 
     def finish_read(self, pending: PendingRead) -> bytes:
         """The bytes of a read started by :meth:`read_ahead`, once its copy is done: polls
-        wgpu-native (without blocking, for up to FUSEC_SPIN_US, then blocking) until the
-        staging buffer is mapped; first, the last large call's next call may be recorded
-        (record_ahead), as in :meth:`wait_idle`."""
+        wgpu-native (without blocking, for up to FUSEC_SPIN_US, then blocking; with
+        FUSEC_WAIT=poll blocking at once) until the staging buffer is mapped; first, the last
+        large call's next call may be recorded (record_ahead), as in :meth:`wait_idle`."""
         assert self.native is not None and self._poll is not None
         raw = self.device._internal
         poll, null = self._poll
@@ -573,7 +573,10 @@ class Runtime:
         ahead, self.ahead = self.ahead, None
         if ahead is not None:
             ahead[0].record_ahead(ahead[1], idle=bool(flag[0]))
-        deadline = time.perf_counter() + 1e-6 * int(config.get("spin_us"))
+        # FUSEC_WAIT=poll blocks at once (a blocking poll returns once the queue is idle: it
+        # then waits for the calls made since too); otherwise spin, then block
+        spin = 0 if config.get("wait") == "poll" else int(config.get("spin_us"))
+        deadline = time.perf_counter() + 1e-6 * spin
         while not flag[0]:
             poll(raw, time.perf_counter() > deadline, null)
         if flag[0] != 1:

@@ -423,3 +423,23 @@ def test_the_user_guides_copy_to_host_async_example() -> None:
         t = (t * 7 + 3) % 1000
         want.append(t)
     np.testing.assert_array_equal(np.stack(ns["seen"]), np.stack(want))  # type: ignore[call-overload]
+
+
+@pytest.mark.parametrize("wait", ["spin", "poll", "thread"])
+def test_copy_to_host_async_under_each_wait_mode(wait: str) -> None:
+    from fusec import config
+
+    _rt()
+    f = fusec.gpu_jit(lambda a: fnp.cumsum(a * 2.0))
+    x = np.random.default_rng(22).standard_normal(1031).astype(np.float32)
+    config.set("wait", wait)
+    try:
+        y = f(x)
+        y.copy_to_host_async()
+        z = f(y)
+        np.testing.assert_allclose(np.asarray(y), np.cumsum(x.astype(np.float64) * 2),
+                                   rtol=1e-4, atol=1e-3)
+        np.testing.assert_allclose(np.asarray(z), np.cumsum(np.asarray(y, np.float64) * 2),
+                                   rtol=1e-4, atol=1e-2)
+    finally:
+        config.set("wait", None)
