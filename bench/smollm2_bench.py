@@ -14,8 +14,9 @@ and the reference's margin there.
 ``--profile``: GPU time per kernel of one decode step (fusec.profile).
 
 ``--speed``: decode tokens/s (batch x steps / s) at batch 1 and 8 (greedy, after a chat
-prompt; each token read back as a streaming user would, and also back to back with the tokens
-left on the device),
+prompt; each step's tokens read back as ``Llama.generate`` streams them, their copy started
+before the next step is called and read after it, and also back to back with the tokens left
+on the device),
 prefill tokens/s of a 512-token prompt (one call), wall clock, medians of ``--reps`` runs; the
 bytes a decode step reads (weights + the key/value cache it attends over) over the measured copy
 bandwidth gives the fraction of the memory-bandwidth limit.
