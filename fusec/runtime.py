@@ -509,17 +509,24 @@ class Runtime:
         with self.lock:  # one staging buffer per size: one reader at a time
             return self._read(buffer, nbytes)
 
-    def _read(self, buffer: Any, nbytes: int) -> bytes:
-        if isinstance(buffer, DeviceBuffer):
-            buffer = buffer.raw
-        words = max(4, -(-nbytes // 4) * 4)  # copies and maps move whole 32-bit words
-        stage = self._staging_buffer(words)
-        # the copy rides on the batch's submit (one submit, not two)
+    def _copy_to_stage(self, pieces: Sequence[tuple[Any, int, int]], stage: Any) -> None:
+        """Copy byte ranges (buffer, offset, nbytes) of device buffers one after another into
+        the staging buffer ``stage`` and submit: the copies ride on the batch's submit, after the
+        calls recorded in it (one submit, not two). Under the lock."""
         enc = self.take_batch()
-        enc.copy_buffer_to_buffer(buffer, 0, stage, 0, words)
+        pos = 0
+        for buf, off, n in pieces:
+            raw = buf.raw if isinstance(buf, DeviceBuffer) else buf
+            enc.copy_buffer_to_buffer(raw, off, stage, pos, n)
+            pos += n
         self.submit(enc)
         self.submitted_batch()
         self.submitted += 1
+
+    def _read(self, buffer: Any, nbytes: int) -> bytes:
+        words = max(4, -(-nbytes // 4) * 4)  # copies and maps move whole 32-bit words
+        stage = self._staging_buffer(words)
+        self._copy_to_stage([(buffer, 0, words)], stage)
         self._map_read(stage, words)
         try:
             data = bytes(stage.read_mapped(0, words))
@@ -538,19 +545,13 @@ class Runtime:
         native = self.native
         if native is None or self._poll is None:
             return None
-        if isinstance(buffer, DeviceBuffer):
-            buffer = buffer.raw
         words = max(4, -(-nbytes // 4) * 4)
         size = 1 << max(8, (words - 1).bit_length())
         with self.lock:
             free = self._ahead_staging.get(size)
             stage = free.pop() if free else self.device.create_buffer(
                 size=size, usage=self.wgpu.BufferUsage.MAP_READ | self.wgpu.BufferUsage.COPY_DST)
-            enc = self.take_batch()  # (after the calls that write the buffer)
-            enc.copy_buffer_to_buffer(buffer, 0, stage, 0, words)
-            self.submit(enc)
-            self.submitted_batch()
-            self.submitted += 1
+            self._copy_to_stage([(buffer, 0, words)], stage)
             # an abandoned read's flag is written when its buffer goes: keep every flag until
             # its callback has run
             self._map_flags = [f for f in self._map_flags if not f[0]]
@@ -595,15 +596,7 @@ class Runtime:
         with self.lock:
             total = max(4, sum(n for _, _, n in pieces))
             stage = self._staging_buffer(total)
-            enc = self.take_batch()  # after the calls that wrote the buffers
-            pos = 0
-            for buf, off, n in pieces:
-                raw = buf.raw if isinstance(buf, DeviceBuffer) else buf
-                enc.copy_buffer_to_buffer(raw, off, stage, pos, n)
-                pos += n
-            self.submit(enc)
-            self.submitted_batch()
-            self.submitted += 1
+            self._copy_to_stage(pieces, stage)
             self._map_read(stage, total)
             try:
                 data = stage.read_mapped(0, total)  # (a copy)
