@@ -21,6 +21,8 @@ FUSEC_SHADER_CHECKS  1: compile kernels with wgpu's runtime checks (every array 
 FUSEC_RECORD_AHEAD  auto (default) | always | off: while the host waits for a large call, record
                the executable's next call with the same argument buffers, so that the next call
                only submits it (see the user guide, "Calls recorded ahead")
+FUSEC_DEQUANT_CACHE_MB  the numpy interpreter keeps quantized weights dequantised between calls,
+               up to this many MiB in all (default 1024; 0: dequantise at every call)
 FUSEC_WHILE_CHUNK_MAX  the most iterations of a while_loop run between two reads of its flag
                (default 64; chunks grow 2, 4, 8, ... up to it; rounded up to an even number)
 """
@@ -74,6 +76,9 @@ _ENV = {
     "record_ahead": ("FUSEC_RECORD_AHEAD", "auto"),
     # a while_loop's chunks of iterations between reads of its flag grow up to this (runtime)
     "while_chunk_max": ("FUSEC_WHILE_CHUNK_MAX", 0),
+    # the numpy interpreter keeps quantized weights' dequantised matrices between calls, up to
+    # this many MiB in all (fusec.interpret.dequantized; 0: dequantise at every call)
+    "dequant_cache_mb": ("FUSEC_DEQUANT_CACHE_MB", 1024),
 }
 _CASE_INSENSITIVE = {"backend", "target", "record_ahead"}
 

@@ -25,6 +25,7 @@ from fusec import config, interpret, nn
 from fusec.errors import FusecError
 from fusec.interpret import _dead_operand, evaluate
 from fusec.ir import Op
+from fusec.passes import Options, run_pipeline
 from fusec.runtime import CpuExecutable, _choose_adapter
 
 REPO = Path(__file__).resolve().parent.parent
@@ -285,3 +286,87 @@ def test_runtime_features_on_the_interpreter() -> None:
     assert got["while"] == 4096
     assert got["grad"] == [200.0, 2.0, 4.0, 6.0, 8.0, 10.0]
     assert 0.97 < got["normal_std"] < 1.03
+
+
+# --- quantized weights kept dequantised, windows taken per axis -----------------------------------
+
+
+@pytest.mark.parametrize("fmt", ["q4_1", "q8_0"])
+def test_dequantised_weights_are_kept_while_their_words_live(fmt: str,
+                                                             rng: np.random.Generator) -> None:
+    """The interpreter dequantises read-only words once (a decode step spent 82% of its time
+    dequantising again); writable words, a cache of 0 MiB, and words freed and replaced by
+    others (even at the same address) are dequantised anew, and every product stays right."""
+    from fusec import quant
+
+    def words(seed: int) -> np.ndarray:
+        q = quant.quantize(np.random.default_rng(seed).standard_normal((70, 96)).astype(F32), fmt)
+        w = np.array(q.data, dtype=np.uint32)
+        w.flags.writeable = False  # as fusec's arrays are
+        return w
+
+    x = rng.standard_normal((3, 96)).astype(F32)
+    f = fusec.gpu_jit(lambda x, w: quant.matmul(x, quant.QuantizedMatrix(fmt, (70, 96), w)))
+    for seed in range(4):  # each array freed before the next: ids and addresses may repeat
+        w = words(seed)
+        traced = f.trace(x, w).ir
+        exe = CpuExecutable(traced)  # the traced program: dequant, then matmul
+        assert Op.DEQUANT in {e.op for e in exe.prog.eqns}
+        lowered = run_pipeline(traced, Options())  # a qmatmul kernel
+        assert Op.QMATMUL in {b.op for e in lowered.eqns if e.op is Op.KERNEL
+                              for b in e.params["body"].eqns}
+        want = x.astype(np.float64) @ interpret.dequant_numpy(w, fmt, (70, 96)).T.astype(np.float64)
+        for _ in range(2):
+            np.testing.assert_allclose(np.asarray(exe.run([x, w])[0]), want, rtol=1e-4,
+                                       atol=1e-4)
+            np.testing.assert_allclose(np.asarray(evaluate(lowered, [x, w])[0]), want,
+                                       rtol=1e-4, atol=1e-4)
+        kept = interpret.dequantized(w, fmt, (70, 96))
+        assert kept is interpret.dequantized(w, fmt, (70, 96)) and not kept.flags.writeable
+        np.testing.assert_array_equal(kept, interpret.dequant_numpy(w, fmt, (70, 96)))
+        del w, exe, kept
+    live = words(9)
+    writable = np.array(live)
+    assert interpret.dequantized(writable, fmt, (70, 96)) is not interpret.dequantized(
+        writable, fmt, (70, 96))
+    writable[0, :] = 0  # changed between calls: seen
+    np.testing.assert_array_equal(interpret.dequantized(writable, fmt, (70, 96)),
+                                  interpret.dequant_numpy(writable, fmt, (70, 96)))
+    config.set("dequant_cache_mb", 0)
+    try:
+        fresh = words(10)
+        assert interpret.dequantized(fresh, fmt, (70, 96)) is not interpret.dequantized(
+            fresh, fmt, (70, 96))
+    finally:
+        config.set("dequant_cache_mb", None)
+
+
+def test_windows_are_taken_per_axis_as_numpy_indexes_them(rng: np.random.Generator) -> None:
+    """gather over indices that each vary along their own axis (dynamic_slice and
+    dynamic_update_slice's windows; negative and past-the-end indices clamped, axes broadcast
+    by stride 0) takes the per-axis path and gives numpy's element-wise indexing; slices
+    (negative steps too) are views equal to numpy's."""
+    from fusec.ops import _take_per_axis, gather_indices, gather_numpy, slice_numpy
+
+    x = rng.standard_normal((2, 5, 7, 3)).astype(F32)
+    shape = (2, 4, 11, 3)
+    idx = [np.arange(2).reshape(2, 1, 1, 1),
+           np.array([-1, 0, 9, 2]).reshape(1, 4, 1, 1).astype(np.int32),
+           np.broadcast_to(rng.integers(-9, 9, 11).reshape(1, 1, 11, 1), (2, 4, 11, 1)),
+           np.arange(3, dtype=np.uint32).reshape(1, 1, 1, 3)]
+    assert _take_per_axis(x, idx, shape) is not None
+    full = tuple(gather_indices(np.broadcast_to(i, shape), d) for i, d in zip(idx, x.shape))
+    np.testing.assert_array_equal(gather_numpy(x, idx, shape), x[full])
+    # an index varying along another axis than its own: the general path, same answer
+    mixed = [idx[0], np.arange(11).reshape(1, 1, 11, 1) % 5, idx[1].reshape(1, 1, 4, 1)[:, :, :1],
+             idx[3]]
+    assert _take_per_axis(x, mixed, shape) is None
+    full = tuple(gather_indices(np.broadcast_to(i, shape), d) for i, d in zip(mixed, x.shape))
+    np.testing.assert_array_equal(gather_numpy(x, mixed, shape), x[full])
+    for starts, steps, out in [((1, 4, 6, 0), (1, -1, -2, 1), (1, 5, 4, 3)),
+                               ((0, 0, 3, 2), (1, 2, 1, -1), (2, 3, 0, 3)),
+                               ((1, 2, 0, 1), (1, 1, 3, 1), (1, 3, 3, 2))]:
+        ref = x[np.ix_(*(np.arange(n) * st + s0 for s0, st, n in zip(starts, steps, out)))]
+        got = slice_numpy(x, starts, steps, out)
+        assert got.shape == out and (got.size == 0 or np.shares_memory(got, x))
+        np.testing.assert_array_equal(got, ref)
