@@ -2024,11 +2024,12 @@ def _row_take(x: np.ndarray, indices: Sequence[np.ndarray]) -> Optional[np.ndarr
 
 
 def iota_numpy(shape: Shape, axis: int, dtype: str) -> np.ndarray:
-    """Reference of ``iota``."""
+    """Reference of ``iota``: a read-only broadcast of one ``arange`` (materialised, argmax's
+    iota over 2048 x 2048 rows made the interpreter's argmax take 43 ms; so, 9)."""
     n = shape[axis]
     view = [1] * len(shape)
     view[axis] = n
-    return np.broadcast_to(np.arange(n, dtype=np.int64).reshape(view), shape).astype(dtype)
+    return np.broadcast_to(np.arange(n, dtype=np.int64).astype(dtype).reshape(view), shape)
 
 
 # --- derivative rules of the other ops (fusec.autodiff) -------------------------------------------
