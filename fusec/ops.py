@@ -2001,6 +2001,8 @@ def _take_per_axis(x: np.ndarray, indices: Sequence[np.ndarray], shape: Shape
         flat.append(i.reshape(-1))
     out = x
     for j, i in enumerate(flat):
+        if x.shape[j] == 1:
+            continue  # every index clamps to 0: a broadcast (below), not a copy
         v = gather_indices(i, x.shape[j])
         if v.size == x.shape[j] and np.array_equal(v, np.arange(v.size)):
             continue  # the whole axis, in order

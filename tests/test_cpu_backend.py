@@ -370,3 +370,44 @@ def test_windows_are_taken_per_axis_as_numpy_indexes_them(rng: np.random.Generat
         got = slice_numpy(x, starts, steps, out)
         assert got.shape == out and (got.size == 0 or np.shares_memory(got, x))
         np.testing.assert_array_equal(got, ref)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int32", "bool"])
+def test_a_where_along_one_axis_puts_slabs_in_and_gives_np_where(
+        dtype: str, rng: np.random.Generator) -> None:
+    """where whose condition varies along one axis (a cache update's window; few or most
+    positions chosen, none, all) copies one operand and puts the other's slabs in; the
+    operands broadcast and hold NaN and inf; a condition varying along two axes takes
+    np.where. The update's gather from a length-1 axis is a broadcast, not a copy."""
+    from fusec.ir import Eqn, Var
+    from fusec.ops import gather_numpy
+
+    shape = (2, 3, 257, 5)
+
+    def operand(s: tuple[int, ...]) -> np.ndarray:
+        v = rng.standard_normal(s) * 100
+        if dtype == "float32":
+            v[..., 0] = np.nan
+            v[..., 1] = -np.inf
+        return np.broadcast_to(v.astype(dtype), shape)
+
+    for axis in (1, 2):
+        for chosen in (0.0, 0.02, 0.5, 0.97, 1.0):
+            cshape = tuple(n if k == axis else 1 for k, n in enumerate(shape))
+            cond = np.broadcast_to(rng.random(cshape) < chosen, shape)
+            a, b = operand(shape), operand((1, 3, 1, 5))
+            e = Eqn(Op.WHERE, (), (Var(shape, dtype),), {})
+            got = interpret._eval_primitive(e, [cond, a, b])
+            assert interpret._where_along_one_axis([cond, a, b], shape, dtype) is not None
+            np.testing.assert_array_equal(got, np.where(cond, a, b))
+            assert got.dtype == np.dtype(dtype) and got.flags.writeable
+    two = np.broadcast_to(rng.random((1, 3, 257, 1)) < 0.5, shape)
+    assert interpret._where_along_one_axis([two, operand(shape), operand(shape)], shape,
+                                           dtype) is None
+    x = rng.standard_normal((1, 3, 1, 5)).astype(F32)
+    idx = [np.zeros((1, 1, 1, 1), np.int32), np.arange(3).reshape(1, 3, 1, 1),
+           (np.arange(257) - 40).reshape(1, 1, 257, 1), np.arange(5).reshape(1, 1, 1, 5)]
+    got = gather_numpy(x, idx, shape)
+    assert got.strides[2] == 0  # a broadcast along the window's axis
+    full = tuple(np.broadcast_to(i.clip(0, d - 1), shape) for i, d in zip(idx, x.shape))
+    np.testing.assert_array_equal(got, x[full])
