@@ -562,18 +562,16 @@ class Runtime:
     def finish_read(self, pending: PendingRead) -> bytes:
         """The bytes of a read started by :meth:`read_ahead`, once its copy is done: polls
         wgpu-native (without blocking, for up to FUSEC_SPIN_US, then blocking; with
-        FUSEC_WAIT=poll blocking at once) until the staging buffer is mapped; first, the last
-        large call's next call may be recorded (record_ahead), as in :meth:`wait_idle`."""
+        FUSEC_WAIT=poll blocking at once) until the staging buffer is mapped."""
         assert self.native is not None and self._poll is not None
         raw = self.device._internal
         poll, null = self._poll
         flag = pending.flag
-        # record the last large call's next one meanwhile, as a wait does (a decode loop's
-        # step after next, while it reads this step's tokens); "auto" records only while the
-        # copy, and so the GPU, is not done
-        ahead, self.ahead = self.ahead, None
-        if ahead is not None:
-            ahead[0].record_ahead(ahead[1], idle=bool(flag[0]))
+        # (no call is recorded ahead here, as a wait does: tried, in a loop that reads a
+        # step's tokens after calling the next step, as Llama.generate does, on the H100 none
+        # of those recordings was used (0 of 32 steps; lavapipe used some) and the synthetic
+        # SmolLM2 step streamed at 1.222-1.310 ms with them, 1.181-1.299 without, 5
+        # interleaved rounds; docs/bench/h100-streaming-b-2026-12-06.log)
         # FUSEC_WAIT=poll blocks at once (a blocking poll returns once the queue is idle: it
         # then waits for the calls made since too); otherwise spin, then block
         spin = 0 if config.get("wait") == "poll" else int(config.get("spin_us"))

@@ -367,11 +367,8 @@ def test_decode_steps_recorded_ahead(monkeypatch: pytest.MonkeyPatch) -> None:
                 nxt = model.step(nxt)
         assert got == want
         assert rt.ahead_used - used >= 6
-        # generate's reads wait for their copies alone (copy_to_host_async), and record the
-        # step after next meanwhile
-        used = rt.ahead_used
+        # generate's reads wait for their copies alone (copy_to_host_async)
         got = [int(t[0]) for t in model.generate(np.asarray([prompt]), 10)]
         assert got == want
-        assert rt.ahead_used - used >= 6
     finally:
         config.set("record_ahead", None)
