@@ -104,7 +104,9 @@ def _matmul_float(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 # to the array. FUSEC_DEQUANT_CACHE_MB bounds the bytes kept; past it, matrices are dequantised
 # at each use.
 _DEQUANT: dict[tuple[Any, ...], tuple[weakref.ref[np.ndarray], np.ndarray]] = {}
-_DEQUANT_LOCK = threading.Lock()
+# re-entrant: a weak reference's callback (_forget) may run inside the locked blocks, where an
+# allocation sets off the cycle collector
+_DEQUANT_LOCK = threading.RLock()
 _dequant_bytes = 0
 
 
