@@ -247,8 +247,10 @@ def _eval_primitive(e: Eqn, args: Sequence[np.ndarray]) -> np.ndarray:
             return x.reshape(p["shape"])
         if op is Op.TRANSPOSE:
             return x.transpose(p["perm"])
-        if op is Op.PAD:
-            return np.pad(x, p["widths"], constant_values=p.get("value", 0))
+        if op is Op.PAD:  # (np.pad costs some 40 us of Python even for a few elements)
+            out = np.full(e.out.shape, p.get("value", 0), dtype=x.dtype)
+            out[tuple(slice(lo, lo + d) for (lo, _), d in zip(p["widths"], x.shape))] = x
+            return out
         if op is Op.SLICE:
             return slice_numpy(x, p["starts"], p["steps"], e.out.shape)
         return np.broadcast_to(x, p["shape"])

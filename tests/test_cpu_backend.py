@@ -411,3 +411,21 @@ def test_a_where_along_one_axis_puts_slabs_in_and_gives_np_where(
     assert got.strides[2] == 0  # a broadcast along the window's axis
     full = tuple(np.broadcast_to(i.clip(0, d - 1), shape) for i, d in zip(idx, x.shape))
     np.testing.assert_array_equal(got, x[full])
+
+
+@pytest.mark.parametrize("dtype, value", [("float32", -np.inf), ("float32", 2.5), ("int32", -7),
+                                          ("uint32", 3), ("bool", 1.0), ("float16", 0.0)])
+def test_pad_gives_np_pad(dtype: str, value: float, rng: np.random.Generator) -> None:
+    """The interpreter's pad (a filled array with x put in, not np.pad) gives np.pad's result,
+    for every dtype, on views and on axes padded on one side, both or neither."""
+    from fusec.ir import Eqn, Var
+
+    x = (rng.standard_normal((3, 1, 4)) * 10).astype(dtype)
+    for widths in [((0, 0), (2, 1), (0, 3)), ((1, 0), (0, 0), (0, 0)), ((0, 0),) * 3]:
+        view = x.transpose(2, 1, 0)
+        shape = tuple(lo + d + hi for d, (lo, hi) in zip(view.shape, widths))
+        e = Eqn(Op.PAD, (), (Var(shape, dtype),), {"widths": widths, "value": value})
+        got = interpret._eval_primitive(e, [view])
+        want = np.pad(view, widths, constant_values=np.asarray(value).astype(dtype))
+        assert got.dtype == want.dtype and got.flags.writeable
+        np.testing.assert_array_equal(got, want)
