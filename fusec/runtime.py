@@ -495,13 +495,15 @@ class Runtime:
             self.device.queue.write_buffer(buf.raw, 0, memoryview(raw).cast("B"))  # type: ignore[arg-type]
         return buf
 
+    def _new_staging(self, size: int) -> Any:
+        return self.device.create_buffer(
+            size=size, usage=self.wgpu.BufferUsage.MAP_READ | self.wgpu.BufferUsage.COPY_DST)
+
     def _staging_buffer(self, nbytes: int) -> Any:
-        size = 1 << max(8, (nbytes - 1).bit_length())  # reuse by power-of-two size class
+        size = _staging_size(nbytes)
         buf = self._staging.get(size)
         if buf is None:
-            buf = self.device.create_buffer(
-                size=size, usage=self.wgpu.BufferUsage.MAP_READ | self.wgpu.BufferUsage.COPY_DST)
-            self._staging[size] = buf
+            buf = self._staging[size] = self._new_staging(size)
         return buf
 
     def read(self, buffer: Any, nbytes: int) -> bytes:
@@ -524,7 +526,7 @@ class Runtime:
         self.submitted += 1
 
     def _read(self, buffer: Any, nbytes: int) -> bytes:
-        words = max(4, -(-nbytes // 4) * 4)  # copies and maps move whole 32-bit words
+        words = _whole_words(nbytes)
         stage = self._staging_buffer(words)
         self._copy_to_stage([(buffer, 0, words)], stage)
         self._map_read(stage, words)
@@ -545,12 +547,11 @@ class Runtime:
         native = self.native
         if native is None or self._poll is None:
             return None
-        words = max(4, -(-nbytes // 4) * 4)
-        size = 1 << max(8, (words - 1).bit_length())
+        words = _whole_words(nbytes)
+        size = _staging_size(words)
         with self.lock:
             free = self._ahead_staging.get(size)
-            stage = free.pop() if free else self.device.create_buffer(
-                size=size, usage=self.wgpu.BufferUsage.MAP_READ | self.wgpu.BufferUsage.COPY_DST)
+            stage = free.pop() if free else self._new_staging(size)
             self._copy_to_stage([(buffer, 0, words)], stage)
             # an abandoned read's flag is written when its buffer goes: keep every flag until
             # its callback has run
@@ -1375,7 +1376,7 @@ COPY_CHUNK = 8 << 20
 def _chunks(nbytes: int) -> list[tuple[int, int]]:
     """(offset, size) of the chunks covering ``nbytes`` rounded up to whole 32-bit words."""
     chunk = COPY_CHUNK
-    words = max(4, -(-nbytes // 4) * 4)
+    words = _whole_words(nbytes)
     return [(off, min(chunk, words - off)) for off in range(0, words, chunk)]
 
 
@@ -1530,6 +1531,16 @@ class _Launch:
     cap: int = BIND_GROUP_CACHE  # bind groups kept (more inside a loop: three per call)
     name: str = ""  # the kernel's name (fusec.profile reports it)
     gpu_us: float = 0.0  # its estimated GPU time (gpu_estimate_us), for where a call submits
+
+
+def _whole_words(nbytes: int) -> int:
+    """``nbytes`` rounded up to whole 32-bit words, at least one: copies and maps move words."""
+    return max(4, -(-nbytes // 4) * 4)
+
+
+def _staging_size(nbytes: int) -> int:
+    """The staging buffers' power-of-two size class for ``nbytes`` (256 bytes at least)."""
+    return 1 << max(8, (nbytes - 1).bit_length())
 
 
 class PendingRead:
