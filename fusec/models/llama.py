@@ -368,7 +368,14 @@ class Llama:
                              donate_argnames=("cache_leaves",))
         self.batch = 0
         self.pos = 0
-        self.cache: list[Any] = []
+        # each layer's key and value arrays in turn, as the step takes and returns them
+        self._cache_leaves: tuple[Any, ...] = ()
+
+    @property
+    def cache(self) -> list[tuple[Any, Any]]:
+        """Per layer, the key and the value cache arrays [B, KV heads, max_len, head_dim]."""
+        flat = self._cache_leaves
+        return list(zip(flat[0::2], flat[1::2]))
 
     @classmethod
     def from_gguf(cls, path: Optional[str | Path] = None, *, dequantize: bool = False,
@@ -384,7 +391,7 @@ class Llama:
         c = self.cfg
         shape = (batch, c.n_kv_heads, self.max_len, c.head_dim)
         z = np.zeros(shape, dtype=self.cache_dtype)
-        self.cache = [(device_put(z), device_put(z)) for _ in range(c.n_layers)]
+        self._cache_leaves = tuple(device_put(z) for _ in range(2 * c.n_layers))
         self.batch = batch
         self.pos = 0
 
@@ -394,8 +401,7 @@ class Llama:
         tokens, t = self._checked(tokens)
         out = self._step(*self._step_args(tokens, t), cfg=self.cfg, how=self.sampling,
                          want_logits=want_logits)
-        flat = out[1]
-        self.cache = list(zip(flat[0::2], flat[1::2]))
+        self._cache_leaves = tuple(out[1])
         self.pos += t
         return (out[0], out[2]) if want_logits else out[0]
 
@@ -431,8 +437,8 @@ class Llama:
         """The step's positional arguments for ``t`` tokens at the current position."""
         cos, sin, bias = step_inputs(self.cfg, self.cos_table, self.sin_table, self.pos, t,
                                      _bucket(self.pos + t, self.max_len))
-        return (self._param_leaves, tuple(a for kv in self.cache for a in kv), tokens,
-                np.int32(self.pos), cos, sin, bias, self.key)
+        return (self._param_leaves, self._cache_leaves, tokens, np.int32(self.pos), cos, sin,
+                bias, self.key)
 
     def generate(self, prompts: Sequence[Sequence[int]] | np.ndarray, max_new_tokens: int,
                  eos: Optional[int] = None) -> Iterator[np.ndarray]:
