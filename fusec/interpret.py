@@ -31,6 +31,7 @@ from .ops import (
     ELEMENTWISE,
     NUMPY_RULES,
     REDUCTIONS,
+    compact,
     dequant_numpy,
     float_ufunc,
     gather_numpy,
@@ -183,9 +184,7 @@ def _where_along_one_axis(args: Sequence[np.ndarray], shape: tuple[int, ...],
     cond, a, b = args
     if cond.ndim != len(shape) or a.dtype != dtype or b.dtype != dtype:
         return None
-    # the condition's distinct values: axes it is broadcast along (stride 0) taken once
-    c = cond[tuple(slice(0, 1) if st == 0 else slice(None)
-                   for n, st in zip(cond.shape, cond.strides))]
+    c = compact(cond)  # the condition's distinct values
     axes = [j for j, n in enumerate(c.shape) if n > 1]
     if len(axes) != 1:
         return None

@@ -1980,6 +1980,12 @@ def gather_numpy(x: np.ndarray, indices: Sequence[np.ndarray], shape: Shape) -> 
     return np.broadcast_to(x[idx], shape)
 
 
+def compact(a: np.ndarray) -> np.ndarray:
+    """``a`` with the axes it is broadcast along (stride 0) taken once (length 1): its
+    distinct values, a view."""
+    return a[tuple(slice(0, 1) if st == 0 else slice(None) for st in a.strides)]
+
+
 def _take_per_axis(x: np.ndarray, indices: Sequence[np.ndarray], shape: Shape
                    ) -> Optional[np.ndarray]:
     """A gather whose index for x's axis j varies along out's axis j alone (a window read or
@@ -1993,9 +1999,7 @@ def _take_per_axis(x: np.ndarray, indices: Sequence[np.ndarray], shape: Shape
         i = np.asarray(i)
         if i.ndim != len(shape):
             return None
-        # axes it is broadcast along (stride 0) count as length 1
-        i = i[tuple(slice(0, 1) if st == 0 and n > 1 else slice(None)
-                    for n, st in zip(i.shape, i.strides))]
+        i = compact(i)
         if any(n != 1 for a, n in enumerate(i.shape) if a != j):
             return None
         flat.append(i.reshape(-1))
