@@ -195,18 +195,36 @@ def _where_along_one_axis(args: Sequence[np.ndarray], shape: tuple[int, ...],
         a, b, np.flatnonzero(~mask))
     out = np.array(np.broadcast_to(base, shape), dtype=dtype)
     if pick.size:
-        sel = (slice(None),) * j + (pick,)
+        lo = int(pick[0])
+        # one run of slabs (a window) as a slice: basic indexing, no index array
+        at = slice(lo, lo + pick.size) if int(pick[-1]) - lo + 1 == pick.size else pick
+        sel = (slice(None),) * j + (at,)
         out[sel] = np.broadcast_to(other, shape)[sel]
     return out
 
 
+def _all_float32(args: Sequence[np.ndarray]) -> bool:
+    for x in args:
+        if x.dtype != _F32:
+            return False
+    return True
+
+
 def _eval_primitive(e: Eqn, args: Sequence[np.ndarray]) -> np.ndarray:
     op, p = e.op, e.params
-    if e.out.dtype == "float32" and op in _UFUNCS and all(x.dtype == _F32 for x in args):
-        buf = _dead_operand(args, e.out.shape)
+    if op in _UFUNCS and e.out.dtype == "float32" and _all_float32(args):
+        # float32 elementwise ops straight through their ufunc: a decode step of SmolLM2 runs
+        # some 1,500 of them on vectors, where the general path's dispatch and its floating-point
+        # error state (evaluate ignores errors for the whole program) took 6 us an op against
+        # the ufunc's 0.5. Small results are allocated afresh: searching for a dead operand
+        # costs more than that there.
+        shape = e.out.shape
+        buf = _dead_operand(args, shape) if e.out.size >= _REUSE_MIN else None
         if buf is not None:
-            with np.errstate(all="ignore"):
-                return _UFUNCS[op](*args, out=buf)  # type: ignore[no-any-return]
+            return _UFUNCS[op](*args, out=buf)  # type: ignore[no-any-return]
+        out = _UFUNCS[op](*args)
+        # (a read-only view only where the operands were all smaller: results stay writable)
+        return out if out.shape == shape else np.broadcast_to(out, shape)
     if op is Op.WHERE and e.out.size >= _WHERE_SLABS_MIN:
         slabs = _where_along_one_axis(args, e.out.shape, e.out.dtype)
         if slabs is not None:
@@ -268,8 +286,10 @@ def _eval_primitive(e: Eqn, args: Sequence[np.ndarray]) -> np.ndarray:
     raise NotImplementedError(f"interpreter: no rule for {op}")
 
 
-# the ufuncs float32 elementwise ops can write into a dead operand's buffer with
+# the ufuncs float32 elementwise ops compute with (and write into a dead operand's buffer with)
 _UFUNCS = {op: f for op in ELEMENTWISE if (f := float_ufunc(op)) is not None}
+# elements from which a float32 elementwise result reuses a dead operand's buffer
+_REUSE_MIN = 4096
 
 # per program: for each equation, the values last used by it (dropped before it runs); with the
 # equation list and its length it was computed for (a program rebuilt in place is planned again)
@@ -315,6 +335,19 @@ def evaluate(prog: Program, args: Sequence[Any],
         return lit_value(a) if isinstance(a, Lit) else env[id(a)]
 
     plan = _last_uses(prog)
+    with np.errstate(all="ignore"):  # (as the GPU: inf and NaN, no warnings; entered once)
+        _run(prog, env, plan, timings)
+    return [_owned(read(o)) for o in prog.outputs]
+
+
+def _run(prog: Program, env: dict[int, np.ndarray], plan: list[list[int]],
+         timings: Optional[list[tuple[str, float]]]) -> None:
+    """Each equation of ``prog`` in turn, its operands read from ``env`` and its results
+    stored there; each value dropped at its last use (``plan``)."""
+
+    def read(a: Atom) -> np.ndarray:
+        return lit_value(a) if isinstance(a, Lit) else env[id(a)]
+
     for e, dead in zip(prog.eqns, plan):
         ins = [read(a) for a in e.inputs]
         for vid in dead:
@@ -329,7 +362,6 @@ def evaluate(prog: Program, args: Sequence[Any],
             timings.append((f"{e.op.value} {type_str(e.outs[0].shape, e.outs[0].dtype)}",
                             1e6 * (time.perf_counter() - t0)))
         del ins
-    return [_owned(read(o)) for o in prog.outputs]
 
 
 def _store(env: dict[int, np.ndarray], e: Eqn, outs: list[np.ndarray]) -> None:

@@ -8,6 +8,7 @@ the numeric tests all read this table.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -2005,13 +2006,21 @@ def _take_per_axis(x: np.ndarray, indices: Sequence[np.ndarray], shape: Shape
         flat.append(i.reshape(-1))
     out = x
     for j, i in enumerate(flat):
-        if x.shape[j] == 1:
+        dim = x.shape[j]
+        if dim == 1:
             continue  # every index clamps to 0: a broadcast (below), not a copy
-        v = gather_indices(i, x.shape[j])
-        if v.size == x.shape[j] and np.array_equal(v, np.arange(v.size)):
-            continue  # the whole axis, in order
-        out = np.take(out, v, axis=j)
+        if i.size == dim and np.array_equal(i, _arange(dim)):
+            continue  # the whole axis, in order (indices in range: nothing to clamp)
+        out = np.take(out, gather_indices(i, dim), axis=j)
     return np.broadcast_to(out, shape)
+
+
+@functools.lru_cache(maxsize=64)
+def _arange(n: int) -> np.ndarray:
+    """0, 1, ..., n - 1, read-only, kept: an axis read whole is told from others by it."""
+    a = np.arange(n)
+    a.flags.writeable = False
+    return a
 
 
 def _row_take(x: np.ndarray, indices: Sequence[np.ndarray]) -> Optional[np.ndarray]:

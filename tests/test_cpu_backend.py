@@ -153,8 +153,10 @@ def test_writes_into_dead_values_leave_live_views_inputs_and_outputs_alone(
         s = nn.gelu(z * 0.5, approximate="none") + z  # ...z's, once it is dead
         return s, flat * 3.0, x, x.T, y.sum()
 
-    x = rng.standard_normal((7, 13)).astype(F32)
-    w = rng.standard_normal(13).astype(F32)
+    # (results of at least _REUSE_MIN elements look for a dead operand: smaller ones never)
+    x = rng.standard_normal((70, 131)).astype(F32)
+    w = rng.standard_normal(131).astype(F32)
+    assert x.size >= interpret._REUSE_MIN
     x0 = x.copy()
     prog = fusec.gpu_jit(f).trace(x, w).ir
     args = [x.copy(), w]
@@ -176,7 +178,7 @@ def test_writes_into_dead_values_leave_live_views_inputs_and_outputs_alone(
     want = 0.5 * (zd * 0.5) * (1 + erf(zd * 0.5 / np.sqrt(2))) + zd
     np.testing.assert_allclose(s, want, rtol=2e-6, atol=1e-6)
     np.testing.assert_allclose(flat3, (2 * xd * 3).reshape(-1), rtol=1e-6)
-    # a float32 sum of 91 terms of either sign: its error is bounded relative to the sum of the
+    # a float32 sum of 9170 terms of either sign: its error is bounded relative to the sum of the
     # terms' magnitudes, not to the (possibly small) sum itself
     np.testing.assert_allclose(total, (2 * xd).sum(), rtol=1e-5,
                                atol=8 * np.finfo(F32).eps * np.abs(2 * xd).sum())
@@ -189,7 +191,9 @@ def test_writes_into_dead_values_leave_live_views_inputs_and_outputs_alone(
 
 def test_nan_and_inf_propagate_through_in_place_writes() -> None:
     f = fusec.gpu_jit(lambda x: fnp.exp(x * 1.0 - 0.0) * 2.0 + 1.0)
-    x = np.array([0.0, np.nan, np.inf, -np.inf, 89.0, 1.0], F32)
+    # (tiled past _REUSE_MIN elements: the results are written into dead operands)
+    x = np.tile(np.array([0.0, np.nan, np.inf, -np.inf, 89.0, 1.0], F32), 700)
+    assert x.size >= interpret._REUSE_MIN
     with np.errstate(all="ignore"):
         want = (np.exp(x.astype(np.float64)) * 2 + 1).astype(F32)  # exp(89) overflows float32
     (got,) = evaluate(f.trace(x).ir, [x])
@@ -357,6 +361,16 @@ def test_windows_are_taken_per_axis_as_numpy_indexes_them(rng: np.random.Generat
     assert _take_per_axis(x, idx, shape) is not None
     full = tuple(gather_indices(np.broadcast_to(i, shape), d) for i, d in zip(idx, x.shape))
     np.testing.assert_array_equal(gather_numpy(x, idx, shape), x[full])
+    # axes read whole: in order as given (int32 or uint32: a view, no copy), or in order only
+    # once negative indices count from the end (a copy, equal to numpy's)
+    whole = [np.arange(2).reshape(2, 1, 1, 1), np.arange(5, dtype=np.uint32).reshape(1, 5, 1, 1),
+             np.arange(7, dtype=np.int32).reshape(1, 1, 7, 1), np.arange(3).reshape(1, 1, 1, 3)]
+    got = gather_numpy(x, whole, x.shape)
+    assert np.shares_memory(got, x)
+    np.testing.assert_array_equal(got, x)
+    wrapped = [*whole[:2], (np.arange(7) - 7).reshape(1, 1, 7, 1), whole[3]]
+    got = gather_numpy(x, wrapped, x.shape)
+    np.testing.assert_array_equal(got, x)
     # an index varying along another axis than its own: the general path, same answer
     mixed = [idx[0], np.arange(11).reshape(1, 1, 11, 1) % 5, idx[1].reshape(1, 1, 4, 1)[:, :, :1],
              idx[3]]
@@ -370,6 +384,55 @@ def test_windows_are_taken_per_axis_as_numpy_indexes_them(rng: np.random.Generat
         got = slice_numpy(x, starts, steps, out)
         assert got.shape == out and (got.size == 0 or np.shares_memory(got, x))
         np.testing.assert_array_equal(got, ref)
+
+
+def test_float32_elementwise_ops_go_through_their_ufunc_and_match_the_reference(
+        rng: np.random.Generator) -> None:
+    """A float32 elementwise op is its ufunc called directly (no dead operand looked for below
+    _REUSE_MIN elements): each such op gives numpy_elementwise's bits on values holding NaN,
+    inf, zeros of both signs and subnormals, broadcast operands give a broadcast result, a 0-d
+    result stays 0-d, and a program dividing by zero or overflowing warns about nothing."""
+    import warnings
+
+    from fusec.errors import FusecError
+    from fusec.ir import Eqn, Var
+    from fusec.ops import infer_type, numpy_elementwise
+
+    special = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-40, -3.5, 88.7, 1e30], F32)
+    checked = 0
+    for shape in [(9,), (3, 9), (5000,)]:
+        vals = [np.resize(special, shape) * F32(1), rng.standard_normal(shape).astype(F32)]
+        for op, f in interpret._UFUNCS.items():
+            n = f.nin
+            try:  # (the ops whose float32 operands give a float32 result)
+                out = infer_type(op, [(shape, "float32")] * n, {})
+            except FusecError:
+                continue
+            if out[1] != "float32":
+                continue
+            args = [vals[k % 2] for k in range(n)]
+            e = Eqn(op, (), (Var(shape, "float32"),), {})
+            with np.errstate(all="ignore"):  # (as evaluate runs every op)
+                try:
+                    want = numpy_elementwise(op, args, {}, "float32")
+                except TypeError:  # bitwise ops: never on floats (the trace casts)
+                    continue
+                got = interpret._eval_primitive(e, args)
+            checked += 1
+            assert got.dtype == F32 and got.shape == shape, op
+            np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32), err_msg=op)
+    assert checked >= 3 * 30
+    e = Eqn(Op.ADD, (), (Var((4, 3), "float32"),), {})
+    got = interpret._eval_primitive(e, [np.ones((1, 3), F32), np.full((1, 1), 1, F32)])
+    assert got.shape == (4, 3) and got.strides[0] == 0 and (got == 2).all()
+    e = Eqn(Op.MUL, (), (Var((), "float32"),), {})
+    assert np.asarray(interpret._eval_primitive(e, [np.array(3, F32), np.array(2, F32)])) == 6
+    f = fusec.gpu_jit(lambda x: (x / (x - x), fnp.exp(x * 100.0), fnp.log(x - x)))
+    x = np.array([1.0, -2.0, 0.0], F32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        q, big, lg = evaluate(f.trace(x).ir, [x])
+    assert np.isinf(q[:2]).all() and np.isnan(q[2]) and np.isinf(big[0]) and (lg == -np.inf).all()
 
 
 @pytest.mark.parametrize("dtype", ["float32", "int32", "bool"])
@@ -392,9 +455,14 @@ def test_a_where_along_one_axis_puts_slabs_in_and_gives_np_where(
         return np.broadcast_to(v.astype(dtype), shape)
 
     for axis in (1, 2):
-        for chosen in (0.0, 0.02, 0.5, 0.97, 1.0):
+        # scattered positions, then windows: one run of positions (a slice), of 1 and of 90
+        for chosen in (0.0, 0.02, 0.5, 0.97, 1.0, (40, 41), (100, 190), (0, 90)):
             cshape = tuple(n if k == axis else 1 for k, n in enumerate(shape))
-            cond = np.broadcast_to(rng.random(cshape) < chosen, shape)
+            if isinstance(chosen, tuple):
+                pos = np.arange(shape[axis]).reshape(cshape)
+                cond = np.broadcast_to((pos >= chosen[0]) & (pos < chosen[1]), shape)
+            else:
+                cond = np.broadcast_to(rng.random(cshape) < chosen, shape)
             a, b = operand(shape), operand((1, 3, 1, 5))
             e = Eqn(Op.WHERE, (), (Var(shape, dtype),), {})
             got = interpret._eval_primitive(e, [cond, a, b])
