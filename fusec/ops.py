@@ -2015,9 +2015,13 @@ def _take_per_axis(x: np.ndarray, indices: Sequence[np.ndarray], shape: Shape
     return np.broadcast_to(out, shape)
 
 
-@functools.lru_cache(maxsize=64)
 def _arange(n: int) -> np.ndarray:
-    """0, 1, ..., n - 1, read-only, kept: an axis read whole is told from others by it."""
+    """0, 1, ..., n - 1 (an axis read whole is told from others by it), kept for short axes."""
+    return _short_arange(n) if n <= 1 << 16 else np.arange(n)
+
+
+@functools.lru_cache(maxsize=64)
+def _short_arange(n: int) -> np.ndarray:
     a = np.arange(n)
     a.flags.writeable = False
     return a
