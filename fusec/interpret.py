@@ -212,7 +212,10 @@ def _all_float32(args: Sequence[np.ndarray]) -> bool:
 
 def _eval_primitive(e: Eqn, args: Sequence[np.ndarray]) -> np.ndarray:
     op, p = e.op, e.params
-    if op in _UFUNCS and e.out.dtype == "float32" and _all_float32(args):
+    # (one dictionary lookup per equation, where there were up to five: an Op's hash runs
+    # Python code, some 10,000 times a token in a decode step of SmolLM2)
+    ufunc, kind = _KIND.get(op, _OTHER)
+    if ufunc is not None and e.out.dtype == "float32" and _all_float32(args):
         # float32 elementwise ops straight through their ufunc: a decode step of SmolLM2 runs
         # some 1,500 of them on vectors, where the general path's dispatch and its floating-point
         # error state (evaluate ignores errors for the whole program) took 6 us an op against
@@ -221,19 +224,19 @@ def _eval_primitive(e: Eqn, args: Sequence[np.ndarray]) -> np.ndarray:
         shape = e.out.shape
         buf = _dead_operand(args, shape) if e.out.size >= _REUSE_MIN else None
         if buf is not None:
-            return _UFUNCS[op](*args, out=buf)  # type: ignore[no-any-return]
-        out = _UFUNCS[op](*args)
+            return ufunc(*args, out=buf)  # type: ignore[no-any-return]
+        out = ufunc(*args)
         # (a read-only view only where the operands were all smaller: results stay writable)
         return out if out.shape == shape else np.broadcast_to(out, shape)
     if op is Op.WHERE and e.out.size >= _WHERE_SLABS_MIN:
         slabs = _where_along_one_axis(args, e.out.shape, e.out.dtype)
         if slabs is not None:
             return slabs
-    if op in ELEMENTWISE or op in (Op.CAST, Op.IPOW):
+    if kind == _ELEMENTWISE:
         out = numpy_elementwise(op, args, p, e.out.dtype)
         # (a read-only view only where the operands were all smaller: results stay writable)
         return out if out.shape == e.out.shape else np.broadcast_to(out, e.out.shape)
-    if op in REDUCTIONS:
+    if kind == _REDUCE:
         x = args[0]
         axes = tuple(p["axes"])
         if any(x.shape[a] == 0 for a in axes):  # numpy's max and min refuse; the GPU's identity
@@ -258,7 +261,7 @@ def _eval_primitive(e: Eqn, args: Sequence[np.ndarray]) -> np.ndarray:
                 return _matmul_float(a.astype(_F32), b.astype(_F32)).astype(_F16)
         # integers wrap around modulo 2**32 on the GPU; int64 products reduced the same way agree
         return np.matmul(a.astype(np.int64), b.astype(np.int64)).astype(a.dtype)
-    if op in MOVEMENT:
+    if kind == _MOVEMENT:
         x = args[0]
         if op is Op.RESHAPE:
             return x.reshape(p["shape"])
@@ -288,6 +291,14 @@ def _eval_primitive(e: Eqn, args: Sequence[np.ndarray]) -> np.ndarray:
 
 # the ufuncs float32 elementwise ops compute with (and write into a dead operand's buffer with)
 _UFUNCS = {op: f for op in ELEMENTWISE if (f := float_ufunc(op)) is not None}
+# per op: its float32 ufunc (or None) and which of _eval_primitive's general paths takes it
+_ELEMENTWISE, _REDUCE, _MOVEMENT = 1, 2, 3
+_OTHER: tuple[Any, int] = (None, 0)
+_KIND: dict[Op, tuple[Any, int]] = {
+    **{op: (None, _MOVEMENT) for op in MOVEMENT},
+    **{op: (None, _REDUCE) for op in REDUCTIONS},
+    **{op: (_UFUNCS.get(op), _ELEMENTWISE) for op in (*ELEMENTWISE, Op.CAST, Op.IPOW)},
+}
 # elements from which a float32 elementwise result reuses a dead operand's buffer
 _REUSE_MIN = 4096
 
