@@ -341,20 +341,14 @@ def evaluate(prog: Program, args: Sequence[Any],
         if arr.dtype != np.dtype(v.dtype):
             arr = arr.astype(v.dtype)
         env[id(v)] = arr.reshape(v.shape)
-
-    def read(a: Atom) -> np.ndarray:
-        return lit_value(a) if isinstance(a, Lit) else env[id(a)]
-
-    plan = _last_uses(prog)
     with np.errstate(all="ignore"):  # (as the GPU: inf and NaN, no warnings; entered once)
-        _run(prog, env, plan, timings)
-    return [_owned(read(o)) for o in prog.outputs]
+        return _run(prog, env, _last_uses(prog), timings)
 
 
 def _run(prog: Program, env: dict[int, np.ndarray], plan: list[list[int]],
-         timings: Optional[list[tuple[str, float]]]) -> None:
+         timings: Optional[list[tuple[str, float]]]) -> list[np.ndarray]:
     """Each equation of ``prog`` in turn, its operands read from ``env`` and its results
-    stored there; each value dropped at its last use (``plan``)."""
+    stored there; each value dropped at its last use (``plan``). Returns the outputs."""
 
     def read(a: Atom) -> np.ndarray:
         return lit_value(a) if isinstance(a, Lit) else env[id(a)]
@@ -373,6 +367,7 @@ def _run(prog: Program, env: dict[int, np.ndarray], plan: list[list[int]],
             timings.append((f"{e.op.value} {type_str(e.outs[0].shape, e.outs[0].dtype)}",
                             1e6 * (time.perf_counter() - t0)))
         del ins
+    return [_owned(read(o)) for o in prog.outputs]
 
 
 def _store(env: dict[int, np.ndarray], e: Eqn, outs: list[np.ndarray]) -> None:
