@@ -55,6 +55,20 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>) {{
 """
 
 
+def _stage(src: str, dst: str, row: str, col0: str, width: int, vecs: int, n: int) -> str:
+    """A loop of the 128 threads copying a tile ``width`` wide from ``src`` (vec4s of an n x n
+    matrix, rows ``row`` from column ``col0``) into workgroup array ``dst``, ``vecs`` vec4s a
+    thread."""
+    put = "".join(f" {dst}[r * {width}u + q * 4u + {c}u] = x.{'xyzw'[c]};" for c in range(4))
+    return f"""        for (var v = 0u; v < {vecs}u; v += 1u) {{
+            let e = lid + v * 128u;
+            let r = e / {width // 4}u;
+            let q = e % {width // 4}u;
+            let x = {src}[(({row}) * {n}u + {col0}) / 4u + q];
+           {put}
+        }}"""
+
+
 def shared_kernel(n: int, bm: int = 64, bn: int = 64, bk: int = 32) -> str:
     """128 threads (4 subgroups of 32) per bm x bn block of C, A and B staged bk at a time in
     workgroup memory (as vec4s); each subgroup computes a (bm/2) x (bn/2) quarter as 8x8 tiles."""
@@ -90,22 +104,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let wc = (sg % 2u) * {bn // 2}u;
 {acc}
     for (var k0 = 0u; k0 < {n}u; k0 += {bk}u) {{
-        for (var v = 0u; v < {a_vec}u; v += 1u) {{
-            let e = lid + v * 128u;
-            let r = e / {bk // 4}u;
-            let q = e % {bk // 4}u;
-            let x = a[((row0 + r) * {n}u + k0) / 4u + q];
-            sa[r * {bk}u + q * 4u] = x.x; sa[r * {bk}u + q * 4u + 1u] = x.y;
-            sa[r * {bk}u + q * 4u + 2u] = x.z; sa[r * {bk}u + q * 4u + 3u] = x.w;
-        }}
-        for (var v = 0u; v < {b_vec}u; v += 1u) {{
-            let e = lid + v * 128u;
-            let r = e / {bn // 4}u;
-            let q = e % {bn // 4}u;
-            let x = b[((k0 + r) * {n}u + col0) / 4u + q];
-            sb[r * {bn}u + q * 4u] = x.x; sb[r * {bn}u + q * 4u + 1u] = x.y;
-            sb[r * {bn}u + q * 4u + 2u] = x.z; sb[r * {bn}u + q * 4u + 3u] = x.w;
-        }}
+{_stage("a", "sa", "row0 + r", "k0", bk, a_vec, n)}
+{_stage("b", "sb", "k0 + r", "col0", bn, b_vec, n)}
         workgroupBarrier();
         for (var kk = 0u; kk < {bk}u; kk += 8u) {{
 {a_frag}
