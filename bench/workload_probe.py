@@ -8,7 +8,8 @@ JAX's wall clock beside them with ``--jax``.
 Names: any `fusec bench` workload, or one of PROBES (the argmax workload's input reduced other
 ways, to tell its arithmetic from its memory traffic; products whose B is read along K, as the
 transformer block's ``q @ kᵀ`` and a ``x @ w.T``). Settings are ``module.NAME=value``
-overrides (``codegen``, ``splitk``, ``fuse``, ``merge``, ``attention``, or ``config`` for
+overrides (``codegen``, ``splitk``, ``fuse``, ``merge``, ``attention``, ``ksort``, ``kquant``
+(fusec.kernels.sort and .quant), or ``config`` for
 fusec.config's settings: ``config.record_ahead=off``) joined by commas, ``default`` for none;
 the constants are read at lowering, so the persistent cache must be off.
 """
@@ -46,6 +47,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import fusec
     from fusec import bench, codegen
+    from fusec.kernels import quant as kquant
+    from fusec.kernels import sort as ksort
     from fusec.passes import splitk
 
     fusec.hold_gpu_clocks()  # (a process without a CUDA context runs the GPU at idle clocks)
@@ -53,7 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     # (fusec.passes exports the pass functions fuse and merge under their modules' names)
     modules = {"codegen": codegen, "splitk": splitk, "fuse": sys.modules["fusec.passes.fuse"],
                "merge": sys.modules["fusec.passes.merge"],
-               "attention": sys.modules["fusec.passes.attention"], "config": ConfigSettings()}
+               "attention": sys.modules["fusec.passes.attention"], "config": ConfigSettings(),
+               "ksort": ksort, "kquant": kquant}
     policy = bench.Policy(warmup=3, min_reps=10, max_reps=30, budget_s=1.0, heat_s=0.2)
     rng = np.random.default_rng(0)
     known = {w.name: w for w in bench.workloads(quick=a.quick)}

@@ -198,6 +198,51 @@ def test_matmul_gpu_target_kernels(fmt: str, m: int, nk: list[tuple[int, int]],
         _products(fmt, m, rng, nk)
 
 
+@pytest.mark.parametrize("level", [2, 0])
+def test_team_sums_by_subgroup_shuffles_or_a_tree(level: int, rng: np.random.Generator,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the device has subgroup operations a team's sums meet by shuffles within each
+    subgroup, then across its subgroups after one barrier; without them, in a tree in workgroup
+    memory. lavapipe's subgroups have 8 threads: teams of 4 (K = 32) lie inside one, of 8 (K =
+    96) fill one, of 64 (K = 576) span 8. With a normalisation folded into the product (its sums
+    of squares meet the same way) and 5 rows of x; NaN in x propagates. Against float64."""
+    from fusec import nn
+    from fusec.runtime import Runtime, get_runtime
+
+    rt = get_runtime()
+    assert rt is not None
+    if level and rt.subgroups < 1:
+        pytest.fail(f"{rt.info.adapter} lacks subgroup operations: this case cannot run here")
+    monkeypatch.setattr(Runtime, "subgroups", property(lambda self: level))
+    nk = [(9, 32), (13, 96), (70, 576)]
+    qs = [quant.quantize(_weights(rng, n, k), "q4_1") for n, k in nk]
+    xs = [rng.standard_normal((5, k)).astype(np.float32) for _, k in nk]
+    xs[2][3, 100] = np.nan
+    with forced_target("gpu"):
+        f = fusec.gpu_jit(lambda xs, qs: [quant.matmul(x, q) for x, q in zip(xs, qs)]
+                          + [quant.matmul(nn.rms_norm(xs[2], None), qs[2])])
+        kernels = f.lower(xs, qs).kernels
+        assert [k.kind for k in kernels] == ["quant"] * 4
+        for k in kernels:
+            assert ("subgroupShuffleXor" in k.wgsl) == (level > 0), k.name
+            assert k.wgsl.count("workgroupBarrier") == (1 if level else 1 + len(
+                [ln for ln in k.wgsl.splitlines() if ln.strip().startswith("if (t < ")]))
+        got = [np.asarray(g) for g in f(xs, qs)]
+    for g, x, q in zip(got[:3], xs, qs):
+        w = quant.dequantize_numpy(q)
+        ok = np.isfinite(x).all(axis=1)
+        assert np.isnan(g[~ok]).all()
+        _check_product(g[ok], x[ok], w)
+    x64 = xs[2].astype(np.float64)
+    normed = x64 / np.sqrt(np.mean(x64 * x64, axis=1, keepdims=True) + 1e-6)
+    w64 = quant.dequantize_numpy(qs[2]).astype(np.float64)
+    ok = np.isfinite(xs[2]).all(axis=1)
+    assert np.isnan(got[3][~ok]).all()
+    # K roundings of the products and sums, and a few of the factor 1 / sqrt(mean square + eps)
+    bound = np.abs(normed[ok]) @ np.abs(w64).T * ((576 + 16) * 2.0 ** -23)
+    assert (np.abs(got[3][ok] - normed[ok] @ w64.T) <= bound).all()
+
+
 def test_batched_x_one_dimensional_x_and_the_matrix_on_the_left(rng: np.random.Generator) -> None:
     """quant.matmul over leading axes, ``x @ dequantize(q).T`` written out with batch axes (the
     weight broadcast), a 1-D x, and ``dequantize(q) @ v``: each one qmatmul kernel while the rows

@@ -64,7 +64,7 @@ PIPELINE: list[tuple[str, Pass]] = [
      if o.fuse else p),
     # products with a quantized matrix and few rows become one op whose kernel dequantises the
     # weights in registers (a fusion too)
-    ("quant", lambda p, o: rewrite_quant(p, o.target) if o.fuse else p),
+    ("quant", lambda p, o: rewrite_quant(p, o.target, o.subgroups) if o.fuse else p),
     # a root-mean-square normalisation only a quantized product reads is computed by its kernel
     # (GPUs; a fusion too)
     ("fold_rms_norm", lambda p, o: fold_rms_norm(p, o.target) if o.fuse else p),

@@ -58,16 +58,20 @@ def _dequant_of(producer: dict[int, Eqn], v: Optional[Var], transposed: bool
     return e if e is not None and e.op is Op.DEQUANT else None
 
 
-def _params(dq: Eqn) -> dict[str, object]:
+def _params(dq: Eqn, subgroups: int) -> dict[str, object]:
     n, k = (int(d) for d in dq.params["shape"])
     # buffer_inputs: the words are a buffer; x is read through its movement ops (see
     # fusec.passes.fuse), a view of a buffer in place
-    return {"fmt": dq.params["fmt"], "n": n, "k": k, "buffer_inputs": (1,)}
+    params: dict[str, object] = {"fmt": dq.params["fmt"], "n": n, "k": k, "buffer_inputs": (1,)}
+    if subgroups:
+        params["subgroups"] = True  # a team's sums meet through subgroup shuffles
+    return params
 
 
-def rewrite_quant(prog: Program, target: str = "gpu") -> Program:
+def rewrite_quant(prog: Program, target: str = "gpu", subgroups: int = 0) -> Program:
     """Replace each product of few rows with a dequantised matrix (see the module's docstring)
-    by a ``qmatmul``; dequants nothing else reads become dead and are dropped."""
+    by a ``qmatmul``; dequants nothing else reads become dead and are dropped. ``subgroups``
+    (Options.subgroups): the device's subgroup operations, which the kernels' teams use."""
     if not any(e.op is Op.DEQUANT for e in prog.eqns):
         return prog
     producer = {id(o): e for e in prog.eqns for o in e.outs}
@@ -84,7 +88,7 @@ def rewrite_quant(prog: Program, target: str = "gpu") -> Program:
         # x @ dequant(words).T
         dq = _dequant_of(producer, _through(producer, b), transposed=True)
         if dq is not None and fits(rows, b.shape[-1], a.shape[-1], target):
-            eqns.append(Eqn(Op.QMATMUL, (a, dq.inputs[0]), (e.out,), _params(dq)))
+            eqns.append(Eqn(Op.QMATMUL, (a, dq.inputs[0]), (e.out,), _params(dq, subgroups)))
             changed = True
             continue
         # dequant(words) @ v: (v^T @ dequant(words).T)^T
@@ -99,7 +103,7 @@ def rewrite_quant(prog: Program, target: str = "gpu") -> Program:
                 eqns.append(Eqn(Op.RESHAPE, (b,), (vt,), {"shape": vt.shape}))
             else:
                 eqns.append(Eqn(Op.TRANSPOSE, (b,), (vt,), {"perm": perm}))
-            eqns.append(Eqn(Op.QMATMUL, (vt, dq.inputs[0]), (yt,), _params(dq)))
+            eqns.append(Eqn(Op.QMATMUL, (vt, dq.inputs[0]), (yt,), _params(dq, subgroups)))
             if b.shape[-1] == 1:
                 eqns.append(Eqn(Op.RESHAPE, (yt,), (e.out,), {"shape": e.out.shape}))
             else:
