@@ -259,7 +259,7 @@ def tuning() -> dict[str, Any]:
                           _attention.FEW_KEYS, _attention.FEW_THREADS, _attention.FEW_UNROLL,
                           _attention.CHUNK, _attention.STAGE_BIAS, _attention.VEC_STORES,
                           _attention.PART_KEYS, _attention.MAX_PARTS,
-                          _attention.COMBINE_THREADS),
+                          _attention.COMBINE_THREADS, _attention.ROW_SUBGROUPS),
             "quant": (_quant.QMATMUL_M, _quant.WORKGROUP, _quant.MAX_TEAM, _quant.UNROLL,
                       _quant.CPU_ROWS, _quant.TEAM_UNITS),
             "sort": (_sort.LOCAL_MAX, _sort.RADIX_PER_THREAD, _sort.RADIX_BLOCKS,

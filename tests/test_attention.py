@@ -20,9 +20,9 @@ from fusec.kernels import attention as attention_kernel
 def _reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float,
                bias: Optional[np.ndarray]) -> np.ndarray:
     s = np.matmul(q.astype(np.float64), np.swapaxes(k.astype(np.float64), -1, -2)) * scale
-    if bias is not None:
-        s = s + bias
     with np.errstate(invalid="ignore", over="ignore"):
+        if bias is not None:
+            s = s + bias  # (inf + -inf is NaN, as in the kernel)
         e = np.exp(s - s.max(-1, keepdims=True))
         return np.matmul(e / e.sum(-1, keepdims=True), v.astype(np.float64))
 
@@ -306,12 +306,22 @@ def test_few_rows_kernel_matches_float64(batch: tuple[int, ...], s: int, t: int,
 
 
 @pytest.mark.usefixtures("gpu_target")
+@pytest.mark.parametrize("subgroups", [2, 0])
 @pytest.mark.parametrize("part_keys", [0, 32])
-def test_few_rows_kernel_nan_and_infinities(part_keys: int,
+def test_few_rows_kernel_nan_and_infinities(part_keys: int, subgroups: int,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """As the written-out softmax: a NaN or +inf score makes its row NaN, -inf weighs 0, a row of
     -inf only is 0 / 0; 200 keys per row, more than the threads of a workgroup; and so in 7
-    parts of the keys (row 1's first 6 parts all -inf)."""
+    parts of the keys (row 1's first 6 parts all -inf). The row's maximum and sum by subgroup
+    reductions where the device has subgroup operations (lavapipe: 32 subgroups of 8 threads
+    a workgroup), by trees in workgroup memory without."""
+    from fusec.runtime import Runtime, get_runtime
+
+    rt = get_runtime()
+    assert rt is not None
+    if subgroups and rt.subgroups < 1:
+        pytest.fail(f"{rt.info.adapter} lacks subgroup operations: this case cannot run here")
+    monkeypatch.setattr(Runtime, "subgroups", property(lambda self: subgroups))
     monkeypatch.setattr(attention_kernel, "PART_KEYS", part_keys)
     rng = np.random.default_rng(8)
     q, k, v = _data(rng, 6, 40), _data(rng, 200, 40), _data(rng, 200, 64)
@@ -323,6 +333,8 @@ def test_few_rows_kernel_nan_and_infinities(part_keys: int,
     bias[4, 0] = -np.inf
     f = fusec.gpu_jit(lambda q, k, v, b: _attention(q, k, v, b, scale=0.5))
     assert _kinds(f, q, k, v, bias) == ["attention"] * (2 if part_keys else 1)
+    rows = f.lower(q, k, v, bias).kernels[0].wgsl
+    assert ("subgroupMax" in rows and "subgroupAdd" in rows) == (subgroups > 0)
     got = np.asarray(f(q, k, v, bias))
     want = _reference(q, k, v, 0.5, bias)
     assert np.isnan(got[[0, 2, 3]]).all() and np.isfinite(got[[1, 4, 5]]).all()

@@ -105,6 +105,10 @@ CHUNK = 8
 STAGE_BIAS = True
 # The output stored as vec4s where the head dims allow (see generate).
 VEC_STORES = 1
+# The few-rows kernel's row maximum and sum of weights by subgroup reductions (subgroupMax,
+# subgroupAdd), then one value per subgroup in workgroup memory, where the device has subgroup
+# operations (the op's "subgroups" parameter): two barriers each in place of a tree's nine.
+ROW_SUBGROUPS = 1
 
 
 def _tile(d: int, e: int, storage: int, staged: bool = True) -> int:
@@ -352,7 +356,8 @@ def _few_rows(kernel: Eqn, body: Program, e: Eqn, bc: tuple[str, ...], prelude: 
         k_lines="\n".join(k_lines), k_vals=k_vals, v_lines="\n".join(v_lines), v_vals=v_vals,
         bias_lines="\n".join(bias_lines), bias_val=bias_val, cols=e_len, parts=parts,
         unroll=unroll, window_lines="\n".join(window_lines), window_n=window_n,
-        kparts=kparts, chunk=chunk)
+        kparts=kparts, chunk=chunk,
+        sub=bool(ROW_SUBGROUPS) and bool(e.params.get("subgroups")))
     key = hashlib.sha256(wgsl.encode()).hexdigest()
     return KernelCode(kernel.params["name"], "attention", wgsl, grid_for(nb * s_len * kparts),
                       len(body.inputs) - len(inplace), len(body.outputs), key=key)

@@ -135,6 +135,8 @@ def rewrite_attention(prog: Program, target: str = "gpu", subgroups: int = 0,
             continue
         # buffer_inputs (): the fusion pass reads the operands through their movement ops
         params = {"scale": scale, "bias": len(ins) > 3, "buffer_inputs": ()}
+        if subgroups and few_rows(q.shape, kt.shape, v.shape, target):
+            params["subgroups"] = True  # the few-rows kernel's row maximum and sum by subgroups
         parts = key_parts(q.shape, kt.shape, v.shape, target)
         if parts > 1:
             # flash-decoding: a workgroup per query row and part of the keys, then a kernel that
