@@ -58,7 +58,8 @@ _ENV = {
     # 1: calls record and submit through wgpu-native's C functions (fusec.native); 0: wgpu-py's
     "native": ("FUSEC_NATIVE", 1),
     # 1: kernels that gain from subgroup operations use them where the adapter has the
-    # "subgroup" feature (the radix sort); 0: never (read when the device opens)
+    # "subgroup" feature (the radix sort, quantized products, few-rows attention); 0: never (read
+    # when the device opens)
     "subgroups": ("FUSEC_SUBGROUPS", 1),
     # lazy submission: small calls submitted together, this many at most (0: each call at once)
     "batch_calls": ("FUSEC_BATCH_CALLS", 64),
