@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Optional
 
 import pytest
 
@@ -60,6 +60,20 @@ def forced_target(name: str) -> Iterator[None]:
         yield
     finally:
         fusec.config.set("target", None)
+
+
+def subgroup_level(monkeypatch: pytest.MonkeyPatch, level: int,
+                   need: Optional[int] = None) -> None:
+    """Lower as if the device's subgroup operations were ``level`` (Runtime.subgroups: 0 none, 1
+    the builtins, 2 those and subgroupBarrier()), failing where the device has fewer than
+    ``need`` (default: ``level``): a case that cannot run here must not pass by testing nothing."""
+    rt = get_runtime()
+    assert rt is not None
+    if rt.subgroups < (level if need is None else need):
+        pytest.fail(f"{rt.info.adapter} lacks subgroup operations: this case cannot run here")
+    from fusec.runtime import Runtime
+
+    monkeypatch.setattr(Runtime, "subgroups", property(lambda self: level))
 
 
 def in_threads(worker: Callable[[int], None], n: int) -> None:

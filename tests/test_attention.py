@@ -9,6 +9,7 @@ from typing import Any, Optional
 
 import numpy as np
 import pytest
+from helpers import subgroup_level
 
 import fusec
 import fusec.numpy as fnp
@@ -315,13 +316,7 @@ def test_few_rows_kernel_nan_and_infinities(part_keys: int, subgroups: int,
     parts of the keys (row 1's first 6 parts all -inf). The row's maximum and sum by subgroup
     reductions where the device has subgroup operations (lavapipe: 32 subgroups of 8 threads
     a workgroup), by trees in workgroup memory without."""
-    from fusec.runtime import Runtime, get_runtime
-
-    rt = get_runtime()
-    assert rt is not None
-    if subgroups and rt.subgroups < 1:
-        pytest.fail(f"{rt.info.adapter} lacks subgroup operations: this case cannot run here")
-    monkeypatch.setattr(Runtime, "subgroups", property(lambda self: subgroups))
+    subgroup_level(monkeypatch, subgroups, need=min(subgroups, 1))
     monkeypatch.setattr(attention_kernel, "PART_KEYS", part_keys)
     rng = np.random.default_rng(8)
     q, k, v = _data(rng, 6, 40), _data(rng, 200, 40), _data(rng, 200, 64)

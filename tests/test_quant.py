@@ -15,7 +15,7 @@ from typing import Any
 import gguf
 import numpy as np
 import pytest
-from helpers import forced_target
+from helpers import forced_target, subgroup_level
 
 import fusec
 import fusec.numpy as fnp
@@ -207,13 +207,8 @@ def test_team_sums_by_subgroup_shuffles_or_a_tree(level: int, rng: np.random.Gen
     96) fill one, of 64 (K = 576) span 8. With a normalisation folded into the product (its sums
     of squares meet the same way) and 5 rows of x; NaN in x propagates. Against float64."""
     from fusec import nn
-    from fusec.runtime import Runtime, get_runtime
 
-    rt = get_runtime()
-    assert rt is not None
-    if level and rt.subgroups < 1:
-        pytest.fail(f"{rt.info.adapter} lacks subgroup operations: this case cannot run here")
-    monkeypatch.setattr(Runtime, "subgroups", property(lambda self: level))
+    subgroup_level(monkeypatch, level, need=min(level, 1))
     nk = [(9, 32), (13, 96), (70, 576)]
     qs = [quant.quantize(_weights(rng, n, k), "q4_1") for n, k in nk]
     xs = [rng.standard_normal((5, k)).astype(np.float32) for _, k in nk]
