@@ -20,7 +20,8 @@ rounds, with how many steps were submitted as recorded ahead during the wait bef
 ``--stream`` times ``--steps`` steps after a 32-token prompt (mean per step), in ``--rounds``
 interleaved rounds, by how the loop calls them: each step's tokens read before the next call
 ("read then call"); as ``Llama.generate`` streams them (``copy_to_host_async``, the next call,
-then the read), with FUSEC_RECORD_AHEAD as set and off; and left on the device until the end.
+then the read), with FUSEC_RECORD_AHEAD as set and off, and FUSEC_SUBMIT_BUSY off; and left on
+the device until the end, also with FUSEC_SUBMIT_BUSY off.
 
 ``--submit-firsts`` times the step (call to token on the host) with each FUSEC_SUBMIT_FIRST
 setting (``F/G``: and FUSEC_SUBMIT_GROWTH G), interleaved over ``--rounds`` rounds in this
@@ -166,7 +167,8 @@ def compare_record_ahead(model: Llama, nxt: Any, a: argparse.Namespace) -> None:
               f"ms over {a.rounds} rounds (medians of {a.steps})")
 
 
-STREAM_MODES = ("read then call", "generate", "generate, record-ahead off", "device loop")
+STREAM_MODES = ("read then call", "generate", "generate, record-ahead off",
+                "generate, submit-busy off", "device loop", "device loop, submit-busy off")
 
 
 def compare_streaming(model: Llama, a: argparse.Namespace) -> None:
@@ -182,6 +184,7 @@ def compare_streaming(model: Llama, a: argparse.Namespace) -> None:
         nxt = model.step(ids)
         np.asarray(nxt)
         config.set("record_ahead", "off" if mode.endswith("record-ahead off") else None)
+        config.set("submit_busy", 0 if mode.endswith("submit-busy off") else None)
         used = rt.ahead_used
         t = time.perf_counter()
         for _ in range(a.steps):
@@ -197,6 +200,7 @@ def compare_streaming(model: Llama, a: argparse.Namespace) -> None:
         np.asarray(nxt)
         per = (time.perf_counter() - t) / a.steps
         config.set("record_ahead", None)
+        config.set("submit_busy", None)
         return per, rt.ahead_used - used
 
     for mode in STREAM_MODES:

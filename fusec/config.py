@@ -72,6 +72,10 @@ _ENV = {
     # ...or later, on GPUs, while the GPU is estimated to have work queued (runtime.submit_cuts;
     # 0: the doubling rule alone)
     "submit_plan": ("FUSEC_SUBMIT_PLAN", 1),
+    # 1: a call that finds the GPU still running earlier work submits once, at its end (the
+    # queue keeps the GPU busy meanwhile; each submit costs host and GPU time); 0: in chunks
+    # as above all the same (runtime.GpuExecutable._run)
+    "submit_busy": ("FUSEC_SUBMIT_BUSY", 1),
     # a large call's next call recorded while the host waits for the GPU (runtime.record_ahead):
     # "auto" (where the wait is long enough to hide it), "always", or "off"
     "record_ahead": ("FUSEC_RECORD_AHEAD", "auto"),

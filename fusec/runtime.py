@@ -634,6 +634,15 @@ class Runtime:
         self.wait_idle()  # the queue is idle: the map callback has run
         promise.sync_wait()
 
+    def gpu_busy(self) -> bool:
+        """Whether work submitted before is still running on the GPU: a poll of wgpu-native
+        that does not block (a few us). False where that poll is not available."""
+        if self._poll is None:
+            return False
+        poll, null = self._poll
+        # the low byte only (see wait_idle)
+        return not poll(self.device._internal, False, null) & 0xFF
+
     def wait_idle(self) -> None:
         """Return once the queue has no work left.
 
@@ -2110,6 +2119,11 @@ class GpuExecutable(_Steps):
         # FUSEC_SUBMIT_PLAN; not under the profilers, whose timestamps bracket one pass)
         cuts = [] if batched or rt.profile or kq is not None else list(self.cuts(
             int(config.get("submit_first")), int(config.get("submit_growth"))))
+        # ...unless the GPU is still running earlier work: it has work until this call's one
+        # submit at its end, and each submit saved is host and GPU time saved (a streamed
+        # decode step records while the GPU runs the step before; FUSEC_SUBMIT_BUSY)
+        if cuts and int(config.get("submit_busy")) and rt.gpu_busy():
+            cuts = []
         if type(cpass) is Pass and kq is None:
             enc, cpass = self._record_native(bufs, raws, enc, cpass, cuts)
         else:

@@ -242,6 +242,75 @@ def test_a_call_of_many_kernels_submits_in_growing_chunks(first: int, growth: in
     assert _chain_submits(first, monkeypatch) == submits
 
 
+@pytest.mark.parametrize("busy,rule,submits", [(True, 1, 1), (True, 0, 7), (False, 1, 7)])
+def test_a_call_that_finds_the_gpu_busy_submits_once(busy: bool, rule: int, submits: int,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A call of many kernels that finds the GPU still running earlier work submits once, at its
+    end (FUSEC_SUBMIT_BUSY=1, the default); with the rule off, or the GPU idle, it submits in
+    chunks (here after 1, 2, 4, 8, 16 and 32 of its 40 dispatches); the results are the same."""
+    rt = _rt()
+    monkeypatch.setitem(fusec.config._overrides, "submit_first", 1)
+    monkeypatch.setitem(fusec.config._overrides, "submit_growth", 2)
+    monkeypatch.setitem(fusec.config._overrides, "submit_busy", rule)
+    asked = []
+
+    def gpu_busy() -> bool:
+        asked.append(1)
+        return busy
+
+    monkeypatch.setattr(rt, "gpu_busy", gpu_busy)
+    assert _chain_submits(3, monkeypatch) == submits
+    # asked once per call (the compiling call and the counted one), only where the rule is on
+    assert len(asked) == 2 * rule
+
+
+def test_gpu_busy_sees_work_in_flight(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Runtime.gpu_busy polls the queue: true while a long call runs (a 640^3 product on the
+    software adapter takes tens of ms), false once it is done; a call of many kernels made
+    right behind the long one submits once, and both results are right."""
+    rt = _rt()
+    rng = np.random.default_rng(11)
+    a = rng.standard_normal((640, 640)).astype(np.float32)
+    big = fusec.gpu_jit(lambda x, y: (x @ y) @ y)
+    xa, xb = fusec.device_put(a), fusec.device_put(a.T.copy())
+    big(xa, xb).block_until_ready()  # compiled
+    assert not rt.gpu_busy()
+    q = np.linalg.qr(rng.standard_normal((8, 8)))[0].astype(np.float32)
+    x0 = rng.standard_normal((5, 8)).astype(np.float32)
+
+    def chain(x: object, w: object) -> object:
+        for _ in range(40):
+            x = x @ w
+        return x
+
+    f = fusec.gpu_jit(chain)
+    x, w = fusec.device_put(x0), fusec.device_put(q)
+    f(x, w).block_until_ready()
+    monkeypatch.setitem(fusec.config._overrides, "submit_first", 1)
+    monkeypatch.setitem(fusec.config._overrides, "submit_growth", 2)
+    seen = []
+    real = rt.submit
+
+    def spy(enc: object) -> None:
+        seen.append(1)
+        real(enc)
+
+    long_call = big(xa, xb)
+    rt.flush()  # (a call of two kernels joins the batch: submitted now)
+    assert rt.gpu_busy()
+    monkeypatch.setattr(rt, "submit", spy)
+    out = f(x, w)
+    monkeypatch.setattr(rt, "submit", real)
+    assert len(seen) == 1
+    out.block_until_ready()
+    assert not rt.gpu_busy()
+    a64 = a.astype(np.float64)
+    np.testing.assert_allclose(np.asarray(long_call), (a64 @ a64.T) @ a64.T, rtol=1e-3,
+                               atol=1e-2)
+    want = x0.astype(np.float64) @ np.linalg.matrix_power(q.astype(np.float64), 40)
+    np.testing.assert_allclose(np.asarray(out), want, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("first,growth", [(1, 2), (4, 2), (3, 3), (4, 0), (2, 1)])
 def test_submit_cuts_follow_the_doubling_rule_or_grow_past_it(first: int, growth: int) -> None:
     """Without the plan the cuts are the doubling rule's; with it, a chunk grows past the rule
