@@ -189,9 +189,13 @@ def compare_streaming(model: Llama, a: argparse.Namespace) -> None:
         t = time.perf_counter()
         for _ in range(a.steps):
             if mode.startswith("generate"):
+                t0 = time.perf_counter()
                 nxt.copy_to_host_async()
+                t1 = time.perf_counter()
                 called = model.step(nxt)
+                t2 = time.perf_counter()
                 np.asarray(nxt)
+                parts.setdefault(mode, []).append((t1 - t0, t2 - t1, time.perf_counter() - t2))
                 nxt = called
             else:
                 nxt = model.step(nxt)
@@ -203,8 +207,11 @@ def compare_streaming(model: Llama, a: argparse.Namespace) -> None:
         config.set("submit_busy", None)
         return per, rt.ahead_used - used
 
+    # a generate loop's host time per step: the early copy, the call, the read (seconds)
+    parts: dict[str, list[tuple[float, float, float]]] = {}
     for mode in STREAM_MODES:
         run(mode)  # every context bucket compiled
+    parts.clear()
     rows: dict[str, list[float]] = {}
     for r in range(a.rounds):
         for mode in STREAM_MODES:
@@ -216,6 +223,10 @@ def compare_streaming(model: Llama, a: argparse.Namespace) -> None:
         med = statistics.median(v)
         print(f"{mode}: {1e3 * min(v):.3f}-{1e3 * max(v):.3f} ms per step, median {1e3 * med:.3f} "
               f"({a.batch / med:.0f} tokens/s; {a.rounds} rounds of {a.steps} steps)")
+    for mode, p in parts.items():
+        cols = [1e3 * statistics.median(x[i] for x in p) for i in range(3)]
+        print(f"{mode}, host per step (medians): copy_to_host_async {cols[0]:.3f} ms, "
+              f"the call {cols[1]:.3f}, the read {cols[2]:.3f}")
 
 
 def compare_settings(cfg: LlamaConfig, w: dict, a: argparse.Namespace) -> None:

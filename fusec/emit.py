@@ -300,6 +300,8 @@ class Emitter:
             if dt == "float16":  # a coordinate past 2048 rounds, as numpy's arange does
                 return cast_wgsl(f"f32({c})", "float32", dt)
             return c if dt == "uint32" else f"{WGSL_TYPE[dt]}({c})"
+        if op is Op.ATTENTION_COMBINE:
+            return (yield from self._combined(e, idx))
         if op is Op.GATHER:
             x = e.inputs[0]
             gathered: list[str] = []
@@ -311,6 +313,32 @@ class Emitter:
                 gathered.append(self.let(gather_coord(i, d, ia.dtype), "c"))
             return (yield (x, Idx(x.shape, coords=tuple(gathered))))
         raise AssertionError(f"{op} cannot be computed inline")
+
+    def _combined(self, e: Eqn, idx: Idx) -> Generator[tuple[Atom, Idx], str, str]:
+        """attention_combine at ``idx`` (a quantized product's prologue, fusec.passes.fuse):
+        part p of the row holds its weighted values, its maximum score m_p and its sum l_p of
+        weights ([..., S, P, E + 2]); the value is sum_p o_p exp(m_p - m) / sum_p l_p
+        exp(m_p - m), m the largest m_p, as the combining kernel computes it
+        (templates/attention_combine.wgsl.j2)."""
+        pv = e.inputs[0]
+        assert isinstance(pv, Var)
+        cs = self.coords(idx)
+        parts, width = pv.shape[-2], pv.shape[-1]
+        col = {"o": cs[-1], "m": f"{width - 2}u", "l": f"{width - 1}u"}
+        got: dict[tuple[str, int], str] = {}
+        for what in ("m", "o", "l"):  # every load before any arithmetic
+            for p in range(parts):
+                at = Idx(pv.shape, coords=cs[:-1] + (f"{p}u", col[what]))
+                got[what, p] = yield (pv, at)
+        m = got["m", 0]
+        for p in range(1, parts):
+            m = self.let(f"max({m}, {got['m', p]})", "cm")
+        num = den = ""
+        for p in range(parts):
+            w = self.let(f"exp({got['m', p]} - {m})", "cw")
+            num = self.let(f"{num + ' + ' if num else ''}{got['o', p]} * {w}", "cn")
+            den = self.let(f"{den + ' + ' if den else ''}{got['l', p]} * {w}", "cd")
+        return f"({num} / {den})"
 
     def _sliced(self, e: Eqn, idx: Idx) -> tuple[str, ...]:
         """Coordinates into a slice's operand: start + coordinate * step on each axis."""

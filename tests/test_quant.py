@@ -739,3 +739,66 @@ def test_rms_norm_fold_only_where_it_is_the_products_alone(rng: np.random.Genera
     with forced_target("cpu"):
         jc = fusec.gpu_jit(one)
         assert [kn.kind for kn in jc.lower(a, g, q).kernels] == ["reduce", "quant"]
+
+
+@pytest.mark.parametrize("t,part_keys,case", [(200, 32, "masked part"), (70, 64, "plain"),
+                                              (131, 48, "nan"), (97, 32, "masked row")])
+@pytest.mark.parametrize("fold", [1, 0])
+def test_attention_parts_combined_where_the_projection_loads_them(
+        t: int, part_keys: int, case: str, fold: int, rng: np.random.Generator,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A decode step's attention over its keys in parts (2 KV heads of 3 query rows, 1 token),
+    then the output projection over quantized weights: on GPUs the product computes the parts'
+    combination where it loads x, and the combining kernel is gone (fuse.COMBINE_PROLOGUE; 0:
+    the attention_combine kernel as before). Against float64: finite outputs within float32's
+    error, a part whose keys are all masked weighing nothing, and a NaN score, or a query row
+    with every key masked (0 / 0), making every output NaN, as the written-out form does."""
+    import importlib
+
+    from fusec import nn
+    from fusec.kernels import attention as attention_kernel
+
+    fuse_module = importlib.import_module("fusec.passes.fuse")
+    monkeypatch.setattr(fuse_module, "COMBINE_PROLOGUE", fold)
+    monkeypatch.setattr(attention_kernel, "PART_KEYS", part_keys)
+    d = 32
+    q = rng.standard_normal((1, 2, 3, d)).astype(np.float32)
+    k = rng.standard_normal((1, 2, t, d)).astype(np.float32)
+    v = rng.standard_normal((1, 2, t, d)).astype(np.float32)
+    bias = np.zeros((1, 1, 1, t), np.float32)
+    bias[..., t - 3:] = -np.inf  # the cache's unused tail
+    if case == "masked part":
+        bias[..., 40:100] = -np.inf  # parts 2 and 3 of 32 keys wholly masked
+    w = _weights(rng, 45, 2 * 3 * d)
+    wq = quant.quantize(w, "q4_1")
+    wd = quant.dequantize_numpy(wq).astype(np.float64)
+    if case == "nan":
+        bias[..., 17] = np.nan
+    elif case == "masked row":
+        bias = np.broadcast_to(bias, (1, 2, 3, t)).copy()
+        bias[0, 1, 2, :] = -np.inf
+
+    def block(q: Any, k: Any, v: Any, bias: Any, wq: Any) -> Any:
+        s = (q @ fnp.swapaxes(k, -1, -2)) * (1.0 / np.sqrt(d)) + bias
+        o = nn.softmax(s, axis=-1) @ v  # [1, 2, 3, d]
+        return quant.matmul(fnp.reshape(o, (1, 1, 2 * 3 * d)), wq)
+
+    s64 = q.astype(np.float64) @ np.swapaxes(k, -1, -2).astype(np.float64) / np.sqrt(d) + bias
+    with np.errstate(invalid="ignore", over="ignore"):
+        p = np.exp(s64 - s64.max(-1, keepdims=True))
+        x64 = ((p / p.sum(-1, keepdims=True)) @ v.astype(np.float64)).reshape(1, 1, -1)
+        want = x64 @ wd.T
+    with forced_target("gpu"):
+        f = fusec.gpu_jit(block)
+        kernels = f.lower(q, k, v, bias, wq).kernels
+        names = [kk.name for kk in kernels]
+        assert len(names) == (2 if fold else 3), names
+        assert ("attention_combine" in names[-1] and "qmatmul" in names[-1]) == bool(fold)
+        got = np.asarray(f(q, k, v, bias, wq))
+    assert got.shape == (1, 1, 45)
+    if case in ("nan", "masked row"):
+        assert np.isnan(got).all() and np.isnan(want).all()
+        return
+    # x's own roundings (softmax and the parts' combination, relative ~1e-6) and the product's
+    err = _dot_error(x64[0].astype(np.float32), wd)[0] + 1e-5 * (np.abs(x64[0]) @ np.abs(wd).T)
+    assert np.all(np.abs(got[0, 0] - want[0, 0]) <= err), np.abs(got[0, 0] - want[0, 0]).max()

@@ -308,8 +308,10 @@ def test_decode_step_attends_in_parts(monkeypatch: pytest.MonkeyPatch, batch: in
     (flash-decoding: kernels.attention.PART_KEYS, here 16 of the 64 positions the step attends
     over, so the parts past the prompt are masked whole), the float32 cache's update still
     folded into the parts' kernel at batch 1: one kernel a block more (the parts'
-    combination), and at every step the logits of the same model attending in one piece, and
-    the reference's (a float16 cache: within what its rounding explains)."""
+    combination) at batch 3, none at batch 1, where the output projection's kernel combines
+    the parts as it loads them (fuse.COMBINE_PROLOGUE), and at every step the logits of the
+    same model attending in one piece, and the reference's (a float16 cache: within what its
+    rounding explains)."""
     import importlib
 
     from helpers import forced_target
@@ -318,15 +320,20 @@ def test_decode_step_attends_in_parts(monkeypatch: pytest.MonkeyPatch, batch: in
     cfg, w, r = _small(7 + batch)
     prompts = np.asarray([[7, 100, 3, 255, 18], [4, 4, 90, 1, 200], [8, 1, 2, 3, 4]][:batch])
     runs: dict[int, tuple[list[np.ndarray], list[str]]] = {}
+    combined_in_products = 0
     with forced_target("gpu"):
         for part_keys in (0, 16):
             monkeypatch.setattr(katt, "PART_KEYS", part_keys)
             model = Llama(cfg, w, max_len=64, cache_dtype=cache_dtype)
             got, low = _five_steps(model, prompts)
             runs[part_keys] = (got, [k.wgsl for k in low.kernels if k.kind == "attention"])
+            combined_in_products += sum(k.kind == "quant" and "attention_combine" in k.name
+                                        for k in low.kernels)
             assert model.cache[0][0].dtype == cache_dtype
     (whole, att_whole), (parts, att_parts) = runs[0], runs[16]
-    assert len(att_whole) == cfg.n_layers and len(att_parts) == 2 * cfg.n_layers
+    assert len(att_whole) == cfg.n_layers
+    assert len(att_parts) == (1 if batch == 1 else 2) * cfg.n_layers
+    assert combined_in_products == (cfg.n_layers if batch == 1 else 0)
     assert sum("The keys in 4 parts of 16" in k for k in att_parts) == cfg.n_layers
     if batch == 1 and cache_dtype == "float32":
         assert sum("storageBarrier" in k for k in att_parts) == cfg.n_layers

@@ -99,7 +99,8 @@ def tuning() -> dict[str, object]:
     fuse_module = importlib.import_module(__name__ + ".fuse")
 
     return {"fuse": (fuse_module.ROW_MAX, fuse_module.CONE_MAX, fuse_module.PROLOGUE_MAX,
-                     fuse_module.PROLOGUE_ROWS, fuse_module.PROLOGUE_QUERY_ROWS),
+                     fuse_module.PROLOGUE_ROWS, fuse_module.PROLOGUE_QUERY_ROWS,
+                     fuse_module.COMBINE_PROLOGUE),
             "merge": (merge.MAX_ROWS, merge.MAX_TILES),
             "attention": (attention_module.PROBS_IN_PRODUCT, attention_module.FOLD_CACHE_UPDATE,
                           attention_module.FOLD_WINDOW_MAX),

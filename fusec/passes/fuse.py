@@ -92,6 +92,10 @@ class _Planner:
         self.producer = {id(o): e for e in prog.eqns for o in e.outs}
         self.input_pos = {id(v): i for i, v in enumerate(prog.inputs)}
         self.out_ids = {id(a) for a in prog.outputs if isinstance(a, Var)}
+        self.readers: dict[int, int] = {}  # var id -> equations reading it (each once)
+        for e in prog.eqns:
+            for read in {id(a) for a in e.inputs if isinstance(a, Var)}:
+                self.readers[read] = self.readers.get(read, 0) + 1
         # equations that compute no data of their own: views, scalars, iota and elementwise
         # ops of iota alone (the fusion planner does not relate kernels through them)
         index_only: set[int] = set()
@@ -124,7 +128,10 @@ class _Planner:
                 # product's few rows of x and on attention's queries (a prologue: see _prologue)
                 for j, a in enumerate(e.inputs):
                     if j == 0 and e.op in (Op.QMATMUL, Op.ATTENTION, Op.ATTENTION_PARTS) \
-                            and _few_rows(e, a) and _prologue(self, a):
+                            and _few_rows(e, a) and _prologue(self, a, e.op is Op.QMATMUL):
+                        if e.op is Op.QMATMUL and isinstance(a, Var):
+                            # a combination of attention's parts computed there is no kernel
+                            mat.difference_update(id(c.out) for c in _combines(self, a))
                         continue
                     if j == 0 and enabled and e.params.get("a_prologue"):
                         # attention's probabilities, computed where p @ v loads them
@@ -499,6 +506,9 @@ class _Planner:
 # at unknown clocks, in processes where the GPU ran at 345 MHz, it had seemed to lose.)
 PROLOGUE_MAX = 8
 PROLOGUE_ROWS = 1
+# 1: a quantized product of PROLOGUE_ROWS rows whose x is attention's parts combined computes the
+# combination where it loads x (see _combines); 0: the combination is a kernel of its own
+COMBINE_PROLOGUE = 1
 # an attention kernel loads each query row once (per thread or per workgroup), so the rows cost
 # nothing more there: a decode step's queries (a KV head's group of query heads, 3 rows in
 # SmolLM2, at any batch), not a prefill's
@@ -516,7 +526,7 @@ def _few_rows(e: Eqn, x: object) -> bool:
     return len(x.shape) < 2 or x.shape[-2] <= PROLOGUE_QUERY_ROWS
 
 
-def _prologue(planner: _Planner, x: object) -> bool:
+def _prologue(planner: _Planner, x: object, combine: bool = False) -> bool:
     """May a quantized product compute its x, or an attention kernel its queries, where it loads
     them? Where they are elementwise work of at most PROLOGUE_MAX equations over values that are
     buffers anyway (through movement ops): SwiGLU's ``silu(gate) * up`` before the down
@@ -525,7 +535,8 @@ def _prologue(planner: _Planner, x: object) -> bool:
     thousand values, the weights a few hundred rows); an attention kernel loads each query row
     once (per thread or per workgroup). The elementwise kernel that wrote them is gone. On GPUs:
     a software adapter's thread walks a whole weight row, and recomputing x there made a 2-layer
-    decode step 2.6x slower on lavapipe."""
+    decode step 2.6x slower on lavapipe. With ``combine`` (a quantized product's x), x may also
+    be attention's parts combined (:func:`_combines`)."""
     if not planner.enabled or planner.target != "gpu" or not isinstance(x, Var):
         return False
     stack, seen, arith = [x], set(), 0
@@ -545,12 +556,37 @@ def _prologue(planner: _Planner, x: object) -> bool:
             pass
         elif e.op in ELEMENTWISE:
             arith += 1
+        elif combine and any(c is e for c in _combines(planner, x)):
+            arith += 1  # a quantized product's x: attention's parts combined (see _combines)
         else:
             continue  # a kernel's result: a buffer the prologue reads
         if arith > PROLOGUE_MAX:
             return False
         stack += [a for a in e.inputs if isinstance(a, Var)]
     return arith > 0
+
+
+def _combines(planner: _Planner, x: Var) -> list[Eqn]:
+    """The attention_combine that a quantized product's x is, through movement ops alone, where
+    the product may compute it as it loads x (COMBINE_PROLOGUE): a decode step's attention over
+    its keys in parts, then the output projection (x: the heads' outputs side by side). Each
+    value from the combination to x is read once, by the next, and none is a program output.
+    Each weight row's team recomputes the combination for the values of x it loads (3P loads and
+    P exponentials a value, over P parts), and the combining kernel is gone. [] otherwise."""
+    if not COMBINE_PROLOGUE:
+        return []
+    v = x
+    while True:
+        if id(v) in planner.out_ids or planner.readers.get(id(v), 0) != 1:
+            return []
+        e = planner.producer.get(id(v))
+        if e is None:
+            return []
+        if e.op is Op.ATTENTION_COMBINE:
+            return [e]
+        if e.op not in MOVEMENT or not isinstance(e.inputs[0], Var):
+            return []
+        v = e.inputs[0]
 
 
 def _qmatmul_epilogue(q: _Group, ew: _Group) -> Optional[Eqn]:
