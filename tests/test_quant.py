@@ -750,9 +750,11 @@ def test_attention_parts_combined_where_the_projection_loads_them(
     """A decode step's attention over its keys in parts (2 KV heads of 3 query rows, 1 token),
     then the output projection over quantized weights: on GPUs the product computes the parts'
     combination where it loads x, and the combining kernel is gone (fuse.COMBINE_PROLOGUE; 0:
-    the attention_combine kernel as before). Against float64: finite outputs within float32's
-    error, a part whose keys are all masked weighing nothing, and a NaN score, or a query row
-    with every key masked (0 / 0), making every output NaN, as the written-out form does."""
+    the attention_combine kernel as before), up to COMBINE_MAX_PARTS parts (8 here; by default
+    2, so the 7 parts of 200 keys keep their kernel). Against float64: finite outputs within
+    float32's error, a part whose keys are all masked weighing nothing, and a NaN score, or a
+    query row with every key masked (0 / 0), making every output NaN, as the written-out form
+    does."""
     import importlib
 
     from fusec import nn
@@ -761,6 +763,7 @@ def test_attention_parts_combined_where_the_projection_loads_them(
     fuse_module = importlib.import_module("fusec.passes.fuse")
     monkeypatch.setattr(fuse_module, "COMBINE_PROLOGUE", fold)
     monkeypatch.setattr(attention_kernel, "PART_KEYS", part_keys)
+    default_max = fuse_module.COMBINE_MAX_PARTS
     d = 32
     q = rng.standard_normal((1, 2, 3, d)).astype(np.float32)
     k = rng.standard_normal((1, 2, t, d)).astype(np.float32)
@@ -789,6 +792,12 @@ def test_attention_parts_combined_where_the_projection_loads_them(
         x64 = ((p / p.sum(-1, keepdims=True)) @ v.astype(np.float64)).reshape(1, 1, -1)
         want = x64 @ wd.T
     with forced_target("gpu"):
+        parts = attention_kernel.key_parts(q.shape, k.shape[:-2] + (d, t), v.shape, "gpu")
+        assert parts == {200: 7, 70: 2, 131: 3, 97: 4}[t]
+        if fold and parts > default_max:
+            lowered = fusec.gpu_jit(block).lower(q, k, v, bias, wq)
+            assert "attention_combine" in lowered.kernels[1].name  # a kernel of its own
+        monkeypatch.setattr(fuse_module, "COMBINE_MAX_PARTS", 8)
         f = fusec.gpu_jit(block)
         kernels = f.lower(q, k, v, bias, wq).kernels
         names = [kk.name for kk in kernels]

@@ -308,8 +308,9 @@ def test_decode_step_attends_in_parts(monkeypatch: pytest.MonkeyPatch, batch: in
     (flash-decoding: kernels.attention.PART_KEYS, here 16 of the 64 positions the step attends
     over, so the parts past the prompt are masked whole), the float32 cache's update still
     folded into the parts' kernel at batch 1: one kernel a block more (the parts'
-    combination), none at batch 1 with fuse.COMBINE_PROLOGUE (the output projection's kernel
-    combines the parts as it loads them), and at every step the logits of the
+    combination), none at batch 1 with fuse.COMBINE_PROLOGUE over at most COMBINE_MAX_PARTS
+    parts (the output projection's kernel combines the parts as it loads them), and at every
+    step the logits of the
     same model attending in one piece, and the reference's (a float16 cache: within what its
     rounding explains)."""
     import importlib
@@ -332,7 +333,8 @@ def test_decode_step_attends_in_parts(monkeypatch: pytest.MonkeyPatch, batch: in
             assert model.cache[0][0].dtype == cache_dtype
     (whole, att_whole), (parts, att_parts) = runs[0], runs[16]
     assert len(att_whole) == cfg.n_layers
-    folded = batch == 1 and importlib.import_module("fusec.passes.fuse").COMBINE_PROLOGUE
+    fuse_module = importlib.import_module("fusec.passes.fuse")
+    folded = batch == 1 and fuse_module.COMBINE_PROLOGUE and fuse_module.COMBINE_MAX_PARTS >= 4
     assert len(att_parts) == (1 if folded else 2) * cfg.n_layers
     assert combined_in_products == (cfg.n_layers if folded else 0)
     assert sum("The keys in 4 parts of 16" in k for k in att_parts) == cfg.n_layers

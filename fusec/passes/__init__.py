@@ -100,7 +100,7 @@ def tuning() -> dict[str, object]:
 
     return {"fuse": (fuse_module.ROW_MAX, fuse_module.CONE_MAX, fuse_module.PROLOGUE_MAX,
                      fuse_module.PROLOGUE_ROWS, fuse_module.PROLOGUE_QUERY_ROWS,
-                     fuse_module.COMBINE_PROLOGUE),
+                     fuse_module.COMBINE_PROLOGUE, fuse_module.COMBINE_MAX_PARTS),
             "merge": (merge.MAX_ROWS, merge.MAX_TILES),
             "attention": (attention_module.PROBS_IN_PRODUCT, attention_module.FOLD_CACHE_UPDATE,
                           attention_module.FOLD_WINDOW_MAX),

@@ -506,9 +506,17 @@ class _Planner:
 # at unknown clocks, in processes where the GPU ran at 345 MHz, it had seemed to lose.)
 PROLOGUE_MAX = 8
 PROLOGUE_ROWS = 1
-# 1: a quantized product of PROLOGUE_ROWS rows whose x is attention's parts combined computes the
-# combination where it loads x (see _combines); 0: the combination is a kernel of its own
+# 1: a quantized product of PROLOGUE_ROWS rows whose x is attention's parts combined, of at most
+# COMBINE_MAX_PARTS parts, computes the combination where it loads x (see _combines); 0: the
+# combination is a kernel of its own. H100, clocks held, the synthetic SmolLM2 step at batch 1
+# (bench/llama_synthetic.py --max-len 1024 --prompt P --settings
+# "default;fuse.COMBINE_PROLOGUE=0", best of 2 interleaved rounds, medians of 30 steps), in the
+# product / a kernel: 2 parts (128 keys) step 1.36 / 1.45 ms, GPU 0.94 / 0.93 ms; 4 parts
+# 1.40 / 1.41, 0.94 / 0.93; 8 parts 1.53 / 1.41, 1.07 / 0.93; 16 parts 2.01 / 1.46, 1.53 /
+# 1.00 (every team recomputes 3P loads and P exponentials per value of x: the host records
+# 30 dispatches fewer, the GPU's time grows with P)
 COMBINE_PROLOGUE = 1
+COMBINE_MAX_PARTS = 2
 # an attention kernel loads each query row once (per thread or per workgroup), so the rows cost
 # nothing more there: a decode step's queries (a KV head's group of query heads, 3 rows in
 # SmolLM2, at any batch), not a prefill's
@@ -568,8 +576,9 @@ def _prologue(planner: _Planner, x: object, combine: bool = False) -> bool:
 
 def _combines(planner: _Planner, x: Var) -> list[Eqn]:
     """The attention_combine that a quantized product's x is, through movement ops alone, where
-    the product may compute it as it loads x (COMBINE_PROLOGUE): a decode step's attention over
-    its keys in parts, then the output projection (x: the heads' outputs side by side). Each
+    the product may compute it as it loads x (COMBINE_PROLOGUE, up to COMBINE_MAX_PARTS parts):
+    a decode step's attention over its keys in parts, then the output projection (x: the heads'
+    outputs side by side). Each
     value from the combination to x is read once, by the next, and none is a program output.
     Each weight row's team recomputes the combination for the values of x it loads (3P loads and
     P exponentials a value, over P parts), and the combining kernel is gone. [] otherwise."""
@@ -583,7 +592,8 @@ def _combines(planner: _Planner, x: Var) -> list[Eqn]:
         if e is None:
             return []
         if e.op is Op.ATTENTION_COMBINE:
-            return [e]
+            parts = e.inputs[0].shape[-2] if isinstance(e.inputs[0], Var) else 0
+            return [e] if parts <= COMBINE_MAX_PARTS else []
         if e.op not in MOVEMENT or not isinstance(e.inputs[0], Var):
             return []
         v = e.inputs[0]
