@@ -310,9 +310,8 @@ def test_decode_step_attends_in_parts(monkeypatch: pytest.MonkeyPatch, batch: in
     folded into the parts' kernel at batch 1: one kernel a block more (the parts'
     combination), none at batch 1 with fuse.COMBINE_PROLOGUE over at most COMBINE_MAX_PARTS
     parts (the output projection's kernel combines the parts as it loads them), and at every
-    step the logits of the
-    same model attending in one piece, and the reference's (a float16 cache: within what its
-    rounding explains)."""
+    step the logits of the same model attending in one piece, and the reference's (a float16
+    cache: within what its rounding explains)."""
     import importlib
 
     from helpers import forced_target

@@ -547,6 +547,7 @@ def _prologue(planner: _Planner, x: object, combine: bool = False) -> bool:
     be attention's parts combined (:func:`_combines`)."""
     if not planner.enabled or planner.target != "gpu" or not isinstance(x, Var):
         return False
+    combined = _combines(planner, x) if combine else []
     stack, seen, arith = [x], set(), 0
     while stack:
         v = stack.pop()
@@ -564,7 +565,7 @@ def _prologue(planner: _Planner, x: object, combine: bool = False) -> bool:
             pass
         elif e.op in ELEMENTWISE:
             arith += 1
-        elif combine and any(c is e for c in _combines(planner, x)):
+        elif any(c is e for c in combined):
             arith += 1  # a quantized product's x: attention's parts combined (see _combines)
         else:
             continue  # a kernel's result: a buffer the prologue reads
@@ -578,10 +579,10 @@ def _combines(planner: _Planner, x: Var) -> list[Eqn]:
     """The attention_combine that a quantized product's x is, through movement ops alone, where
     the product may compute it as it loads x (COMBINE_PROLOGUE, up to COMBINE_MAX_PARTS parts):
     a decode step's attention over its keys in parts, then the output projection (x: the heads'
-    outputs side by side). Each
-    value from the combination to x is read once, by the next, and none is a program output.
-    Each weight row's team recomputes the combination for the values of x it loads (3P loads and
-    P exponentials a value, over P parts), and the combining kernel is gone. [] otherwise."""
+    outputs side by side). Each value from the combination to x is read once, by the next, and
+    none is a program output. Each weight row's team recomputes the combination for the values
+    of x it loads (3P loads and P exponentials a value, over P parts), and the combining kernel
+    is gone. [] otherwise."""
     if not COMBINE_PROLOGUE:
         return []
     v = x
