@@ -3,7 +3,8 @@ executable's run alone (no argument flattening or signature lookup), and the sam
 recorded straight through wgpu-native, without and with ``finish`` and ``submit``. Each call is
 submitted at once (``FUSEC_SUBMIT_FIRST=0``) and timed after the GPU is idle.
 
-    python bench/record_breakdown.py [--cases sort,bert1x16,bert32x128] [--reps 30] [--profile]
+    python bench/record_breakdown.py [--cases sort,bert1x16,bert32x128,decode] [--reps 30]
+        [--profile]
 """
 
 from __future__ import annotations
@@ -52,6 +53,17 @@ def main(argv: list[str] | None = None) -> int:
             idd, md = fusec.device_put(ids), fusec.device_put(mask)
             fb = fusec.gpu_jit(lambda w, i, m: ex.encode(fnp, nn, w, i, m, 1e-12))
             cases.append((c, lambda fb=fb, wd=wd, idd=idd, md=md: fb(wd, idd, md)))
+        elif c == "decode":
+            # the SmolLM2-shaped decode step at batch 1 (bench/llama_synthetic.py), 64 keys
+            from llama_synthetic import synthetic, warmed_up
+
+            from fusec.models.llama import Llama
+
+            cfg, w = synthetic(30)
+            model = Llama(cfg, w, max_len=1024)
+            nxt = warmed_up(model, 1, 60)
+            fusec.config.set("record_ahead", "off")
+            cases.append((c, lambda model=model, nxt=nxt: model.step(nxt)))
     seen: list[tuple[Any, Any]] = []
     real_run = GpuExecutable.run
 
@@ -108,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
             n.submit(n.queue, 1, n.cbs)
             n.release_cb(cb)
 
-        row = {"call": med(call), "exe.run": med(lambda: exe.run(inputs)),
+        row = {"call": med(call), "exe.run": (med(lambda: exe.run(inputs)) if name != "decode"
+                                           else float("nan")),  # (its cache is donated)
                "native record": med(rec_only), "+ finish": med(rec_finish),
                "+ submit": med(rec_submit)}
         print(f"{name}: {len(cmds)} dispatches, {len(inputs)} inputs; " +

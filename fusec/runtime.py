@@ -17,11 +17,12 @@ import time
 import warnings
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from operator import itemgetter
+from itertools import compress
+from operator import is_not, itemgetter
 from typing import TYPE_CHECKING, Any, Optional, cast
 
 import numpy as np
@@ -1542,6 +1543,36 @@ class _Launch:
     gpu_us: float = 0.0  # its estimated GPU time (gpu_estimate_us), for where a call submits
 
 
+class _NativePlan:
+    """An executable's steps as ``_record_native`` walks them (a program without loops): the
+    slots' buffer assignments in step order, aliases included (``allocs``: (slot, kind, arg) as
+    in ``_Launch.alloc``, an alias as kind 3); the dispatching launches, their pipelines' and
+    grids; for each slot the launches that bind it; and the bind groups (and their native
+    handles) of the last call, with the slots' wgpu buffers they were made for (``raws``; None
+    after the bind groups were dropped)."""
+
+    def __init__(self, steps: Sequence[Any]) -> None:
+        self.allocs: list[tuple[int, int, Any]] = []
+        self.launches: list[_Launch] = []
+        for st in steps:
+            if type(st) is _Alias:
+                self.allocs.append((st.dst, 3, st.src))
+                continue
+            assert type(st) is _Launch, "a program with loops is walked, not recorded so"
+            self.allocs += [a for a in st.alloc if a[1] != 4]
+            if st.grid[0]:
+                self.launches.append(st)
+        self.users: dict[int, list[int]] = {}
+        for i, st in enumerate(self.launches):
+            for s in dict.fromkeys(st.reads + st.writes):
+                self.users.setdefault(s, []).append(i)
+        self.pipes = [st.pipeline._internal for st in self.launches]
+        self.grids = [st.grid for st in self.launches]
+        self.groups: list[Any] = [None] * len(self.launches)
+        self.handles: list[Any] = [None] * len(self.launches)
+        self.raws: Optional[list[Any]] = None
+
+
 def _whole_words(nbytes: int) -> int:
     """``nbytes`` rounded up to whole 32-bit words, at least one: copies and maps move words."""
     return max(4, -(-nbytes // 4) * 4)
@@ -1971,9 +2002,12 @@ class GpuExecutable(_Steps):
         self.destroyed = rt.destroyed
         self._cuts: dict[tuple[int, int, bool], list[int]] = {}
         self._plan()
+        self._native: Optional[_NativePlan] = None  # _record_native's lists, made at its first
 
     def _drop_bind_groups(self) -> None:
         self.drop_bind_groups()
+        if self._native is not None:
+            self._native.raws = None  # its bind groups are no longer the cached ones
         self.destroyed = self.rt.destroyed
 
     def _zeroed_raws(self) -> list[Any]:
@@ -2341,58 +2375,66 @@ class GpuExecutable(_Steps):
     def _record_native(self, bufs: list[Any], raws: list[Any], enc: Any, cpass: Pass,
                        cuts: list[int]) -> tuple[Any, Pass]:
         """``_run``'s loop over the steps where the pass is wgpu-native's own (``fusec.native``):
-        the same work as :meth:`_record`'s loop, with the native functions called straight and
-        the slots' buffers bound inline, because this loop is most of fusec's own time per call
-        (a model of 60 kernels and 100 weights: ~4 us per dispatch of Python before)."""
+        the same work as :meth:`_record`'s loop, in three plain loops over lists made once
+        (:class:`_NativePlan`), because this is most of fusec's own time per call: the slots'
+        buffers bound in step order; the bind groups of the dispatches whose slots hold other
+        buffers than at the last call looked up (a decode step's donated cache and pooled
+        intermediates keep theirs: only its token's and host data's dispatches change); then
+        three native calls per dispatch. (The SmolLM2-shaped step at batch 1, 153 dispatches:
+        499 us of host time per call with a lookup per dispatch, 200 now; lavapipe's host.)"""
         rt = self.rt
-        n = cpass.n
-        set_pipeline, set_bind_group, dispatch, null = (n.set_pipeline, n.set_bind_group,
-                                                        n.dispatch, n.null)
+        plan = self._native
+        if plan is None:
+            plan = self._native = _NativePlan(self.steps)
         pool, sizes = self.pool, self.pool_sizes
-        raw = cpass.raw
-        last = None
-        dispatched = 0
-        split = cuts.pop() if cuts else 0
-        for st in self.steps:
-            if type(st) is _Alias:
-                bufs[st.dst] = bufs[st.src]
-                raws[st.dst] = raws[st.src]
+        for w, kind, arg in plan.allocs:
+            if kind == 1:
+                b = pool.get(arg)
+                if b is None:
+                    b = pool[arg] = rt.buffer(sizes[arg])
+            elif kind == 0:
+                b = rt.buffer_of_class(arg)
+            else:
+                # a donated input's buffer (2), or another slot's (3, aliases too): its wgpu
+                # buffer from raws (a call recorded ahead has its inputs' wgpu buffers only)
+                bufs[w] = bufs[arg]
+                raws[w] = raws[arg]
                 continue
-            for w, kind, arg in st.alloc:
-                if kind == 1:
-                    b = pool.get(arg)
-                    if b is None:
-                        b = pool[arg] = rt.buffer(sizes[arg])
-                elif kind == 0:
-                    b = rt.buffer_of_class(arg)
-                elif kind == 4:
-                    continue  # bound by a loop (not in a call without loops)
-                else:
-                    # a donated input's buffer (2), or another slot's (3): its wgpu buffer from
-                    # raws (a call recorded ahead has its inputs' wgpu buffers only)
-                    bufs[w] = bufs[arg]
-                    raws[w] = raws[arg]
-                    continue
-                bufs[w] = b
-                raws[w] = b.raw
-            grid = st.grid
-            if grid[0] == 0:
-                continue
+            bufs[w] = b
+            raws[w] = b.raw
+        launches, groups, handles = plan.launches, plan.groups, plan.handles
+        last = plan.raws
+        if last is None:
+            todo: Iterable[int] = range(len(launches))
+        else:
+            users = plan.users
+            todo = sorted({i for s in compress(range(len(raws)), map(is_not, raws, last))
+                           for i in users.get(s, ())})
+        for i in todo:
+            st = launches[i]
             bound = st.gather(raws)
             bg = st.bind_groups.get(bound)
             if bg is None:
                 bg = _bind_group(rt, st, bound)
-            if split and dispatched == split:
+            groups[i] = bg  # (held here too: the cache may drop it)
+            handles[i] = bg._internal
+        plan.raws = list(raws)
+        n = cpass.n
+        set_pipeline, set_bind_group, dispatch, null = (n.set_pipeline, n.set_bind_group,
+                                                        n.dispatch, n.null)
+        raw = cpass.raw
+        lastp = None
+        split = cuts.pop() if cuts else 0
+        for i, (pipe, bgh, grid) in enumerate(zip(plan.pipes, handles, plan.grids)):
+            if split and i == split:
                 enc, cpass = rt.submit_chunk(enc, cpass)
                 raw = cpass.raw
-                last = None
+                lastp = None
                 split = cuts.pop() if cuts else 0
-            dispatched += 1
-            pipe = st.pipeline
-            if pipe is not last:
-                set_pipeline(raw, pipe._internal)
-                last = pipe
-            set_bind_group(raw, 0, bg._internal, 0, null)
+            if pipe is not lastp:
+                set_pipeline(raw, pipe)
+                lastp = pipe
+            set_bind_group(raw, 0, bgh, 0, null)
             dispatch(raw, grid[0], grid[1], grid[2])
         return enc, cpass
 

@@ -497,3 +497,65 @@ def test_copy_to_host_async_under_each_wait_mode(wait: str) -> None:
                                    rtol=1e-4, atol=1e-2)
     finally:
         config.set("wait", None)
+
+
+
+def test_a_call_looks_up_only_the_bind_groups_whose_buffers_changed(
+        rng: np.random.Generator) -> None:
+    """_record_native keeps the last call's bind groups: a call looks up those of the
+    dispatches whose slots hold other buffers than at the last call (new inputs, a fresh
+    output), and every one after a buffer was destroyed. Each call must still get its own
+    result: alternating inputs, while earlier outputs are alive."""
+    rt = _rt()
+
+    def chain(a: fusec.Array, b: fusec.Array) -> fusec.Array:
+        h = fnp.tanh(a * 1.5)  # reads a only
+        for i in range(4):  # kernels that bind neither input nor the output
+            h = fnp.sin(h @ h.T * 0.05 + float(i))
+        return h + b.sum()  # reads b, writes the output
+    f = fusec.gpu_jit(chain)
+    n = 37
+    xs = [rng.standard_normal((n, n)).astype(np.float32) for _ in range(3)]
+    ys = [rng.standard_normal(n).astype(np.float32) for _ in range(3)]
+
+    def ref(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        h = np.tanh(a.astype(np.float64) * 1.5)
+        for i in range(4):
+            h = np.sin(h @ h.T * 0.05 + i)
+        return h + b.astype(np.float64).sum()
+    dx = [fusec.device_put(x) for x in xs]
+    dy = [fusec.device_put(y) for y in ys]
+    seen: list[runtime.GpuExecutable] = []
+    real_run = runtime.GpuExecutable.run
+
+    def run_spy(self: runtime.GpuExecutable, inputs: list[object]) -> list[object]:
+        seen.append(self)
+        return real_run(self, inputs)
+    runtime.GpuExecutable.run = run_spy  # type: ignore[method-assign]
+    try:
+        f(dx[0], dy[0]).block_until_ready()
+    finally:
+        runtime.GpuExecutable.run = real_run  # type: ignore[method-assign]
+    launches = seen[-1]._native.launches  # type: ignore[union-attr]
+    assert len(launches) >= 6
+    looked: list[int] = []
+    for k, st in enumerate(launches):
+        st.gather = (lambda g, k: lambda raws: (looked.append(k), g(raws))[1])(st.gather, k)
+    outs = []
+    order = [(0, 0), (0, 0), (1, 0), (1, 2), (2, 2), (0, 1)]
+    lookups = []
+    for k, (i, j) in enumerate(order):
+        if k == 4:
+            rt.destroyed += 1  # as if the pool had destroyed a buffer: every group anew
+        looked.clear()
+        outs.append((i, j, f(dx[i], dy[j])))
+        lookups.append(sorted(looked))
+    last = len(launches) - 1
+    assert lookups[1] == [last]  # the same inputs: the fresh output's dispatch only
+    assert 0 in lookups[2] and last in lookups[2]  # a new a: its reader's, and the output's
+    assert 0 not in lookups[3] and last in lookups[3]  # a new b only
+    assert lookups[4] == list(range(len(launches)))  # after a destroyed buffer: all
+    middle = set(range(1, last - 1))
+    assert not middle & set(lookups[1] + lookups[2] + lookups[3] + lookups[5])
+    for i, j, o in outs:
+        np.testing.assert_allclose(np.asarray(o), ref(xs[i], ys[j]), rtol=2e-5, atol=2e-5)
