@@ -50,6 +50,31 @@ def test_row_kernels(target: str, shape: tuple[int, int], rng: np.random.Generat
     np.testing.assert_allclose(np.asarray(c), x64 - mu, rtol=1e-5, atol=1e-4)
 
 
+# few rows longer than the register cache (a decode step's argmax over a vocabulary): a
+# workgroup's strided loop over each on the GPU target; lengths that leave the last step
+# part-full, a prime, rows cut into chunks first; NaN, +-inf and ties where the first index wins
+@pytest.mark.parametrize("shape", [(1, 49152), (3, 20011), (1, 16411), (2, 300001)])
+def test_few_long_rows(target: str, shape: tuple[int, int], rng: np.random.Generator) -> None:
+    x = rng.standard_normal(shape).astype(np.float32)
+    r = shape[1]
+    x[0, rng.integers(r, size=3)] = np.inf  # ties between infinities: the first wins
+    x[0, rng.integers(r, size=3)] = -np.inf
+    if shape[0] > 1:
+        x[1, rng.integers(r)] = np.nan  # propagates (argmax: the first NaN)
+        x[-1, rng.integers(r, size=2)] = x[-1].max() + 1.0  # a tie of the largest finite value
+    f = fusec.gpu_jit(lambda a: (fnp.argmax(a, axis=-1), fnp.argmin(a, axis=-1),
+                                 a.sum(axis=-1), a.max(axis=-1)))
+    am, an, s, m = (np.asarray(v) for v in f(x))
+    np.testing.assert_array_equal(am, np.argmax(x, axis=-1))
+    np.testing.assert_array_equal(an, np.argmin(x, axis=-1))
+    finite = np.isfinite(x).all(-1)
+    x64 = np.where(np.isinf(x), 0.0, x).astype(np.float64)
+    np.testing.assert_allclose(s[finite], x64.sum(-1)[finite], rtol=1e-5, atol=1e-4 * np.sqrt(r))
+    np.testing.assert_array_equal(np.isnan(s), np.isnan(x.sum(-1)))
+    np.testing.assert_array_equal(m, x.max(-1))
+    assert any(kc.kind == "reduce" for kc in f.lower(x).kernels)  # WGSL ran, not numpy
+
+
 # column reductions (over leading axes): on the GPU target split along the columns into partial
 # kernels: up to 128 columns a workgroup per chunk of rows, read as one run ("flat"), more columns
 # a thread per (chunk, column) ("columns"); too few elements to split: None. Column counts that
