@@ -21,6 +21,7 @@ import threading
 import time
 import weakref
 from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
 from typing import Any, Optional
 
 import numpy as np
@@ -144,12 +145,15 @@ def dequantized(words: np.ndarray, fmt: str, shape: tuple[int, int]) -> np.ndarr
     return w
 
 
-def eval_eqn(e: Eqn, args: Sequence[np.ndarray]) -> list[np.ndarray]:
+def eval_eqn(e: Eqn, args: Sequence[np.ndarray],
+             spent: Sequence[np.ndarray] = ()) -> list[np.ndarray]:
+    """The results of ``e`` on ``args``. ``spent``: operands that are donated inputs at their
+    last use, whose memory the result may take (see :func:`evaluate`)."""
     if e.op is Op.KERNEL:
         return evaluate(e.params["body"], args)
     if e.op is Op.LOOP:
         return eval_loop(e, args)
-    return [_eval_primitive(e, args)]
+    return [_eval_primitive(e, args, spent)]
 
 
 def eval_loop(e: Eqn, args: Sequence[np.ndarray]) -> list[np.ndarray]:
@@ -175,12 +179,15 @@ _WHERE_SLABS_MIN = 4096  # elements; below, np.where's one pass costs less than 
 
 
 def _where_along_one_axis(args: Sequence[np.ndarray], shape: tuple[int, ...],
-                          dtype: str) -> Optional[np.ndarray]:
+                          dtype: str, spent: Sequence[np.ndarray] = ()) -> Optional[np.ndarray]:
     """``where(cond, a, b)`` whose condition varies along one axis only (a window's test, as
     ``dynamic_update_slice`` traces it: a decode step's cache update): a copy of the operand
     chosen most often, the other's slabs put in along that axis. A copy and a few slabs cost
-    a third of np.where's pass over three arrays (a (1, 3, 1024, 64) cache: 0.15 ms). None
-    where the condition varies along several axes or the dtypes differ."""
+    a third of np.where's pass over three arrays (a (1, 3, 1024, 64) cache: 0.15 ms). Where
+    the operand chosen is in ``spent`` (a donated input at its last use: a decode step's
+    cache) and is all of a writable buffer of the result's shape, the slabs go into it and
+    nothing is copied. None where the condition varies along several axes or the dtypes
+    differ."""
     cond, a, b = args
     if cond.ndim != len(shape) or a.dtype != dtype or b.dtype != dtype:
         return None
@@ -193,7 +200,11 @@ def _where_along_one_axis(args: Sequence[np.ndarray], shape: tuple[int, ...],
     hits = np.flatnonzero(mask)
     base, other, pick = (b, a, hits) if 2 * hits.size <= mask.size else (
         a, b, np.flatnonzero(~mask))
-    out = np.array(np.broadcast_to(base, shape), dtype=dtype)
+    if any(base is x for x in spent) and base.shape == shape and base.flags.writeable \
+            and base.flags.c_contiguous:
+        out = base  # (the caller gave this buffer up: see evaluate's ``donated``)
+    else:
+        out = np.array(np.broadcast_to(base, shape), dtype=dtype)
     if pick.size:
         lo = int(pick[0])
         # one run of slabs (a window) as a slice: basic indexing, no index array
@@ -210,7 +221,8 @@ def _all_float32(args: Sequence[np.ndarray]) -> bool:
     return True
 
 
-def _eval_primitive(e: Eqn, args: Sequence[np.ndarray]) -> np.ndarray:
+def _eval_primitive(e: Eqn, args: Sequence[np.ndarray],
+                    spent: Sequence[np.ndarray] = ()) -> np.ndarray:
     op, p = e.op, e.params
     # (one dictionary lookup per equation, where there were up to five: an Op's hash runs
     # Python code, some 10,000 times a token in a decode step of SmolLM2)
@@ -229,7 +241,7 @@ def _eval_primitive(e: Eqn, args: Sequence[np.ndarray]) -> np.ndarray:
         # (a read-only view only where the operands were all smaller: results stay writable)
         return out if out.shape == shape else np.broadcast_to(out, shape)
     if op is Op.WHERE and e.out.size >= _WHERE_SLABS_MIN:
-        slabs = _where_along_one_axis(args, e.out.shape, e.out.dtype)
+        slabs = _where_along_one_axis(args, e.out.shape, e.out.dtype, spent)
         if slabs is not None:
             return slabs
     if kind == _ELEMENTWISE:
@@ -329,10 +341,13 @@ def _last_uses(prog: Program) -> list[list[int]]:
 
 
 def evaluate(prog: Program, args: Sequence[Any],
-             timings: Optional[list[tuple[str, float]]] = None) -> list[np.ndarray]:
+             timings: Optional[list[tuple[str, float]]] = None,
+             donated: Sequence[int] = ()) -> list[np.ndarray]:
     """Run ``prog`` on numpy arrays (one per program input); returns one array per output.
     ``timings``: append (op and result type, microseconds) for each of the program's equations
-    (a loop or a kernel counts as one)."""
+    (a loop or a kernel counts as one). ``donated``: inputs whose arrays the caller gives up
+    (writable, seen by nobody else): an equation that is an input's last use may write its
+    result into it (a decode step's cache update then writes the step's window in place)."""
     if len(args) != len(prog.inputs):
         raise ValueError(f"program takes {len(prog.inputs)} inputs, got {len(args)}")
     env: dict[int, np.ndarray] = {}
@@ -341,32 +356,42 @@ def evaluate(prog: Program, args: Sequence[Any],
         if arr.dtype != np.dtype(v.dtype):
             arr = arr.astype(v.dtype)
         env[id(v)] = arr.reshape(v.shape)
+    spent = {id(prog.inputs[i]) for i in donated}
+    for i in donated:
+        # the array itself, not a view (an output written into it is then returned as it is)
+        v, arr = prog.inputs[i], np.asarray(args[i])
+        if arr.shape == v.shape and arr.dtype == np.dtype(v.dtype):
+            env[id(v)] = arr
     with np.errstate(all="ignore"):  # (as the GPU: inf and NaN, no warnings; entered once)
-        return _run(prog, env, _last_uses(prog), timings)
+        return _run(prog, env, _last_uses(prog), timings, spent)
 
 
 def _run(prog: Program, env: dict[int, np.ndarray], plan: list[list[int]],
-         timings: Optional[list[tuple[str, float]]]) -> list[np.ndarray]:
+         timings: Optional[list[tuple[str, float]]], donated: AbstractSet[int] = frozenset()
+         ) -> list[np.ndarray]:
     """Each equation of ``prog`` in turn, its operands read from ``env`` and its results
-    stored there; each value dropped at its last use (``plan``). Returns the outputs."""
+    stored there; each value dropped at its last use (``plan``); a donated input's array
+    (``donated``: their values' ids) offered to the equation that is its last use. Returns the
+    outputs."""
 
     def read(a: Atom) -> np.ndarray:
         return lit_value(a) if isinstance(a, Lit) else env[id(a)]
 
     for e, dead in zip(prog.eqns, plan):
         ins = [read(a) for a in e.inputs]
+        spent = [env[vid] for vid in dead if vid in donated] if donated else ()
         for vid in dead:
             del env[vid]
         # (no local of this frame may keep a result alive into the next equation: that would
         # hide a dead operand from _dead_operand)
         if timings is None:
-            _store(env, e, eval_eqn(e, ins))
+            _store(env, e, eval_eqn(e, ins, spent))
         else:
             t0 = time.perf_counter()
-            _store(env, e, eval_eqn(e, ins))
+            _store(env, e, eval_eqn(e, ins, spent))
             timings.append((f"{e.op.value} {type_str(e.outs[0].shape, e.outs[0].dtype)}",
                             1e6 * (time.perf_counter() - t0)))
-        del ins
+        del ins, spent
     return [_owned(read(o)) for o in prog.outputs]
 
 

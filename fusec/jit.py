@@ -727,7 +727,7 @@ def compile_lowered(lowered: Lowered, binder: Optional[_Binder] = None,
         rt = get_runtime()
         t0 = time.perf_counter()
         if rt is None:
-            exe: Any = CpuExecutable(lowered.traced.program)
+            exe: Any = CpuExecutable(lowered.traced.program, lowered.traced.options.donated)
         else:
             exe = GpuExecutable(rt, lowered.ir, lowered.kernels)
     config.debug(2, f"{lowered.traced.name}: compiled in {1e3 * (time.perf_counter() - t0):.1f} ms")

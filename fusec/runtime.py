@@ -2484,18 +2484,34 @@ class CpuExecutable:
     """The numpy interpreter as the backend: it runs the traced program after the passes of
     ``passes.INTERPRETER_PASSES`` (not the lowered one: see there)."""
 
-    def __init__(self, traced: Program) -> None:
+    def __init__(self, traced: Program, donated: Sequence[int] = ()) -> None:
         self.prog = run_interpreter_pipeline(traced)
         # inputs this program reads; the others are passed as None and never converted
         self.used = used_inputs(self.prog)
+        self.donated = sorted(donated)
 
     def run(self, inputs: Sequence[Optional[Array]]) -> list[Any]:
         args = [np.zeros(v.shape, v.dtype) if a is None else np.asarray(a)
                 for v, a in zip(self.prog.inputs, inputs)]
-        outs = evaluate(self.prog, args, _CPU_PROFILE[0])
+        # a donated input's array is the interpreter's to write into (the window of a decode
+        # step's cache, in place: evaluate's ``donated``): the caller's Array is dead after the
+        # call, and one that shares its array with another Array was given a copy to donate
+        # (only arrays this backend made: a user's own numpy array is never written)
+        donated = []
+        for i in self.donated:
+            a = args[i]
+            if inputs[i] is not None and _CPU_RESULTS.get(id(a)) is a and a.base is None:
+                a.flags.writeable = True  # (a result owns its memory: made read-only below)
+                donated.append(i)
+        outs = evaluate(self.prog, args, _CPU_PROFILE[0], donated)
         for o in outs:
             o.flags.writeable = False  # as an Array read back from a device: immutable
+            _CPU_RESULTS[id(o)] = o
         return [Array(o.shape, str(o.dtype), host=o) for o in outs]
+
+
+# The interpreter backend's results, by id, while they live: a donated one may be written into
+_CPU_RESULTS: weakref.WeakValueDictionary[int, np.ndarray] = weakref.WeakValueDictionary()
 
 
 class profile:

@@ -247,6 +247,69 @@ def test_the_executable_runs_the_traced_program_not_the_lowered_one(
         np.asarray(srt)[0] = 0
 
 
+def test_a_donated_cache_takes_its_window_in_place_and_nothing_else_is_written(
+        rng: np.random.Generator) -> None:
+    """A donated input whose last use is its window's update (a decode step's cache) takes the
+    window in place: the result is the input's own array, nothing copied. A donated input read
+    after the update, an input not donated, and a user's own numpy array (writable or not) are
+    never written; every result is np's."""
+    from fusec import lax
+    from fusec.runtime import Array
+
+    shape = (1, 3, 257, 8)
+    cache = rng.standard_normal(shape).astype(F32)
+    cache[0, 1, 7, :] = np.nan  # specials stay where they are
+    cache[0, 2, 9, 3] = -np.inf
+    new = rng.standard_normal((1, 3, 1, 8)).astype(F32)
+    at = np.int32(rng.integers(0, 257))
+
+    def want(c: np.ndarray) -> np.ndarray:
+        w = c.copy()
+        w[:, :, at:at + 1, :] = new
+        return w
+
+    def ours(x: np.ndarray) -> Any:
+        # an array this backend made: a call's result (read-only, owning its memory)
+        made = CpuExecutable(fusec.gpu_jit(lambda v: v * 1.0).trace(x).ir).run(
+            [Array(x.shape, "float32", host=x)])[0]
+        assert not np.asarray(made).flags.writeable
+        return made
+
+    update = fusec.gpu_jit(lambda c, x, i: lax.dynamic_update_slice(c, x, (0, 0, i, 0)))
+    prog = update.trace(cache, new, at).ir
+    x_arr = Array(new.shape, "float32", host=new)
+    at_arr = Array((), "int32", host=np.asarray(at))
+    # donated, ours: in place
+    c0 = ours(cache)
+    out = CpuExecutable(prog, donated=(0,)).run([c0, x_arr, at_arr])[0]
+    assert np.asarray(out) is np.asarray(c0), "the window was not written in place"
+    np.testing.assert_array_equal(np.asarray(out), want(cache))
+    assert not np.asarray(out).flags.writeable  # a result again: read-only
+    # not donated: a fresh array, the input untouched
+    c1 = ours(cache)
+    out = CpuExecutable(prog).run([c1, x_arr, at_arr])[0]
+    assert np.asarray(out) is not np.asarray(c1)
+    np.testing.assert_array_equal(np.asarray(c1), cache)
+    np.testing.assert_array_equal(np.asarray(out), want(cache))
+    # a user's own arrays, donated: never written, writable or not
+    for writable in (True, False):
+        mine = cache.copy()
+        mine.flags.writeable = writable
+        out = CpuExecutable(prog, donated=(0,)).run(
+            [Array(shape, "float32", host=mine), x_arr, at_arr])[0]
+        np.testing.assert_array_equal(mine, cache)
+        assert mine.flags.writeable == writable
+        np.testing.assert_array_equal(np.asarray(out), want(cache))
+    # donated, but read again after its update: the update's last use is not its own
+    both = fusec.gpu_jit(lambda c, x, i: (lax.dynamic_update_slice(c, x, (0, 0, i, 0)),
+                                          c * 2.0))
+    c2 = ours(cache)
+    upd, twice = CpuExecutable(both.trace(cache, new, at).ir, donated=(0,)).run(
+        [c2, x_arr, at_arr])
+    np.testing.assert_array_equal(np.asarray(upd), want(cache))
+    np.testing.assert_array_equal(np.asarray(twice), cache * F32(2))
+
+
 # --- the interpreter as the backend of whole programs ---------------------------------------------
 
 
