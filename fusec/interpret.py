@@ -351,17 +351,14 @@ def evaluate(prog: Program, args: Sequence[Any],
     if len(args) != len(prog.inputs):
         raise ValueError(f"program takes {len(prog.inputs)} inputs, got {len(args)}")
     env: dict[int, np.ndarray] = {}
+    spent = {id(prog.inputs[i]) for i in donated}
     for v, a in zip(prog.inputs, args):
         arr = np.asarray(a)
         if arr.dtype != np.dtype(v.dtype):
             arr = arr.astype(v.dtype)
-        env[id(v)] = arr.reshape(v.shape)
-    spent = {id(prog.inputs[i]) for i in donated}
-    for i in donated:
-        # the array itself, not a view (an output written into it is then returned as it is)
-        v, arr = prog.inputs[i], np.asarray(args[i])
-        if arr.shape == v.shape and arr.dtype == np.dtype(v.dtype):
-            env[id(v)] = arr
+        # a donated input's array itself, not a view (an output written into it is then
+        # returned as it is)
+        env[id(v)] = arr if id(v) in spent and arr.shape == v.shape else arr.reshape(v.shape)
     with np.errstate(all="ignore"):  # (as the GPU: inf and NaN, no warnings; entered once)
         return _run(prog, env, _last_uses(prog), timings, spent)
 

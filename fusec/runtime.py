@@ -16,7 +16,7 @@ import threading
 import time
 import warnings
 import weakref
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextvars import ContextVar
@@ -2497,16 +2497,16 @@ class CpuExecutable:
         # step's cache, in place: evaluate's ``donated``): the caller's Array is dead after the
         # call, and one that shares its array with another Array was given a copy to donate
         # (only arrays this backend made: a user's own numpy array is never written)
-        donated = []
-        for i in self.donated:
-            a = args[i]
-            if inputs[i] is not None and _CPU_RESULTS.get(id(a)) is a and a.base is None:
-                a.flags.writeable = True  # (a result owns its memory: made read-only below)
-                donated.append(i)
-        outs = evaluate(self.prog, args, _CPU_PROFILE[0], donated)
-        seen: dict[int, int] = {}
-        for o in outs:
-            seen[id(o)] = seen.get(id(o), 0) + 1
+        donated = [i for i in self.donated if inputs[i] is not None
+                   and _CPU_RESULTS.get(id(args[i])) is args[i] and args[i].base is None]
+        for i in donated:
+            args[i].flags.writeable = True  # (a result owns its memory)
+        try:
+            outs = evaluate(self.prog, args, _CPU_PROFILE[0], donated)
+        finally:
+            for i in donated:  # read-only again, whether it became an output or not
+                args[i].flags.writeable = False
+        seen = Counter(map(id, outs))
         for o in outs:
             o.flags.writeable = False  # as an Array read back from a device: immutable
             if seen[id(o)] == 1:  # (an array two outputs share is never written into)
