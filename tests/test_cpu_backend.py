@@ -560,3 +560,49 @@ def test_pad_gives_np_pad(dtype: str, value: float, rng: np.random.Generator) ->
         want = np.pad(view, widths, constant_values=np.asarray(value).astype(dtype))
         assert got.dtype == want.dtype and got.flags.writeable
         np.testing.assert_array_equal(got, want)
+
+
+def test_a_run_gives_the_bits_of_the_general_path_and_never_hands_out_a_literal(
+        rng: np.random.Generator) -> None:
+    """evaluate's loop runs float32 elementwise ops straight through their ufuncs, from a plan
+    made once per program, with one read-only array per literal kept for every run. Each run
+    must give the bits the general path gives (the loop with timings, op by op through
+    _eval_primitive), and an output that is a literal, or a view of one, must come back as an
+    array of the caller's own: writing into it changes neither a later run nor the plan."""
+    special = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-40, -3.5, 88.7, 1e30], F32)
+
+    def f(x, s):
+        y = fnp.exp(x * 0.5) - 1.0  # (large enough to write into dead operands)
+        z = y / (x - 2.0) + s * 3.0  # s: 0-d, so s * 3.0 gives a 0-d result
+        return z, fnp.maximum(z, 0.25) * y, fnp.full((3,), 7.0), fnp.zeros(()) + 4.0
+
+    x = np.concatenate([special, rng.standard_normal(6000).astype(F32)])
+    s = np.array(1.5, F32)
+    assert x.size >= interpret._REUSE_MIN
+    prog = fusec.gpu_jit(f).trace(x, s).ir
+    general = evaluate(prog, [x, s], timings=[])
+    for _ in range(2):
+        got = evaluate(prog, [x.copy(), s])
+        for g, w in zip(got, general):
+            assert g.dtype == w.dtype and g.shape == w.shape
+            np.testing.assert_array_equal(np.asarray(g).view(np.uint32),
+                                          np.asarray(w).view(np.uint32))
+        sevens, four = got[2], got[3]
+        assert sevens.flags.writeable and np.asarray(four).flags.writeable
+        sevens[:] = -1.0  # the caller's own arrays
+        np.asarray(four)[...] = -1.0
+    again = evaluate(prog, [x, s])
+    np.testing.assert_array_equal(again[2], [7.0, 7.0, 7.0])
+    assert float(again[3]) == 4.0
+    with np.errstate(all="ignore"):
+        xd = x.astype(np.float64)
+        yd = np.exp(xd * 0.5) - 1.0
+        zd = yd / (xd - 2.0) + 4.5
+        # exp(x / 2) - 1 cancels near 0: float32's error is relative to exp(x / 2), not to y
+        bound = 8 * np.finfo(F32).eps * (np.exp(xd * 0.5) / np.abs(xd - 2.0) + np.abs(zd))
+    both_nan = np.isnan(again[0]) & np.isnan(zd)
+    assert both_nan.sum() == np.isnan(zd).sum()
+    with np.errstate(invalid="ignore"):
+        err = np.abs(again[0].astype(np.float64) - zd)
+    ok = both_nan | (err <= bound) | (again[0] == zd)  # (infinities equal)
+    assert ok.all(), x[~ok]
