@@ -564,8 +564,9 @@ def test_pad_gives_np_pad(dtype: str, value: float, rng: np.random.Generator) ->
 
 def test_a_run_gives_the_bits_of_the_general_path_and_never_hands_out_a_literal(
         rng: np.random.Generator) -> None:
-    """evaluate's loop runs float32 elementwise ops straight through their ufuncs, from a plan
-    made once per program, with one read-only array per literal kept for every run. Each run
+    """evaluate's loop runs float32 elementwise ops straight through their ufuncs, and
+    movement ops as numpy views, from a plan made once per program, with one read-only array
+    per literal kept for every run. Each run
     must give the bits the general path gives (the loop with timings, op by op through
     _eval_primitive), and an output that is a literal, or a view of one, must come back as an
     array of the caller's own: writing into it changes neither a later run nor the plan."""
@@ -574,7 +575,9 @@ def test_a_run_gives_the_bits_of_the_general_path_and_never_hands_out_a_literal(
     def f(x, s):
         y = fnp.exp(x * 0.5) - 1.0  # (large enough to write into dead operands)
         z = y / (x - 2.0) + s * 3.0  # s: 0-d, so s * 3.0 gives a 0-d result
-        return z, fnp.maximum(z, 0.25) * y, fnp.full((3,), 7.0), fnp.zeros(()) + 4.0
+        # (reshapes, transposes and broadcasts: views made in the loop itself too)
+        t = y.reshape(3, 2003).T + fnp.broadcast_to(z[:3], (2003, 3))
+        return z, fnp.maximum(z, 0.25) * y, fnp.full((3,), 7.0), fnp.zeros(()) + 4.0, t
 
     x = np.concatenate([special, rng.standard_normal(6000).astype(F32)])
     s = np.array(1.5, F32)
@@ -593,6 +596,7 @@ def test_a_run_gives_the_bits_of_the_general_path_and_never_hands_out_a_literal(
         np.asarray(four)[...] = -1.0
     again = evaluate(prog, [x, s])
     np.testing.assert_array_equal(again[2], [7.0, 7.0, 7.0])
+    assert again[4].shape == (2003, 3) and again[4].flags.writeable
     assert float(again[3]) == 4.0
     with np.errstate(all="ignore"):
         xd = x.astype(np.float64)
