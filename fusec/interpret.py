@@ -221,6 +221,19 @@ def _all_float32(args: Sequence[np.ndarray]) -> bool:
     return True
 
 
+def _ufunc_result(ufunc: Any, args: Sequence[np.ndarray], shape: tuple[int, ...],
+                  reuse: bool) -> np.ndarray:
+    """A float32 elementwise op's result of ``shape`` through its ufunc, written into a dead
+    operand's buffer where ``reuse`` allows and one is found (a 0-d result may come back as a
+    numpy scalar)."""
+    buf = _dead_operand(args, shape) if reuse else None
+    if buf is not None:
+        return ufunc(*args, out=buf)  # type: ignore[no-any-return]
+    out = ufunc(*args)
+    # (a read-only view only where the operands were all smaller: results stay writable)
+    return out if out.shape == shape else np.broadcast_to(out, shape)
+
+
 def _eval_primitive(e: Eqn, args: Sequence[np.ndarray],
                     spent: Sequence[np.ndarray] = ()) -> np.ndarray:
     op, p = e.op, e.params
@@ -233,13 +246,7 @@ def _eval_primitive(e: Eqn, args: Sequence[np.ndarray],
         # error state (evaluate ignores errors for the whole program) took 6 us an op against
         # the ufunc's 0.5. Small results are allocated afresh: searching for a dead operand
         # costs more than that there.
-        shape = e.out.shape
-        buf = _dead_operand(args, shape) if e.out.size >= _REUSE_MIN else None
-        if buf is not None:
-            return ufunc(*args, out=buf)  # type: ignore[no-any-return]
-        out = ufunc(*args)
-        # (a read-only view only where the operands were all smaller: results stay writable)
-        return out if out.shape == shape else np.broadcast_to(out, shape)
+        return _ufunc_result(ufunc, args, e.out.shape, e.out.size >= _REUSE_MIN)
     if op is Op.WHERE and e.out.size >= _WHERE_SLABS_MIN:
         slabs = _where_along_one_axis(args, e.out.shape, e.out.dtype, spent)
         if slabs is not None:
@@ -429,19 +436,9 @@ def _run(prog: Program, env: dict[int, np.ndarray],
                                if code == _TRANSPOSE else np.broadcast_to(x, param))
             del x
         elif fast is not None:
-            _, ufunc, shape, reuse = fast
-            buf = _dead_operand(ins, shape) if reuse else None
-            if buf is not None:
-                env[outs[0][0]] = ufunc(*ins, out=buf)
-            else:
-                out = np.asarray(ufunc(*ins))  # (0-d operands give a numpy scalar)
-                if out.dtype != _F32:
-                    out = out.astype(_F32)
-                # (a read-only view only where the operands were all smaller: results stay
-                # writable)
-                env[outs[0][0]] = out if out.shape == shape else np.broadcast_to(out, shape)
-                del out
-            del buf
+            out = np.asarray(_ufunc_result(fast[1], ins, fast[2], fast[3]))  # (keeps 0-d)
+            env[outs[0][0]] = out if out.dtype == _F32 else out.astype(_F32)
+            del out
         else:
             _store(env, outs, eval_eqn(e, ins, spent))
         del ins, spent
