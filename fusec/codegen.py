@@ -157,13 +157,16 @@ def rb_threads(cfg: tuple[int, int, int, int, int]) -> int:
     return 16 * (cfg[0] // cfg[3])
 
 
-# How register-blocked matmuls treat an epilogue (FUSEC_MATMUL_EPILOGUE): "auto" and "direct"
-# fuse it and compute it straight from the registers (see epilogue_fuses); "staged" fuses it and
-# computes it through workgroup memory, a band of rows at a time; "separate" leaves it to an
-# elementwise kernel of its own. A bare product is stored straight from the registers.
+# How register-blocked matmuls treat an epilogue (FUSEC_MATMUL_EPILOGUE): all but "separate"
+# fuse it (see epilogue_fuses). "rows" computes it from the registers one row of a thread's block
+# at a time, in a loop the compiler cannot unroll (see _row_loop_epilogue); "direct" computes it
+# from the registers as straight-line code, every element of the block at once; "auto" is "rows"
+# on the gpu target and "direct" on cpu; "staged" computes it through workgroup memory, a band of
+# rows at a time; "separate" leaves it to an elementwise kernel of its own. A bare product is
+# stored straight from the registers.
 MATMUL_EPILOGUE = os.environ.get("FUSEC_MATMUL_EPILOGUE", "auto")
-if MATMUL_EPILOGUE not in ("auto", "staged", "direct", "separate"):
-    raise ValueError("FUSEC_MATMUL_EPILOGUE must be auto, staged, direct or separate; "
+if MATMUL_EPILOGUE not in ("auto", "rows", "staged", "direct", "separate"):
+    raise ValueError("FUSEC_MATMUL_EPILOGUE must be auto, rows, staged, direct or separate; "
                      f"got {MATMUL_EPILOGUE}")
 # Products with at most GEMV_M rows and at least 256 columns on GPUs: a thread per column, all rows
 # in registers, A staged GEMV_K_TILE values of K at a time (FUSEC_GEMV=0: the 16x16 kernel).
@@ -1210,7 +1213,7 @@ def _deferred_a(body: Program, mm: Eqn) -> Optional[tuple[Var, list[Var]]]:
 
 def _matmul_rb(body: Program, names: dict[int, str], mm: Eqn,
                cfg: tuple[int, int, int, int, int], workgroup_storage: int,
-               vec: set[str]) -> tuple[str, int]:
+               vec: set[str], target: str) -> tuple[str, int]:
     cfg = _fit_storage(cfg, workgroup_storage)
     bm, bn, bk, tm, tn = cfg
     pipelined = _pipelined(cfg, workgroup_storage)
@@ -1277,6 +1280,12 @@ def _matmul_rb(body: Program, names: dict[int, str], mm: Eqn,
                          + "\n            }\n        }")
         return _render_rb(mm, cfg, m, n, k, tm_tiles, tn_tiles, nb, loads, epilogue="",
                           rounds=rounds, rr=rr, per_thread=per_thread, lanes="\n".join(lanes))
+    mode = MATMUL_EPILOGUE if MATMUL_EPILOGUE != "auto" else "rows" if target == "gpu" else "direct"
+    if mode == "rows" and len(body.eqns) > 1:
+        return _render_rb(mm, cfg, m, n, k, tm_tiles, tn_tiles, nb, loads,
+                          epilogue=_row_loop_epilogue(body, names, mm, cfg, m, n, batch, vec,
+                                                      counter, WGSL_TYPE[mm.out.dtype]),
+                          rounds=0, rr=0, per_thread=0, lanes="")
     # The epilogue, once per element of the thread's block, where its accumulator lives. One
     # emitter for the whole block: what depends only on the row or the column (a bias) is loaded
     # once per row or column, not once per element.
@@ -1297,18 +1306,7 @@ def _matmul_rb(body: Program, names: dict[int, str], mm: Eqn,
     for i in range(tm):
         for j in range(0, tn, 4 if vec_out else 1):
             r, c = rows[i], cols[j]
-            if vec_out:  # the run's four lanes, then one vec4 store per output
-                heres: list[Idx] = []
-                run: list[list[str]] = []
-                for q in range(4):  # each lane's values right after its register is named
-                    heres.append(_epilogue_here(mm, ee, bc, r, cols[j + q],
-                                                f"acc{i}_{j // 4}[{q}]"))
-                    run.append(_epilogue_values(body, mm, ee, heres[-1]))
-                stores = [f"        out{o}[{heres[0].flat} / 4u] = vec4<{WGSL_STORAGE[v.dtype]}>("
-                          + ", ".join(lane[o] for lane in run) + ");"
-                          for o, v in enumerate(body.outputs)]
-            else:
-                stores = _epilogue_at(body, mm, ee, bc, r, c, f"acc{i}_{j // 4}[{j % 4}]")
+            stores = _block_stores(body, mm, ee, bc, r, cols, j, vec_out, f"acc{i}_")
             blocks.extend(ee.lines)
             ee.lines = []
             if unguarded:
@@ -1318,6 +1316,70 @@ def _matmul_rb(body: Program, names: dict[int, str], mm: Eqn,
                               + "\n".join("    " + st[4:] for st in stores) + "\n    }")
     return _render_rb(mm, cfg, m, n, k, tm_tiles, tn_tiles, nb, loads,
                       epilogue="\n".join(blocks), rounds=0, rr=0, per_thread=0, lanes="")
+
+
+def _block_stores(body: Program, mm: Eqn, ee: Emitter, bc: tuple[str, ...], row: str,
+                  cols: list[str], j: int, vec_out: bool, regs: str) -> list[str]:
+    """The epilogue's stores at ``row`` and column ``j`` of a thread's block in a register-blocked
+    product, whose row is in the vec4 registers ``regs`` 0, 1, ... (column j in lane j % 4 of
+    ``{regs}{j // 4}``): with ``vec_out``, of the run of four columns from ``j``, one vec4 store
+    per output (each lane's values computed right after its register is named); the statements
+    before them go to ``ee.lines``."""
+    def reg(jj: int) -> str:
+        return f"{regs}{jj // 4}[{jj % 4}]"
+
+    if not vec_out:
+        return _epilogue_at(body, mm, ee, bc, row, cols[j], reg(j))
+    heres: list[Idx] = []
+    run: list[list[str]] = []
+    for q in range(4):
+        heres.append(_epilogue_here(mm, ee, bc, row, cols[j + q], reg(j + q)))
+        run.append(_epilogue_values(body, mm, ee, heres[-1]))
+    return [f"        out{o}[{heres[0].flat} / 4u] = vec4<{WGSL_STORAGE[v.dtype]}>("
+            + ", ".join(lane[o] for lane in run) + ");" for o, v in enumerate(body.outputs)]
+
+
+def _row_loop_epilogue(body: Program, names: dict[int, str], mm: Eqn,
+                       cfg: tuple[int, int, int, int, int], m: int, n: int, batch: list[int],
+                       vec: set[str], counter: list[int], ty: str) -> str:
+    """The epilogue of a register-blocked product one row of a thread's block at a time ("rows"):
+    a loop over the rows whose trip count (the rows left in C) the compiler cannot know, so that
+    it cannot unroll it; a switch copies the row's accumulators into the registers that one copy
+    of the epilogue's code reads.
+
+    Straight-line code for every element of the block ("direct") lets NVIDIA's compiler
+    interleave all of their special functions at once, and an epilogue that keeps a value live
+    across one (GELU's ``v / (1 + exp(...))``) then costs the whole kernel: H100, 4096^3, GPU ms,
+    3 rounds, direct / rows: bare product 3.064-3.070; + bias 3.085-3.094 / 3.090-3.099, + bias
+    + gelu 3.174-3.180 / 3.106-3.113, ``v / (1 + v^2)`` 3.168-3.173 / 3.073-3.083, ``v +
+    exp(...)`` 3.231-3.238 / 3.127-3.133 (``bench/epilogue_probe.py --parts``). The bench MLP
+    and transformer block were unchanged (1570-1573 / 1572-1574 and 1887-1889 / 1882-1883 us).
+    The row's accumulators copied into a local array indexed by the row instead cost every
+    epilogue about 190 us (3.269-3.278 ms): the array lives in memory."""
+    _, _, _, tm, tn = cfg
+    per = tn // 4
+    lines = [f"    let rb = row0 + ty * {tm}u;",
+             f"    let nrows = select(0u, min({tm}u, {m}u - rb), rb < {m}u);"]
+    lines += [f"    var erow{jv}: vec4<{ty}>;" for jv in range(per)]
+    lines += ["    for (var i = 0u; i < nrows; i += 1u) {", "        switch i {"]
+    for i in range(tm):
+        sets = " ".join(f"erow{jv} = acc{i}_{jv};" for jv in range(per))
+        lines.append(f"            {'default' if i == tm - 1 else f'case {i}u'}: {{ {sets} }}")
+    lines.append("        }")
+    ee = Emitter(body, names, indent="        ", counter=counter)
+    r = ee.let("rb + i", "r")
+    cols = [ee.let(f"col0 + {(j // 4) * 64 + j % 4}u + tx * 4u", "c") for j in range(tn)]
+    bc = _batch_coords(ee, batch)
+    vec_out = "out0" in vec
+    blocks: list[str] = []
+    for j in range(0, tn, 4 if vec_out else 1):
+        c = cols[j]
+        stores = _block_stores(body, mm, ee, bc, r, cols, j, vec_out, "erow")
+        blocks.extend(ee.lines)
+        ee.lines = []
+        blocks.append(f"        if ({c} < {n}u) {{\n"
+                      + "\n".join("        " + st[4:] for st in stores) + "\n        }")
+    return "\n".join(lines + blocks + ["    }"])
 
 
 def _deferred_parts(body: Program, names: dict[int, str], mm: Eqn,
@@ -1587,7 +1649,7 @@ def _matmul(body: Program, names: dict[int, str], target: str = "gpu",
     _, _, _, m, k, n, nb = _mm_dims(mm)
     cfg = matmul_config(m, n, target, k, nb)
     if cfg is not None:
-        return _matmul_rb(body, names, mm, cfg, workgroup_storage, vec or set())
+        return _matmul_rb(body, names, mm, cfg, workgroup_storage, vec or set(), target)
     if use_gemv(m, n, target, k * nb):
         return _matmul_gemv(body, names, mm)
     src_a = _a_source(body, mm) if use_fewcol4(m, n, k, nb, target) else None

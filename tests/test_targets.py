@@ -179,15 +179,16 @@ def test_matmul_block_configurations(block: tuple[int, ...], rng: np.random.Gene
                                atol=1e-4 * np.sqrt(70))
 
 
-@pytest.mark.parametrize("mode", ["staged", "direct"])
+@pytest.mark.parametrize("mode", ["staged", "direct", "rows", "auto"])
 @pytest.mark.parametrize("block", [(128, 128, 16, 8, 8), (64, 64, 16, 4, 4), (64, 128, 16, 4, 8),
                                    (128, 64, 16, 8, 4), (128, 128, 8, 8, 8), (64, 192, 16, 4, 12),
                                    (64, 64, 8, 8, 4)])
 @pytest.mark.usefixtures("gpu_target")
 def test_matmul_epilogue_stores(mode: str, block: tuple[int, ...], rng: np.random.Generator,
                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    """Both ways of storing a register-blocked product with an epilogue (staged through workgroup
-    memory in rounds of rows, or straight from the registers) give every element once: odd sizes
+    """Every way of computing a register-blocked product's epilogue (staged through workgroup
+    memory in rounds of rows; straight from the registers, every element at once or a row at a
+    time in a loop, which "auto" takes on the GPU target) gives every element once: odd sizes
     with partial edge tiles, a batch, a bias, a row-broadcast operand and two outputs."""
     from fusec import codegen
 
@@ -200,6 +201,7 @@ def test_matmul_epilogue_stores(mode: str, block: tuple[int, ...], rng: np.rando
     f = fusec.gpu_jit(lambda x, y, z, s: (x @ y, nn.gelu(x @ y + z) * s))
     wgsl = f.lower(a, b, c, r).kernels[0].wgsl
     assert ("The epilogue, staged" in wgsl) == (mode == "staged")
+    assert ("for (var i = 0u; i < nrows;" in wgsl) == (mode in ("rows", "auto"))
     p, g = f(a, b, c, r)
     p64 = a.astype(np.float64) @ b
     h = p64 + c
