@@ -1341,7 +1341,7 @@ def _block_stores(body: Program, mm: Eqn, ee: Emitter, bc: tuple[str, ...], row:
 
 def _row_loop_epilogue(body: Program, names: dict[int, str], mm: Eqn,
                        cfg: tuple[int, int, int, int, int], m: int, n: int, batch: list[int],
-                       vec: set[str], counter: list[int], ty: str) -> str:
+                       vec: set[str], counter: list[int], wgsl_ty: str) -> str:
     """The epilogue of a register-blocked product one row of a thread's block at a time ("rows"):
     a loop over the rows whose trip count (the rows left in C) the compiler cannot know, so that
     it cannot unroll it; a switch copies the row's accumulators into the registers that one copy
@@ -1360,7 +1360,7 @@ def _row_loop_epilogue(body: Program, names: dict[int, str], mm: Eqn,
     per = tn // 4
     lines = [f"    let rb = row0 + ty * {tm}u;",
              f"    let nrows = select(0u, min({tm}u, {m}u - rb), rb < {m}u);"]
-    lines += [f"    var erow{jv}: vec4<{ty}>;" for jv in range(per)]
+    lines += [f"    var erow{jv}: vec4<{wgsl_ty}>;" for jv in range(per)]
     lines += ["    for (var i = 0u; i < nrows; i += 1u) {", "        switch i {"]
     for i in range(tm):
         sets = " ".join(f"erow{jv} = acc{i}_{jv};" for jv in range(per))
