@@ -41,6 +41,7 @@ from .emit import (  # noqa: F401 - re-exported: part of codegen's interface
     window_stores,
 )
 from .ir import (
+    COMPARISON,
     ELEMENTWISE,
     MOVEMENT,
     REDUCE,
@@ -161,13 +162,22 @@ def rb_threads(cfg: tuple[int, int, int, int, int]) -> int:
 # fuse it (see epilogue_fuses). "rows" computes it from the registers one row of a thread's block
 # at a time, in a loop the compiler cannot unroll (see _row_loop_epilogue); "direct" computes it
 # from the registers as straight-line code, every element of the block at once; "auto" is "rows"
-# on the gpu target and "direct" on cpu; "staged" computes it through workgroup memory, a band of
-# rows at a time; "separate" leaves it to an elementwise kernel of its own. A bare product is
-# stored straight from the registers.
+# on the gpu target for an epilogue with an op outside PLAIN_EPILOGUE_OPS, "direct" otherwise;
+# "staged" computes it through workgroup memory, a band of rows at a time; "separate" leaves it to
+# an elementwise kernel of its own. A bare product is stored straight from the registers.
 MATMUL_EPILOGUE = os.environ.get("FUSEC_MATMUL_EPILOGUE", "auto")
 if MATMUL_EPILOGUE not in ("auto", "rows", "staged", "direct", "separate"):
     raise ValueError("FUSEC_MATMUL_EPILOGUE must be auto, rows, staged, direct or separate; "
                      f"got {MATMUL_EPILOGUE}")
+# Ops of a few plain instructions each: an epilogue of these alone (a bias, relu, a residual, a
+# scale) is computed straight-line under "auto", which measured as fast or faster than the row
+# loop there (H200, GPU us, with a bias, rows / direct, 2 rounds: 2048x1024x2816 on 128x192 tiles
+# 305-307 / 299-300, 4096x384x1536 on the thin tile 140-141 / 138; H100 4096^3 3090-3099 /
+# 3085-3094). Any other op (exp, a division, tanh, ...) takes the row loop (_row_loop_epilogue).
+PLAIN_EPILOGUE_OPS = MOVEMENT | COMPARISON | {
+    Op.NEG, Op.ABS, Op.ADD, Op.SUB, Op.MUL, Op.MAX, Op.MIN, Op.WHERE, Op.CAST, Op.COPY,
+    Op.STOP_GRADIENT, Op.AND, Op.OR, Op.XOR, Op.NOT, Op.SIGN, Op.SIGNBIT, Op.ISNAN, Op.ISINF,
+    Op.ISFINITE}
 # Products with at most GEMV_M rows and at least 256 columns on GPUs: a thread per column, all rows
 # in registers, A staged GEMV_K_TILE values of K at a time (FUSEC_GEMV=0: the 16x16 kernel).
 GEMV = os.environ.get("FUSEC_GEMV", "1") != "0"
@@ -1280,7 +1290,9 @@ def _matmul_rb(body: Program, names: dict[int, str], mm: Eqn,
                          + "\n            }\n        }")
         return _render_rb(mm, cfg, m, n, k, tm_tiles, tn_tiles, nb, loads, epilogue="",
                           rounds=rounds, rr=rr, per_thread=per_thread, lanes="\n".join(lanes))
-    mode = MATMUL_EPILOGUE if MATMUL_EPILOGUE != "auto" else "rows" if target == "gpu" else "direct"
+    mode = MATMUL_EPILOGUE
+    if mode == "auto":
+        mode = "rows" if target == "gpu" and _special_epilogue(body, mm) else "direct"
     if mode == "rows" and len(body.eqns) > 1:
         return _render_rb(mm, cfg, m, n, k, tm_tiles, tn_tiles, nb, loads,
                           epilogue=_row_loop_epilogue(body, names, mm, cfg, m, n, batch, vec,
@@ -1316,6 +1328,18 @@ def _matmul_rb(body: Program, names: dict[int, str], mm: Eqn,
                               + "\n".join("    " + st[4:] for st in stores) + "\n    }")
     return _render_rb(mm, cfg, m, n, k, tm_tiles, tn_tiles, nb, loads,
                       epilogue="\n".join(blocks), rounds=0, rr=0, per_thread=0, lanes="")
+
+
+def _special_epilogue(body: Program, mm: Eqn) -> bool:
+    """Does the epilogue of matmul ``mm`` (the equations that depend on its result) hold an op
+    outside PLAIN_EPILOGUE_OPS?"""
+    after = {id(mm.out)}
+    for e in body.eqns:
+        if e is not mm and any(id(x) in after for x in e.inputs):
+            after.update(id(o) for o in e.outs)
+            if e.op not in PLAIN_EPILOGUE_OPS:
+                return True
+    return False
 
 
 def _block_stores(body: Program, mm: Eqn, ee: Emitter, bc: tuple[str, ...], row: str,

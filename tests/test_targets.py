@@ -201,6 +201,7 @@ def test_matmul_epilogue_stores(mode: str, block: tuple[int, ...], rng: np.rando
     f = fusec.gpu_jit(lambda x, y, z, s: (x @ y, nn.gelu(x @ y + z) * s))
     wgsl = f.lower(a, b, c, r).kernels[0].wgsl
     assert ("The epilogue, staged" in wgsl) == (mode == "staged")
+    # (gelu's exp and division: "auto" takes the row loop on the GPU target)
     assert ("for (var i = 0u; i < nrows;" in wgsl) == (mode in ("rows", "auto"))
     p, g = f(a, b, c, r)
     p64 = a.astype(np.float64) @ b
@@ -208,6 +209,34 @@ def test_matmul_epilogue_stores(mode: str, block: tuple[int, ...], rng: np.rando
     want = 0.5 * h * (1 + np.tanh(np.sqrt(2 / np.pi) * (h + 0.044715 * h ** 3))) * r
     np.testing.assert_allclose(np.asarray(p), p64, rtol=1e-4, atol=1e-4 * np.sqrt(45))
     np.testing.assert_allclose(np.asarray(g), want, rtol=1e-4, atol=2e-4 * np.sqrt(45))
+
+
+@pytest.mark.parametrize("target", ["gpu", "cpu"])
+def test_auto_epilogue_takes_the_row_loop_for_special_functions_on_gpus(
+        target: str, rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under FUSEC_MATMUL_EPILOGUE=auto a register-blocked product computes an epilogue with an op
+    beyond plain arithmetic (an exponential, a division) a row of each thread's block at a time
+    on the GPU target, and one of plain ops (bias, relu, a residual, a scale) as straight-line
+    code; the cpu target always takes straight-line code. Every form gives the right values."""
+    from fusec import codegen
+
+    monkeypatch.setattr(codegen, "MATMUL_EPILOGUE", "auto")
+    monkeypatch.setattr(codegen, "MATMUL_BLOCK", (64, 64, 16, 4, 4))
+    a = rng.standard_normal((70, 33)).astype(np.float32)
+    b = rng.standard_normal((33, 101)).astype(np.float32)
+    c = rng.standard_normal(101).astype(np.float32)
+    h = a.astype(np.float64) @ b + c
+    cases = [(lambda x, y, z: nn.relu(x @ y + z) * 0.5 - x[:, :1],
+              np.maximum(h, 0) * 0.5 - a[:, :1], False),
+             (lambda x, y, z: fnp.exp(x @ y + z), np.exp(h), True),
+             (lambda x, y, z: (x @ y + z) / (1.0 + (x @ y) ** 2), h / (1 + (h - c) ** 2), True)]
+    with forced_target(target):
+        for fn, want, special in cases:
+            f = fusec.gpu_jit(fn)
+            (kernel,) = f.lower(a, b, c).kernels
+            assert ("i < nrows" in kernel.wgsl) == (special and target == "gpu")
+            np.testing.assert_allclose(np.asarray(f(a, b, c)), want, rtol=2e-5,
+                                       atol=2e-5 * float(np.abs(want).max()))
 
 
 @pytest.mark.parametrize("mode", ["staged", "direct"])
