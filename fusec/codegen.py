@@ -1303,8 +1303,7 @@ def _matmul_rb(body: Program, names: dict[int, str], mm: Eqn,
     # once per row or column, not once per element.
     ee = Emitter(body, names, indent="    ", counter=counter)
     rows = [ee.let(f"row0 + ty * {tm}u + {i}u", "r") for i in range(tm)]
-    # a thread's columns: runs of 4, 64 apart (see the template)
-    cols = [ee.let(f"col0 + {(j // 4) * 64 + j % 4}u + tx * 4u", "c") for j in range(tn)]
+    cols = _thread_cols(ee, tn)
     bc = _batch_coords(ee, batch)
     blocks = []
     vec_out = "out0" in vec
@@ -1328,6 +1327,12 @@ def _matmul_rb(body: Program, names: dict[int, str], mm: Eqn,
                               + "\n".join("    " + st[4:] for st in stores) + "\n    }")
     return _render_rb(mm, cfg, m, n, k, tm_tiles, tn_tiles, nb, loads,
                       epilogue="\n".join(blocks), rounds=0, rr=0, per_thread=0, lanes="")
+
+
+def _thread_cols(ee: Emitter, tn: int) -> list[str]:
+    """The ``tn`` columns of C a register-blocked product's thread holds, as WGSL lets: runs of
+    4, 64 apart (see the template)."""
+    return [ee.let(f"col0 + {(j // 4) * 64 + j % 4}u + tx * 4u", "c") for j in range(tn)]
 
 
 def _special_epilogue(body: Program, mm: Eqn) -> bool:
@@ -1392,7 +1397,7 @@ def _row_loop_epilogue(body: Program, names: dict[int, str], mm: Eqn,
     lines.append("        }")
     ee = Emitter(body, names, indent="        ", counter=counter)
     r = ee.let("rb + i", "r")
-    cols = [ee.let(f"col0 + {(j // 4) * 64 + j % 4}u + tx * 4u", "c") for j in range(tn)]
+    cols = _thread_cols(ee, tn)
     bc = _batch_coords(ee, batch)
     vec_out = "out0" in vec
     blocks: list[str] = []
