@@ -81,6 +81,7 @@ class DeviceInfo:
 F16_FEATURE = "shader-f16"  # the WebGPU feature float16 storage needs
 SUBGROUP_FEATURE = "subgroup"  # wgpu-native's feature for WGSL's subgroup builtins
 SUBGROUP_BARRIER_FEATURE = "subgroup-barrier"  # and for subgroupBarrier()
+NVIDIA_VENDOR_ID = 0x10DE  # (PCI) an NVIDIA GPU's subgroups are its warps: 32 lanes
 
 
 def _float16_values(prog: Program) -> Iterator[Var]:
@@ -253,10 +254,14 @@ class Runtime:
     def subgroups(self) -> int:
         """Which subgroup operations kernels may use: 0 none, 1 the builtins (the device was
         opened with wgpu-native's "subgroup" feature), 2 those and subgroupBarrier() (also
-        "subgroup-barrier"). FUSEC_SUBGROUPS=0 leaves them off."""
+        "subgroup-barrier"), 3 those on a device whose subgroups have at most 32 lanes: an
+        NVIDIA GPU's, whose warps have 32 (wgpu-native 0.32 reports no subgroup sizes).
+        FUSEC_SUBGROUPS=0 leaves them off."""
         if SUBGROUP_FEATURE not in self.info.features:
             return 0
-        return 2 if SUBGROUP_BARRIER_FEATURE in self.info.features else 1
+        if SUBGROUP_BARRIER_FEATURE not in self.info.features:
+            return 1
+        return 3 if self.adapter.info.get("vendor_id") == NVIDIA_VENDOR_ID else 2
 
     # -- limits --
     @property

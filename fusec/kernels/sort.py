@@ -36,6 +36,11 @@ RADIX_BLOCKS = (8192, 4096, 2048)  # elements per radix workgroup: the largest t
 HIST_THREADS = 256
 HIST_COPIES = 4  # copies of the digit counters in a histogram workgroup
 HIST_UNROLL = 8  # keys a histogram thread loads before it counts them
+# The scatter's ranking within subgroups with one-word ballots where the device's subgroups have
+# at most 32 lanes (Options.subgroups 3: NVIDIA's), in place of four-word ones: the same ranks for
+# less arithmetic per key. H100, 2^24 float32, GPU us, 2 interleaved rounds
+# (docs/bench/h100-sort-ballot-2026-12-07.log): 791.3-792.1 against 800.8.
+NARROW_BALLOT = 1
 SCAN_THREADS = 256
 SCAN_PER_THREAD = 8
 SCAN_COLUMN_MAX = 64  # up to this many blocks per row, a thread scans each digit's counts
@@ -238,6 +243,7 @@ def _scatter(e: Eqn, target: str, workgroup_storage: int = 16384) -> tuple[str, 
         wg=wg, per=RADIX_PER_THREAD, digits=SORT_DIGITS, nibbles=SORT_RADIX_BITS // 4,
         shift=int(e.params["shift"]), last=last, shared=shared,
         subgroups=subgroups, wlms=bool(sz_min), sz_min=sz_min, dpt=max(1, SORT_DIGITS // wg),
+        narrow=bool(NARROW_BALLOT and e.params.get("narrow")) and 0 < sz_min <= 32,
         idx_plane="" if last else f"{rows * n}u + ")
     return src, rows * nb
 

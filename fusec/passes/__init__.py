@@ -36,7 +36,8 @@ class Options:
     # bytes of workgroup memory a kernel may use (device limit; at least WebGPU's minimum)
     workgroup_storage: int = codegen.WORKGROUP_STORAGE
     # subgroup operations of the device: 0 none, 1 WGSL's subgroup builtins (wgpu-native's
-    # "subgroup"), 2 those and subgroupBarrier() (Runtime.subgroups)
+    # "subgroup"), 2 those and subgroupBarrier(), 3 those with subgroups of at most 32 lanes
+    # (Runtime.subgroups)
     subgroups: int = 0
     # >= 0: the program is the body of a loop with this many carries (passes/loops.py), of which
     # those in loop_inplace are updated in place

@@ -57,6 +57,8 @@ def _radix(src: Var, final: Var | None, common: dict[str, Any], block: int,
         sp: dict[str, Any] = {"subgroups": True} if subgroups else {}
         if subgroups >= 2:
             sp["subgroup_barrier"] = True  # (the scatter's ranking within subgroups needs it)
+        if subgroups >= 3:
+            sp["narrow"] = True  # subgroups of at most 32 lanes: one-word ballots
         hist = _bind(eqns, Op.RADIX_HIST, (src,), hp)
         scanned = _bind(eqns, Op.RADIX_SCAN, (hist,), {"subgroups": True} if subgroups else {})
         src = _bind(eqns, Op.RADIX_SCATTER, (src, scanned),
