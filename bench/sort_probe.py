@@ -71,13 +71,14 @@ def main() -> None:
         print(f"config {per} per thread, blocks of {block}, histogram unroll {unroll}: gpu "
               f"{t:.3f} ms")
     if a.ab:
-        # the same sort traced with fewer subgroup operations (Runtime.subgroups: 2 ballots and
-        # scans, 1 scans only, 0 none), timed in turns
+        # the same sort traced with fewer subgroup operations (Runtime.subgroups: 3 one-word
+        # ballots (NVIDIA), 2 four-word ballots, both with scans, 1 scans only, 0 none), in turns
         from fusec.runtime import Runtime
         print("device subgroup level:", fusec.runtime.get_runtime().subgroups)
         variants = {}
         saved_prop = Runtime.subgroups
-        for name, level in (("ranking in subgroups", 2), ("subgroup scans", 1), ("none", 0)):
+        for name, level in (("one-word ballots", 3), ("ranking in subgroups", 2),
+                            ("subgroup scans", 1), ("none", 0)):
             Runtime.subgroups = property(lambda self, v=level: min(v, saved_prop.fget(self)))  # type: ignore[assignment,attr-defined]
             g = fusec.gpu_jit(lambda v: fnp.sort(v))
             assert np.array_equal(np.asarray(g(xd)), np.sort(x, axis=-1))

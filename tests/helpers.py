@@ -65,8 +65,9 @@ def forced_target(name: str) -> Iterator[None]:
 def subgroup_level(monkeypatch: pytest.MonkeyPatch, level: int,
                    need: Optional[int] = None) -> None:
     """Lower as if the device's subgroup operations were ``level`` (Runtime.subgroups: 0 none, 1
-    the builtins, 2 those and subgroupBarrier()), failing where the device has fewer than
-    ``need`` (default: ``level``): a case that cannot run here must not pass by testing nothing."""
+    the builtins, 2 those and subgroupBarrier(), 3 those with subgroups of at most 32 lanes),
+    failing where the device has fewer than ``need`` (default: ``level``): a case that cannot
+    run here must not pass by testing nothing."""
     rt = get_runtime()
     assert rt is not None
     if rt.subgroups < (level if need is None else need):
