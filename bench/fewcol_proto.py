@@ -7,6 +7,10 @@ against numpy. The designs behind fusec's few-column template over vec4 rows of 
   staged in workgroup memory as vec4s along K, loads of A optionally issued ``ahead`` steps at a
   time (the first block before B's staging);
 - ``coopd``: the same with B read straight from memory as vec4s, not staged;
+- ``rowk``: a whole product in one dispatch, no chunks: L threads on a row of A walk all of K
+  a vec4 each (L apart), R rows per thread, and read B's rows 4v .. 4v+3 straight from memory
+  as vec4s (128 contiguous bytes for 8 columns), U steps unrolled; the lanes' sums are combined
+  through workgroup memory;
 - ``stream``: A read once, the bound.
 
 ``--reps N`` times N dispatches back to back in one pass (their tails overlap) and reports the
@@ -15,6 +19,10 @@ sees. The GPU's clocks are held first (fusec.hold_gpu_clocks): runs before that 
 one dispatch between waits, measured reading A once at 46-52 us where it takes 18-21.
 
     python bench/fewcol_proto.py [--m 4096 --k 4096 --n 8] [--reps 50 | --single] [--rounds 3]
+        [--only-current] [--rowk 64:8:1:128,...]
+
+``rowk`` measured on the H100 (2026-12-07, docs/bench/h100-rowk-2026-12-07.log) became
+``templates/matmul_rowk.wgsl.j2`` (without the unrolling: U 2 and 4 were no faster).
 """
 
 from __future__ import annotations
@@ -109,6 +117,59 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     return src, rb * s, s
 
 
+def rowk(m: int, k: int, n: int, lanes: int, rows: int, unroll: int,
+         wg: int) -> tuple[str, int, int]:
+    h4, kv = n // 4, k // 4
+    wrows = wg // lanes * rows
+    assert kv % (lanes * unroll) == 0 and n % 4 == 0
+    body: list[str] = []
+    for u in range(unroll):
+        body.append(f"        let v{u} = i + {u * lanes}u + t;")
+        for r in range(rows):
+            body.append(f"        let a{u}_{r} = A[ab{r} + v{u}];")
+        for q in range(4):
+            for h in range(h4):
+                body.append(f"        let b{u}_{q}_{h} = B[(4u * v{u} + {q}u) * {h4}u + {h}u];")
+    for u in range(unroll):
+        for q in range(4):
+            for r in range(rows):
+                for h in range(h4):
+                    body.append(f"        acc{r}_{h} = fma(vec4<f32>(a{u}_{r}[{q}]), b{u}_{q}_{h},"
+                                f" acc{r}_{h});")
+    comb: list[str] = []
+    for r in range(rows):
+        comb += [f"    red[{h}u * {wg}u + lid] = acc{r}_{h};" for h in range(h4)]
+        comb.append("    workgroupBarrier();")
+        st = lanes // 2
+        while st >= 1:
+            comb.append(f"    if (t < {st}u) {{")
+            comb += [f"        red[{h}u * {wg}u + lid] += red[{h}u * {wg}u + lid + {st}u];"
+                     for h in range(h4)]
+            comb += ["    }", "    workgroupBarrier();"]
+            st //= 2
+        comb.append(f"    if (t < {h4}u && row0 + {r}u < {m}u) {{")
+        comb.append(f"        let s = red[t * {wg}u + lid - t];")
+        comb.append(f"        for (var c = 0u; c < 4u; c += 1u) {{ P[(row0 + {r}u) * {n}u"
+                    " + 4u * t + c] = s[c]; }")
+        comb += ["    }", "    workgroupBarrier();"]
+    nl = "\n"
+    src = HEAD.format(bty="vec4<f32>") + f"""
+var<workgroup> red: array<vec4<f32>, {h4 * wg}>;
+@compute @workgroup_size({wg})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {{
+    let t = lid % {lanes}u;
+    let row0 = wid.x * {wrows}u + (lid / {lanes}u) * {rows}u;
+{nl.join(f"    let ab{r} = min(row0 + {r}u, {m - 1}u) * {kv}u;" for r in range(rows))}
+{nl.join(f"    var acc{r}_{h} = vec4<f32>(0.0);" for r in range(rows) for h in range(h4))}
+    for (var i = 0u; i < {kv}u; i += {lanes * unroll}u) {{
+{nl.join(body)}
+    }}
+{nl.join(comb)}
+}}
+"""
+    return src, -(-m // wrows), 1
+
+
 def stream(m: int, k: int) -> tuple[str, int, int]:
     src = HEAD.format(bty="f32") + """
 @compute @workgroup_size(256)
@@ -129,6 +190,13 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--single", action="store_true")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--only-current", action="store_true",
+                    help="of the coop variants, only fusec's (L4 R2 KC512)")
+    ap.add_argument("--rowk", type=lambda t: [tuple(int(x) for x in v.split(":"))
+                                              for v in t.split(",") if v],
+                    default="32:2:2:256,32:2:4:256,32:1:4:256,32:4:2:128,16:2:2:256,"
+                            "16:4:2:256,8:2:4:256,32:2:1:256",
+                    help="rowk variants, lanes:rows:unroll:threads, comma-separated")
     a = ap.parse_args()
     m, k, n = a.m, a.k, a.n
     # full clocks, as beside JAX or torch: without a CUDA context an NVIDIA GPU lowers them
@@ -154,12 +222,18 @@ def main() -> int:
                                    (4, 1, 512, 1), (4, 1, 256, 1), (4, 1, 128, 1),
                                    (2, 1, 512, 1), (2, 1, 256, 1), (8, 1, 256, 1),
                                    (8, 2, 128, 1), (2, 2, 256, 2), (8, 4, 512, 2)):
+        if a.only_current and (lanes, rows, kc, ahead) != (4, 2, 512, 1):
+            continue
         variants.append((f"coop L{lanes} R{rows} KC{kc} ahead{ahead}",
                          coop(m, k, n, lanes, rows, kc, ahead, True)))
-    if n % 4 == 0:
+    if n % 4 == 0 and not a.only_current:
         for lanes, rows, kc, ahead in ((4, 4, 512, 2), (4, 2, 512, 4)):
             variants.append((f"coopd L{lanes} R{rows} KC{kc} ahead{ahead}",
                              coop(m, k, n, lanes, rows, kc, ahead, False)))
+    if n % 4 == 0:
+        for lanes, rows, unroll, wg in a.rowk:
+            variants.append((f"rowk L{lanes} R{rows} U{unroll} wg{wg}",
+                             rowk(m, k, n, lanes, rows, unroll, wg)))
     variants.append(("stream (reads A once)", stream(m, k)))
     built: list[tuple[str, Any, Any, Any, int, int]] = []
     for name, (src, groups, s) in variants:

@@ -225,6 +225,31 @@ FEWCOL4_MIN_K = 2048
 FEWCOL4_LANES = 4
 FEWCOL4_ROWS = 2
 FEWCOL4_K_TILE = 512
+# Of those, products with 8 columns and ROWK_MIN_M rows or more, or 12 columns and ROWK_MIN_M_WIDE
+# rows or more, whose A and B both read as vec4s (see use_rowk), take matmul_rowk in one
+# dispatch, K whole: threads side by side on a row walk all of K (about ROWK_STEPS vec4s of a
+# row each, between ROWK_MIN_LANES and ROWK_MAX_LANES threads), each thread ROWK_ROWS rows
+# (ROWK_FEW_ROWS below ROWK_MANY_ROWS_M rows), B's rows read straight from memory as vec4s.
+# H100, GPU us of one dispatch, that kernel / the chunks of matmul_fewcol4 without their sum
+# (bench/fewcol_proto.py --single, 2026-12-07, 2 rounds): 4096x4096 @ 4096x8 43.2 (64 lanes, 8
+# rows) / 53.4-54.0; 2048x8192 @ 8192x12 50.7-50.8 (128 lanes, 4 rows) / 79.9-80.8; 3000x4096 @
+# 4096x12 41.8 (64 lanes, 4 rows) / 75.4; 16384x2048 @ 2048x8 81.1 (32 lanes, 8 rows) / 86.7;
+# but 2048x4096 @ 4096x8 25.6 at best (128 lanes, 8 rows) / 23.3, and 1024x4096 @ 4096x8 19.0
+# at best / 20.7. Calls with the sum (bench/product_probe.py, 2 rounds): 4096x4096x8 38.6 /
+# 51.8-52.6, 2048x8192x12 47.7-47.8 / 61.8, 3000x4096x12 38.8-39.0 / 54.2, 4096x8192x8 77.4-77.6
+# / 86.6-86.7, 16384x2048x8 84.0-84.4 / 87.5, 2048x2048x8 19.7-19.9 / 21.0-21.2, but 2048x4096x8
+# 26.1-26.2 / 22.4, hence 8 columns from 4096 rows only. With fewer rows a thread, B's reads
+# bound it (4096x4096 @ 4096x8, 32 lanes: 1 row 144, 2 rows 79, 4 rows 50).
+ROWK = os.environ.get("FUSEC_ROWK", "1") != "0"
+ROWK_MIN_M = 4096
+ROWK_MIN_M_WIDE = 2048
+ROWK_STEPS = 16
+ROWK_MIN_LANES = 32
+ROWK_MAX_LANES = 256
+ROWK_ROWS = 8
+ROWK_FEW_ROWS = 4
+ROWK_MANY_ROWS_M = 4096
+ROWK_THREADS = 128
 # threads per row of row kernels on GPUs (FUSEC_ROW_THREADS forces one; default: see row_threads)
 ROW_THREADS = config.env_int("FUSEC_ROW_THREADS", 0)
 ROW_PER_THREAD = 16  # elements per thread row_threads aims at
@@ -261,6 +286,8 @@ def tuning() -> dict[str, Any]:
             "fewcol": (FEWCOL, FEWCOL_M, FEWCOL_K_TILE),
             "fewcol4": (FEWCOL4, FEWCOL4_MIN_N, FEWCOL4_MAX_N, FEWCOL4_MIN_K, FEWCOL4_LANES,
                         FEWCOL4_ROWS, FEWCOL4_K_TILE),
+            "rowk": (ROWK, ROWK_MIN_M, ROWK_MIN_M_WIDE, ROWK_STEPS, ROWK_MIN_LANES,
+                     ROWK_MAX_LANES, ROWK_ROWS, ROWK_FEW_ROWS, ROWK_MANY_ROWS_M, ROWK_THREADS),
             "first_index": FIRST_INDEX,
             "matmul": (MATMUL_BLOCK, MATMUL_LARGE, MATMUL_MEDIUM, MATMUL_SMALL, MATMUL_EPILOGUE,
                        LARGE_TILES, MATMUL_WIDE, WIDE_TILES, MATMUL_LARGE_WIDE, GPU_SMS,
@@ -1129,6 +1156,11 @@ def _matmul_vector_buffers(body: Program, inplace: tuple[tuple[int, int], ...],
     _, _, _, m, k, n, nb = _mm_dims(mm)
     cfg = matmul_config(m, n, target, k, nb)
     if cfg is None:
+        if use_rowk(m, n, k, nb, target) and not use_gemv(m, n, target, k * nb) \
+                and _rowk_views(body, mm) is not None:
+            vecs = _rowk_vectors(body, mm)
+            return {f"in{i}" for i, v in enumerate(body.inputs)
+                    if v in vecs and i not in dict(inplace)}
         if use_fewcol4(m, n, k, nb, target) and not use_gemv(m, n, target, k * nb):
             src_a = _a_source(body, mm)
             return {f"in{i}" for i, v in enumerate(body.inputs)
@@ -1633,6 +1665,113 @@ def _matmul_fewcol4(body: Program, names: dict[int, str], mm: Eqn, src: Var,
     return src_text, row_blocks * nb
 
 
+def use_rowk(m: int, n: int, k: int, nb: int, target: str) -> bool:
+    """8 or 12 columns, many rows and a long K, one product (no batch), on a GPU: the
+    few-column template over whole rows (see ROWK), where both operands' rows are runs of vec4s
+    (rowk_operands before fusion, _rowk_views in the kernel)."""
+    return (target == "gpu" and ROWK and nb == 1 and n % 4 == 0
+            and FEWCOL4_MIN_N <= n <= FEWCOL4_MAX_N
+            and m >= (ROWK_MIN_M if n <= 8 else ROWK_MIN_M_WIDE)
+            and k >= FEWCOL4_MIN_K and k % 4 == 0)
+
+
+def rowk_plan(m: int, k: int) -> tuple[int, int, int]:
+    """(lanes, rows, threads) of matmul_rowk for an M x K A: the lanes that give each thread
+    about ROWK_STEPS vec4s of a row, ROWK_ROWS rows a thread where M allows (see ROWK)."""
+    lanes = ROWK_MIN_LANES
+    while lanes < ROWK_MAX_LANES and k // 4 // (2 * lanes) >= ROWK_STEPS:
+        lanes *= 2
+    rows = ROWK_ROWS if m >= ROWK_MANY_ROWS_M else ROWK_FEW_ROWS
+    return lanes, rows, max(ROWK_THREADS, lanes)
+
+
+def rowk_operands(prog: Program, mm: Eqn) -> bool:
+    """Before fusion (split_k): would product ``mm``'s kernel read both operands as vec4s, A's
+    rows along K and B's rows (float32 views of buffers with those runs contiguous and starting
+    on a vec4, neither computed in the kernel by a cast)? Then it is not cut into chunks."""
+    a, b, *_ = _mm_dims(mm)
+    if not a.dtype == b.dtype == mm.out.dtype == "float32":
+        return False
+    producers = {id(o): e for e in prog.eqns for o in e.outs}
+    src_a, path_a = _operand_path(producers, a)
+    src_b, path_b = _operand_path(producers, b)
+    casts = [producers[id(x)] for x in (src_a, src_b) if id(x) in producers
+             and producers[id(x)].op is Op.CAST]  # (float16 widened where it is loaded)
+    return (src_a is not src_b and not casts
+            and _vec4_runs(view_strides(src_a, path_a), a.shape)
+            and _vec4_runs(view_strides(src_b, path_b), b.shape)
+            and not any(e.op is Op.PAD for e in path_a + path_b))
+
+
+def _rowk_views(body: Program, mm: Eqn) -> Optional[tuple[Var, Var]]:
+    """The inputs product ``mm`` on matmul_rowk reads A and B from: float32 strided views of
+    kernel inputs whose rows (A's along K, B's) are runs that start on a vec4 (what
+    rowk_operands saw before fusion), or None. Each is bound as vec4s where nothing else in the
+    kernel reads it (_a_source, _b_source), else as scalars read four at a time."""
+    a, b, *_ = _mm_dims(mm)
+    if not a.dtype == b.dtype == mm.out.dtype == "float32":
+        return None
+    producers = {id(o): e for e in body.eqns for o in e.outs}
+    (src_a, path_a), (src_b, path_b) = _operand_path(producers, a), _operand_path(producers, b)
+    if not all(any(v is x for v in body.inputs) for x in (src_a, src_b)):
+        return None
+    if _padded_chunks(src_b, path_b, b) or not (
+            _vec4_runs(view_strides(src_a, path_a), a.shape)
+            and _vec4_runs(view_strides(src_b, path_b), b.shape)):
+        return None
+    return src_a, src_b
+
+
+def _rowk_vectors(body: Program, mm: Eqn) -> set[Var]:
+    """Of the inputs matmul_rowk reads (_rowk_views), those bound as vec4s."""
+    return {x for x in (_a_source(body, mm), _b_source(body, mm)) if x is not None}
+
+
+def _matmul_rowk(body: Program, names: dict[int, str], mm: Eqn, src_a: Var, src_b: Var,
+                 vec: set[str]) -> tuple[str, int]:
+    """The few-column template over whole rows (see ROWK): A and B read from inputs ``src_a``
+    and ``src_b`` (_rowk_views), as vec4s where their bindings are in ``vec``, else four
+    scalars at a time; one workgroup per ``threads / lanes * rows`` rows."""
+    a, b, batch, m, k, n, nb = _mm_dims(mm)
+    assert nb == 1 and n % 4 == 0, "use_rowk: one product, whole vec4s of B's rows"
+    lanes, rows, wg = rowk_plan(m, k)
+    wrows = wg // lanes * rows
+    row_blocks = -(-m // wrows)
+    n4 = n // 4
+    em = Emitter(body, names, indent="    ", counter=[0])
+    producers = {id(o): e for e in body.eqns for o in e.outs}
+    st_a = view_strides(*_operand_path(producers, a))
+    st_b = view_strides(*_operand_path(producers, b))
+    assert st_a is not None and st_b is not None, "_rowk_views reads only strided views"
+
+    def vec4_at(x: Var, at: str) -> str:
+        """vec4 number ``at`` of input ``x``: one load where it is bound as vec4s."""
+        name = names[id(x)]
+        if name in vec:
+            return f"{name}[{at}]"
+        return f"vec4<f32>({', '.join(f'{name}[4u * ({at}) + {q}u]' for q in range(4))})"
+
+    a_load = []
+    for r in range(rows):
+        rc = em.let(f"min(row0 + {r}u, {m - 1}u)", "r")
+        flat = _strided_index(em, Idx(a.shape, coords=(rc, "0u")), st_a)
+        base = em.let(f"{flat} / 4u", "ab")
+        a_load.append(vec4_at(src_a, f"{base} + v"))
+    bbase = em.let(f"{_strided_index(em, Idx(b.shape, coords=('0u', '0u')), st_b)} / 4u", "bb")
+    brow = st_b[-2] // 4  # vec4s from one row of B to the next
+    b_load = [[vec4_at(src_b, f"{bbase} + (4u * v + {q}u) * {brow}u + {h}u") for h in range(n4)]
+              for q in range(4)]
+    *_, epilogue, stores = _row_col_parts(body, names, mm, 20, 16, "prod")
+    dt = mm.out.dtype
+    strides = [1 << i for i in range(lanes.bit_length() - 2, -1, -1)]  # lanes/2 .. 1
+    src_text = _env().get_template("matmul_rowk.wgsl.j2").render(
+        wg=wg, lanes=lanes, rows=rows, wrows=wrows, kv=k // 4, n4=n4, m=m, n=n, k=k,
+        total=row_blocks, ty=WGSL_TYPE[dt], zero=wgsl_literal(0, dt), bases="\n".join(em.lines),
+        a_load=a_load, b_load=b_load, strides=strides,
+        epilogue="\n".join(epilogue + ["    " + st for st in stores]))
+    return src_text, row_blocks
+
+
 def use_fewcol4(m: int, n: int, k: int, nb: int, target: str) -> bool:
     """Few columns, many rows and a long K (counting the batch), on a GPU: the few-column
     template over vec4 rows of A, where A can be read so (_a_source; else the 16x16 kernel). ``k``
@@ -1681,6 +1820,9 @@ def _matmul(body: Program, names: dict[int, str], target: str = "gpu",
         return _matmul_rb(body, names, mm, cfg, workgroup_storage, vec or set(), target)
     if use_gemv(m, n, target, k * nb):
         return _matmul_gemv(body, names, mm)
+    views = _rowk_views(body, mm) if use_rowk(m, n, k, nb, target) else None
+    if views is not None:
+        return _matmul_rowk(body, names, mm, *views, vec or set())
     src_a = _a_source(body, mm) if use_fewcol4(m, n, k, nb, target) else None
     if src_a is not None and names.get(id(src_a)) in (vec or set()):
         return _matmul_fewcol4(body, names, mm, src_a, workgroup_storage)

@@ -713,6 +713,16 @@ def test_split_k_before_after_printed():
     assert chunks_for(4096, 1024, 8) == 1 and chunks_for(1024, 4096, 4) == 1
     assert chunks_for(4096, 4096, 8) == 8 and chunks_for(1024, 4096, 16) == 32
     assert chunks_for(4096, 4104, 8) == 2 and chunks_for(65536, 4096, 8) == 1
+    # but with 8 columns from 4096 rows (12 from 2048) where both operands read as vec4s, the
+    # template over whole rows takes K whole (codegen.ROWK): not split; B transposed is
+    whole = trace(lambda a, b: a @ b, S((4096, 4096)), S((4096, 8)))
+    assert str(split_k(whole.ir, "gpu")) == str(whole.ir)
+    bt = trace(lambda a, b: a @ b.T, S((4096, 4096)), S((8, 4096)))
+    assert "sum axes=(0,)" in str(split_k(bt.ir, "gpu"))
+    # and so is a float16 A, whose widening the product's kernel does as it loads A
+    half = trace(lambda a, b: a.astype(np.float32) @ b, S((4096, 4096), np.float16),
+                 S((4096, 8)))
+    assert "sum axes=(0,)" in str(split_k(half.ir, "gpu"))
     assert chunks_for(8, 200, 8) == 1 and chunks_for(8, 4097, 8) == 32
     # where the chunks do not divide K, they are ceil(K / S) long and K is padded with zeros
     odd = trace(lambda a, b: a @ b, S((8, 2053)), S((2053, 512)))

@@ -5,7 +5,7 @@ registers, several elements per thread) on random data against numpy."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 import pytest
@@ -495,9 +495,31 @@ def test_few_column_matmuls(target: str, case: tuple[tuple[int, ...], int, int, 
         assert len(kernels) == want_kernels
 
 
+def _few_column_product(rng: np.random.Generator, batch: tuple[int, ...], m: int, k: int,
+                        n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, float],
+                                       list[Any]]:
+    """relu(A @ B + c) and the bare A @ B as two outputs of one call, checked against float64
+    with NaN and inf in A (a NaN row in both results); A, B, the float64 product, the
+    tolerances and the call's kernels."""
+    a = rng.standard_normal(batch + (m, k)).astype(np.float32)
+    a[..., 3, 5] = np.nan
+    a[..., m - 1, k - 1] = np.inf
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    c = rng.standard_normal(n).astype(np.float32)
+    f = fusec.gpu_jit(lambda x, y, z: (nn.relu(x @ y + z), x @ y))
+    r, p = f(a, b, c)
+    with np.errstate(invalid="ignore"):
+        p64 = a.astype(np.float64) @ b
+    tol = dict(rtol=1e-5, atol=1e-5 * np.sqrt(k))
+    np.testing.assert_allclose(np.asarray(p), p64, **tol)
+    np.testing.assert_allclose(np.asarray(r), np.maximum(p64 + c, 0), **tol)
+    assert np.isnan(np.asarray(p)[..., 3, :]).all() and np.isnan(np.asarray(r)[..., 3, :]).all()
+    return a, b, p64, tol, f.lower(a, b, c).kernels
+
+
 # (batch, M, K, N, chunks of K: kernels of the GPU target's plan with the vec4 few-column
 # template, or 0 where another template takes the product)
-@pytest.mark.parametrize("case", [((), 4096, 4096, 8, 8), ((), 1031, 2052, 9, 1),
+@pytest.mark.parametrize("case", [((), 1024, 4096, 8, 8), ((), 1031, 2052, 9, 1),
                                   ((), 1031, 4104, 12, 2), ((2,), 1030, 2048, 10, 1),
                                   ((2,), 700, 2048, 10, 0),
                                   ((), 1100, 8192, 5, 0), ((), 1024, 4096, 13, 0),
@@ -514,20 +536,7 @@ def test_few_column_vec4_matmuls(target: str, case: tuple[tuple[int, ...], int, 
     from fusec.passes import splitk
 
     batch, m, k, n, chunks = case
-    a = rng.standard_normal(batch + (m, k)).astype(np.float32)
-    a[..., 3, 5] = np.nan
-    a[..., m - 1, k - 1] = np.inf
-    b = rng.standard_normal((k, n)).astype(np.float32)
-    c = rng.standard_normal(n).astype(np.float32)
-    f = fusec.gpu_jit(lambda x, y, z: (nn.relu(x @ y + z), x @ y))
-    r, p = f(a, b, c)
-    with np.errstate(invalid="ignore"):
-        p64 = a.astype(np.float64) @ b
-    tol = dict(rtol=1e-5, atol=1e-5 * np.sqrt(k))
-    np.testing.assert_allclose(np.asarray(p), p64, **tol)
-    np.testing.assert_allclose(np.asarray(r), np.maximum(p64 + c, 0), **tol)
-    assert np.isnan(np.asarray(p)[..., 3, :]).all()
-    kernels = f.lower(a, b, c).kernels
+    a, b, p64, tol, kernels = _few_column_product(rng, batch, m, k, n)
     vec_rows = [kc for kc in kernels if "vec4 rows of A" in kc.wgsl]
     assert bool(vec_rows) == (target == "gpu" and chunks > 0)
     if vec_rows:
@@ -539,6 +548,47 @@ def test_few_column_vec4_matmuls(target: str, case: tuple[tuple[int, ...], int, 
     g = fusec.gpu_jit(lambda x, y: fnp.swapaxes(x, -1, -2) @ y)
     np.testing.assert_allclose(np.asarray(g(at, b)), p64, **tol)
     assert not any("vec4 rows of A" in kc.wgsl for kc in g.lower(at, b).kernels)
+
+
+# (M, K, N, lanes, rows a thread of the whole-row template; 0 lanes where another template takes
+# the product)
+@pytest.mark.parametrize("case", [((4096, 4096, 8), 64, 8), ((2051, 2052, 12), 32, 4),
+                                  ((4101, 4100, 12), 64, 8), ((2048, 8192, 12), 128, 4),
+                                  ((2048, 2048, 9), 0, 0), ((4095, 2048, 8), 0, 0)])
+def test_few_column_whole_row_matmuls(target: str, case: tuple[tuple[int, int, int], int, int],
+                                      rng: np.random.Generator) -> None:
+    """Products with 8 columns and at least 4096 rows, or 12 and at least 2048, and a K of at
+    least 2048, whose A and B both read as vec4s, take the few-column template over whole rows
+    on the GPU target: one kernel, K not cut into chunks, the epilogue in it. Odd sizes: rows
+    not a multiple of a workgroup's (2051, 4101: the last workgroup has rows to spare), a K
+    whose vec4s do not fill the lanes' last step (2052, 4100); NaN and inf in A propagated to
+    their rows, with an epilogue and the bare product as a second output. 9 columns (B's rows
+    not vec4s), or 8 with 4095 rows, take the chunked template; so does B transposed in memory
+    (its rows not runs), still right. An A that the epilogue reads too is read as scalars by the
+    same kernel."""
+    from fusec import codegen
+
+    (m, k, n), lanes, rows = case
+    a, b, p64, tol, kernels = _few_column_product(rng, (), m, k, n)
+    whole = [kc for kc in kernels if "over whole rows" in kc.wgsl]
+    assert bool(whole) == (target == "gpu" and lanes > 0)
+    if whole:
+        assert codegen.rowk_plan(m, k) == (lanes, rows, max(codegen.ROWK_THREADS, lanes))
+        assert f"A group of {lanes} threads owns {rows} rows" in whole[0].wgsl
+        assert len(kernels) == 1
+    # B transposed in memory: its rows are not runs of vec4s, so K is cut into chunks again
+    bt = np.ascontiguousarray(b.T)
+    g = fusec.gpu_jit(lambda x, y: x @ fnp.transpose(y))
+    np.testing.assert_allclose(np.asarray(g(a, bt)), p64, **tol)
+    assert not any("over whole rows" in kc.wgsl for kc in g.lower(a, bt).kernels)
+    if (m, k) == (2051, 2052) and target == "gpu":
+        # A also read by the epilogue: not bound as vec4s, read four scalars at a time by the
+        # same kernel
+        h = fusec.gpu_jit(lambda x, y: x @ y + x[:, :n])
+        with np.errstate(invalid="ignore"):
+            np.testing.assert_allclose(np.asarray(h(a, b)), p64 + a[:, :n], **tol)
+        (kc,) = h.lower(a, b).kernels
+        assert "over whole rows" in kc.wgsl and "vec4<f32>(in0[4u * (" in kc.wgsl
 
 
 # several reductions of one long array: their first stages share one kernel (the array is read

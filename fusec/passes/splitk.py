@@ -115,7 +115,7 @@ def rb_chunks_for(m: int, k: int, n: int, target: str = "gpu") -> int:
     return s
 
 
-def _chunks(e: Eqn, target: str) -> int:
+def _chunks(prog: Program, e: Eqn, target: str) -> int:
     """Chunks to cut this equation's K into: 1 unless it is a 2-D product with too few
     workgroups for its template."""
     if e.op is not Op.MATMUL:
@@ -125,6 +125,8 @@ def _chunks(e: Eqn, target: str) -> int:
         return 1
     (m, k), n = a.shape, b.shape[1]
     if codegen.mm_config(e, target) is None:
+        if codegen.use_rowk(m, n, k, 1, target) and codegen.rowk_operands(prog, e):
+            return 1  # one dispatch over all of K (codegen.ROWK)
         return chunks_for(m, k, n, target)
     return rb_chunks_for(m, k, n, target)
 
@@ -173,7 +175,7 @@ def split_k(prog: Program, target: str, sums: bool = True) -> Program:
             eqns += _as_sum(e)
             made_sums = True
             continue
-        s = _chunks(e, target)
+        s = _chunks(prog, e, target)
         if s == 1:
             eqns.append(e)
             continue
