@@ -1685,41 +1685,52 @@ def rowk_plan(m: int, k: int) -> tuple[int, int, int]:
     return lanes, rows, max(ROWK_THREADS, lanes)
 
 
-def rowk_operands(prog: Program, mm: Eqn) -> bool:
-    """Before fusion (split_k): would product ``mm``'s kernel read both operands as vec4s, A's
-    rows along K and B's rows (float32 views of buffers with those runs contiguous and starting
-    on a vec4, neither computed in the kernel by a cast)? Then it is not cut into chunks."""
+RowkView = tuple[Var, list[Eqn], tuple[int, ...]]  # an operand's source, movement path, strides
+
+
+def _rowk_operand_views(producers: dict[int, Eqn], mm: Eqn
+                        ) -> Optional[tuple[RowkView, RowkView]]:
+    """A's and B's sources, the movement equations from them and the views' strides, where both
+    are float32 views whose rows (A's along K, B's) are runs that start on a vec4, as
+    matmul_rowk reads them; else None."""
     a, b, *_ = _mm_dims(mm)
     if not a.dtype == b.dtype == mm.out.dtype == "float32":
-        return False
+        return None
+    views = []
+    for x in (a, b):
+        src, path = _operand_path(producers, x)
+        st = view_strides(src, path)
+        if st is None or not _vec4_runs(st, x.shape):
+            return None
+        views.append((src, path, st))
+    return views[0], views[1]
+
+
+def rowk_operands(prog: Program, mm: Eqn) -> bool:
+    """Before fusion (split_k): would product ``mm``'s kernel read both operands as
+    matmul_rowk does (_rowk_operand_views), from two buffers, neither computed in the kernel by
+    a cast nor padded? Then it is not cut into chunks."""
     producers = {id(o): e for e in prog.eqns for o in e.outs}
-    src_a, path_a = _operand_path(producers, a)
-    src_b, path_b = _operand_path(producers, b)
+    views = _rowk_operand_views(producers, mm)
+    if views is None:
+        return False
+    (src_a, path_a, _), (src_b, path_b, _) = views
     casts = [producers[id(x)] for x in (src_a, src_b) if id(x) in producers
              and producers[id(x)].op is Op.CAST]  # (float16 widened where it is loaded)
     return (src_a is not src_b and not casts
-            and _vec4_runs(view_strides(src_a, path_a), a.shape)
-            and _vec4_runs(view_strides(src_b, path_b), b.shape)
             and not any(e.op is Op.PAD for e in path_a + path_b))
 
 
-def _rowk_views(body: Program, mm: Eqn) -> Optional[tuple[Var, Var]]:
-    """The inputs product ``mm`` on matmul_rowk reads A and B from: float32 strided views of
-    kernel inputs whose rows (A's along K, B's) are runs that start on a vec4 (what
-    rowk_operands saw before fusion), or None. Each is bound as vec4s where nothing else in the
-    kernel reads it (_a_source, _b_source), else as scalars read four at a time."""
-    a, b, *_ = _mm_dims(mm)
-    if not a.dtype == b.dtype == mm.out.dtype == "float32":
+def _rowk_views(body: Program, mm: Eqn) -> Optional[tuple[RowkView, RowkView]]:
+    """The views product ``mm`` on matmul_rowk reads A and B through (_rowk_operand_views), of
+    kernel inputs (what rowk_operands saw before fusion), or None. Each input is bound as vec4s
+    where nothing else in the kernel reads it (_a_source, _b_source), else as scalars read four
+    at a time."""
+    views = _rowk_operand_views({id(o): e for e in body.eqns for o in e.outs}, mm)
+    if views is None or not all(any(v is src for v in body.inputs) for src, _, _ in views):
         return None
-    producers = {id(o): e for e in body.eqns for o in e.outs}
-    (src_a, path_a), (src_b, path_b) = _operand_path(producers, a), _operand_path(producers, b)
-    if not all(any(v is x for v in body.inputs) for x in (src_a, src_b)):
-        return None
-    if _padded_chunks(src_b, path_b, b) or not (
-            _vec4_runs(view_strides(src_a, path_a), a.shape)
-            and _vec4_runs(view_strides(src_b, path_b), b.shape)):
-        return None
-    return src_a, src_b
+    src_b, path_b, _ = views[1]
+    return None if _padded_chunks(src_b, path_b, _mm_dims(mm)[1]) else views
 
 
 def _rowk_vectors(body: Program, mm: Eqn) -> set[Var]:
@@ -1727,11 +1738,11 @@ def _rowk_vectors(body: Program, mm: Eqn) -> set[Var]:
     return {x for x in (_a_source(body, mm), _b_source(body, mm)) if x is not None}
 
 
-def _matmul_rowk(body: Program, names: dict[int, str], mm: Eqn, src_a: Var, src_b: Var,
-                 vec: set[str]) -> tuple[str, int]:
-    """The few-column template over whole rows (see ROWK): A and B read from inputs ``src_a``
-    and ``src_b`` (_rowk_views), as vec4s where their bindings are in ``vec``, else four
-    scalars at a time; one workgroup per ``threads / lanes * rows`` rows."""
+def _matmul_rowk(body: Program, names: dict[int, str], mm: Eqn,
+                 views: tuple[RowkView, RowkView], vec: set[str]) -> tuple[str, int]:
+    """The few-column template over whole rows (see ROWK): A and B read through ``views``
+    (_rowk_views), as vec4s where their inputs' bindings are in ``vec``, else four scalars at a
+    time; one workgroup per ``threads / lanes * rows`` rows."""
     a, b, batch, m, k, n, nb = _mm_dims(mm)
     assert nb == 1 and n % 4 == 0, "use_rowk: one product, whole vec4s of B's rows"
     lanes, rows, wg = rowk_plan(m, k)
@@ -1739,10 +1750,7 @@ def _matmul_rowk(body: Program, names: dict[int, str], mm: Eqn, src_a: Var, src_
     row_blocks = -(-m // wrows)
     n4 = n // 4
     em = Emitter(body, names, indent="    ", counter=[0])
-    producers = {id(o): e for e in body.eqns for o in e.outs}
-    st_a = view_strides(*_operand_path(producers, a))
-    st_b = view_strides(*_operand_path(producers, b))
-    assert st_a is not None and st_b is not None, "_rowk_views reads only strided views"
+    (src_a, _, st_a), (src_b, _, st_b) = views
 
     def vec4_at(x: Var, at: str) -> str:
         """vec4 number ``at`` of input ``x``: one load where it is bound as vec4s."""
@@ -1822,7 +1830,7 @@ def _matmul(body: Program, names: dict[int, str], target: str = "gpu",
         return _matmul_gemv(body, names, mm)
     views = _rowk_views(body, mm) if use_rowk(m, n, k, nb, target) else None
     if views is not None:
-        return _matmul_rowk(body, names, mm, *views, vec or set())
+        return _matmul_rowk(body, names, mm, views, vec or set())
     src_a = _a_source(body, mm) if use_fewcol4(m, n, k, nb, target) else None
     if src_a is not None and names.get(id(src_a)) in (vec or set()):
         return _matmul_fewcol4(body, names, mm, src_a, workgroup_storage)
