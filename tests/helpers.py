@@ -3,8 +3,10 @@ mode, so test modules import this as ``helpers``)."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, Optional
 
 import pytest
@@ -18,6 +20,16 @@ requires_wgpu = pytest.mark.skipif(
     fusec.default_device().is_cpu_fallback,
     reason="tests the lowered program on a wgpu device (FUSEC_BACKEND=cpu runs the interpreter "
            "on the traced program)")
+
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def pythonpath(*first: str) -> str:
+    """PYTHONPATH for a child process: the repository (then ``first``) ahead of the parent's
+    own, which is kept (on the GPU machine wgpu is installed on it)."""
+    rest = [os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []
+    return os.pathsep.join([str(REPO), *first, *rest])
 
 
 class Delta:

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import Delta, spy_sizes
+from helpers import Delta, pythonpath, spy_sizes
 
 import fusec
 import fusec.numpy as fnp
@@ -50,8 +50,7 @@ def _env(**settings: str | None) -> dict[str, str]:
     first on the path, and ``settings`` set (None removes one)."""
     env = dict(os.environ)
     env["XDG_RUNTIME_DIR"] = env.get("XDG_RUNTIME_DIR") or "/tmp"
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(REPO)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    env["PYTHONPATH"] = pythonpath()
     for k in ("FUSEC_RECORD_SIGNATURES", "FUSEC_EXPLAIN_CACHE_MISSES", "FUSEC_LOG_COMPILES",
               "FUSEC_CACHE_MAX_BYTES"):
         env.pop(k, None)

@@ -13,6 +13,7 @@ from pathlib import Path
 from types import ModuleType
 
 import numpy as np
+from helpers import pythonpath
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "bench" / "bert_encoder.py"
@@ -51,7 +52,7 @@ def test_random_weights_have_the_checkpoints_names_and_shapes() -> None:
 def test_torch_free_run_counts_kernels_and_matches_float64(tmp_path: Path) -> None:
     out = tmp_path / "bert.json"
     # wgpu even on a software adapter (the default there is the interpreter): kernels are counted
-    env = {**os.environ, "FUSEC_BACKEND": "gpu", "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "FUSEC_BACKEND": "gpu", "PYTHONPATH": pythonpath()}
     proc = subprocess.run(
         [sys.executable, str(SCRIPT), "--shapes", "1x4,2x3", "--layers", "2", "--reps", "1",
          "--calls", "2", "--budget", "0", "--torch-device", "none", "--out", str(out)],

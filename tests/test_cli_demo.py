@@ -9,6 +9,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from helpers import pythonpath
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -16,8 +17,7 @@ REPO = Path(__file__).resolve().parent.parent
 def _env() -> dict[str, str]:
     env = dict(os.environ)
     env.setdefault("XDG_RUNTIME_DIR", "/tmp")
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(REPO)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    env["PYTHONPATH"] = pythonpath()
     return env
 
 

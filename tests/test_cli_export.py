@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import pythonpath
 
 import fusec
 from fusec.cli import load_function, main
@@ -56,8 +57,7 @@ def _gelu(x: np.ndarray) -> np.ndarray:
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ)
     env.update(FUSEC_BACKEND="gpu", FUSEC_CACHE_DIR="off", XDG_RUNTIME_DIR="/tmp")
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(REPO)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    env["PYTHONPATH"] = pythonpath()
     return subprocess.run([sys.executable, "-m", "fusec", *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=300)
 

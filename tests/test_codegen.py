@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from helpers import pythonpath
 
 import fusec
 import fusec.numpy as fnp
@@ -24,10 +25,6 @@ from fusec.ops import wgsl_literal
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _pythonpath() -> str:
-    """The repo first, then whatever the parent had (wgpu may live on PYTHONPATH)."""
-    rest = [os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []
-    return os.pathsep.join([str(REPO), *rest])
 S = fusec.ShapeDtype
 MAX_DIM = 65535
 
@@ -316,7 +313,7 @@ def test_wgsl_is_identical_in_another_process():
     import hashlib
 
     low = fusec.gpu_jit(block).lower(*BLOCK_SPECS)
-    env = dict(os.environ, PYTHONPATH=_pythonpath(), PYTHONHASHSEED="7",
+    env = dict(os.environ, PYTHONPATH=pythonpath(), PYTHONHASHSEED="7",
                XDG_RUNTIME_DIR=os.environ.get("XDG_RUNTIME_DIR", "/tmp"))
     out = subprocess.run([sys.executable, "-c", _CHILD], env=env, capture_output=True, text=True,
                          timeout=120, cwd=str(REPO))

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from helpers import pythonpath
 
 import fusec
 import fusec.numpy as fnp
@@ -44,8 +45,7 @@ def _run(code: str, backend: str | None) -> dict[str, Any]:
     env = {k: v for k, v in os.environ.items() if k != "FUSEC_BACKEND"}
     if backend is not None:
         env["FUSEC_BACKEND"] = backend
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + ([env["PYTHONPATH"]]
-                                                       if env.get("PYTHONPATH") else []))
+    env["PYTHONPATH"] = pythonpath()
     env.setdefault("XDG_RUNTIME_DIR", "/tmp")
     env["FUSEC_CACHE_DIR"] = "off"
     p = subprocess.run([sys.executable, "-W", "always", "-c", textwrap.dedent(code)], env=env,

@@ -25,6 +25,7 @@ import dask.array as da
 import numpy as np
 import pytest
 from distributed import Client, LocalCluster
+from helpers import pythonpath
 
 import fusec
 import fusec.dask
@@ -279,7 +280,7 @@ def test_separate_scheduler_and_workers_with_the_preload(tmp_path: Path,
     """A scheduler and two workers started as commands (as on a cluster), the workers pinned by
     ``--preload fusec.dask`` with FUSEC_DASK_ADAPTERS and their names."""
     sched_file = tmp_path / "scheduler.json"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(TESTS)]),
+    env = {**os.environ, "PYTHONPATH": pythonpath(str(TESTS)),
            "FUSEC_BACKEND": "auto", "FUSEC_DASK_BACKEND": "gpu", "FUSEC_DASK_ADAPTERS": "0,1",
            "XDG_RUNTIME_DIR": os.environ.get("XDG_RUNTIME_DIR", "/tmp")}
     env.pop("FUSEC_ADAPTER", None)

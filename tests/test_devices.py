@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import pythonpath
 
 import fusec
 import fusec.numpy as fnp
@@ -489,9 +490,7 @@ def test_device_threads_end_before_the_interpreter_finalises(tmp_path: Path) -> 
     script = tmp_path / "exit_script.py"
     script.write_text(EXIT_SCRIPT)
     env = dict(os.environ, FUSEC_BACKEND="gpu", FUSEC_CACHE_DIR="off")
-    repo = str(Path(__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = os.pathsep.join([repo] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH")
-                                                  else []))
+    env["PYTHONPATH"] = pythonpath()
     p = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True,
                        timeout=120)
     assert p.returncode == 0, p.stdout + p.stderr

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import forced_target, requires_wgpu
+from helpers import forced_target, pythonpath, requires_wgpu
 
 import fusec
 import fusec.numpy as fnp
@@ -628,7 +628,7 @@ def test_interpreter_backend_in_a_process() -> None:
                           "sorted": bool((x[np.asarray(o)] == np.sort(x)).all())}))
     """)
     env = {**os.environ, "FUSEC_BACKEND": "cpu", "FUSEC_CACHE_DIR": "off",
-           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+           "PYTHONPATH": pythonpath()}
     p = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO, capture_output=True,
                        text=True, timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr

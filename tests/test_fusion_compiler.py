@@ -27,6 +27,7 @@ from typing import Any, Callable
 
 import numpy as np
 import pytest
+from helpers import pythonpath
 
 import fusec
 import fusec.numpy as fnp
@@ -782,9 +783,6 @@ def test_debug_5_prints_the_ir_after_every_pass(capsys: pytest.CaptureFixture[st
     assert _pass_headers(capsys.readouterr().err) == []
 
 
-def _pythonpath() -> str:
-    rest = [os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []
-    return os.pathsep.join([str(REPO), *rest])
 
 
 def test_fusec_debug_environment_variable_in_a_subprocess() -> None:
@@ -796,7 +794,7 @@ def test_fusec_debug_environment_variable_in_a_subprocess() -> None:
         fusec.gpu_jit(lambda x, g, b: nn.layer_norm(x, g, b)).lower(
             fusec.ShapeDtype((4, 8)), fusec.ShapeDtype((8,)), fusec.ShapeDtype((8,)))
     """)
-    env = {**os.environ, "FUSEC_DEBUG": "5", "PYTHONPATH": _pythonpath(),
+    env = {**os.environ, "FUSEC_DEBUG": "5", "PYTHONPATH": pythonpath(),
            "XDG_RUNTIME_DIR": os.environ.get("XDG_RUNTIME_DIR", "/tmp")}
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                        timeout=120, cwd=REPO)

@@ -47,6 +47,7 @@ from typing import Any, Optional
 
 import numpy as np
 import pytest
+from helpers import pythonpath
 from hypothesis import HealthCheck, Phase, example, given, note, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
@@ -1028,8 +1029,7 @@ def test_device_arrays_collected_in_a_reference_cycle() -> None:
     wgpu-native aborts the process in create_bind_group ("invalid bind group entry"), taking the
     test session with it. Run in a subprocess so that an abort fails only this test."""
     repo = Path(__file__).resolve().parents[1]
-    rest = [os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo), *rest])}
+    env = {**os.environ, "PYTHONPATH": pythonpath()}
     proc = subprocess.run([sys.executable, "-c", _CYCLIC_GC_SCRIPT], env=env, cwd=repo,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and "ok" in proc.stdout, (  # the panic message comes first

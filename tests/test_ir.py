@@ -10,6 +10,7 @@ import textwrap
 from pathlib import Path
 
 import numpy as np
+from helpers import pythonpath
 
 import fusec
 import fusec.numpy as fnp
@@ -18,10 +19,6 @@ from fusec.ir import Eqn, Lit, Op, Program, Var
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _pythonpath() -> str:
-    """The repo first, then whatever the parent had (wgpu may live on PYTHONPATH)."""
-    rest = [os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []
-    return os.pathsep.join([str(REPO), *rest])
 S = fusec.ShapeDtype
 
 
@@ -159,7 +156,7 @@ def test_hash_is_identical_in_separate_processes():
     here_lowered = fusec.gpu_jit(three_ops).lower(S((3, 5)), S((5,))).ir.hash()
     results = []
     for seed in ("1", "2"):  # different str-hash seeds: nothing may depend on set/dict order
-        env = dict(os.environ, PYTHONPATH=_pythonpath(), PYTHONHASHSEED=seed,
+        env = dict(os.environ, PYTHONPATH=pythonpath(), PYTHONHASHSEED=seed,
                    XDG_RUNTIME_DIR=os.environ.get("XDG_RUNTIME_DIR", "/tmp"))
         out = subprocess.run([sys.executable, "-c", _CHILD], env=env, capture_output=True,
                              text=True, timeout=120, cwd=str(REPO))

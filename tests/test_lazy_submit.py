@@ -13,7 +13,7 @@ from typing import Callable, Optional
 
 import numpy as np
 import pytest
-from helpers import in_threads
+from helpers import in_threads, pythonpath
 
 import fusec
 import fusec.numpy as fnp
@@ -394,8 +394,7 @@ def test_chunks_through_wgpu_py_recording() -> None:
     env = dict(os.environ, FUSEC_NATIVE="0", FUSEC_SUBMIT_FIRST="1", FUSEC_CACHE_DIR="off",
                XDG_RUNTIME_DIR=os.environ.get("XDG_RUNTIME_DIR") or "/tmp")
     repo = Path(__file__).resolve().parent.parent
-    env["PYTHONPATH"] = os.pathsep.join([str(repo)] + (
-        [env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    env["PYTHONPATH"] = pythonpath()
     p = subprocess.run([sys.executable, "-c", _CHUNKS_THROUGH_WGPU_PY], cwd=repo, env=env,
                        text=True, capture_output=True, timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr
