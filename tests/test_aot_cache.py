@@ -24,14 +24,13 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import Delta, pythonpath, spy_sizes
+from helpers import REPO, Delta, pythonpath, spy_sizes
 
 import fusec
 import fusec.numpy as fnp
 from fusec import diskcache
 
 S = fusec.ShapeDtype
-REPO = Path(__file__).resolve().parent.parent
 
 requires_gpu = pytest.mark.skipif(
     fusec.default_device().is_cpu_fallback,

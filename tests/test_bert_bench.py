@@ -13,9 +13,8 @@ from pathlib import Path
 from types import ModuleType
 
 import numpy as np
-from helpers import pythonpath
+from helpers import REPO, pythonpath
 
-REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "bench" / "bert_encoder.py"
 
 

@@ -9,9 +9,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from helpers import pythonpath
-
-REPO = Path(__file__).resolve().parent.parent
+from helpers import REPO, pythonpath
 
 
 def _env() -> dict[str, str]:

@@ -12,14 +12,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import pythonpath
+from helpers import REPO, pythonpath
 
 import fusec
 from fusec.cli import load_function, main
 from fusec.exported import VERSION as EXPORT_VERSION
 from fusec.ir import Op
 
-REPO = Path(__file__).resolve().parent.parent
 F32 = np.float32
 LOOP_TRIPS = 40  # well above what fori_loop unrolls: the program keeps a loop equation
 

@@ -8,12 +8,11 @@ import re
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from helpers import pythonpath
+from helpers import REPO, pythonpath
 
 import fusec
 import fusec.numpy as fnp
@@ -21,9 +20,6 @@ import fusec.passes
 from fusec import codegen
 from fusec.ir import Op
 from fusec.ops import wgsl_literal
-
-REPO = Path(__file__).resolve().parent.parent
-
 
 S = fusec.ShapeDtype
 MAX_DIM = 65535

@@ -13,12 +13,11 @@ import os
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from helpers import pythonpath
+from helpers import REPO, pythonpath
 
 import fusec
 import fusec.numpy as fnp
@@ -29,7 +28,6 @@ from fusec.ir import Op
 from fusec.passes import Options, run_pipeline
 from fusec.runtime import CpuExecutable, _choose_adapter
 
-REPO = Path(__file__).resolve().parent.parent
 F32 = np.float32
 
 

@@ -32,7 +32,6 @@ import fusec.dask
 import fusec.numpy as fnp
 from fusec.errors import FusecError
 
-ROOT = Path(__file__).resolve().parent.parent
 TESTS = Path(__file__).resolve().parent
 
 # odd block sizes: 4 x 4 = 16 blocks of 4 distinct shapes (each a compile per worker)

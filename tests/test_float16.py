@@ -16,12 +16,11 @@ import os
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from helpers import forced_target, pythonpath, requires_wgpu
+from helpers import REPO, forced_target, pythonpath, requires_wgpu
 
 import fusec
 import fusec.numpy as fnp
@@ -34,7 +33,6 @@ F16 = np.float16
 U16 = 2.0 ** -11  # float16 unit roundoff: one rounding to float16
 U32 = 2.0 ** -24
 TINY = 2.0 ** -25  # half the smallest float16 subnormal: rounding near zero
-REPO = Path(__file__).resolve().parent.parent
 # under FUSEC_BACKEND=cpu the interpreter rounds after every elementwise op, as numpy does: a
 # chain of k ops is k roundings there, one on the GPU
 INTERPRETED = fusec.default_device().is_cpu_fallback

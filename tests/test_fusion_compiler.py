@@ -22,12 +22,11 @@ import subprocess
 import sys
 import textwrap
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 import pytest
-from helpers import pythonpath
+from helpers import REPO, pythonpath
 
 import fusec
 import fusec.numpy as fnp
@@ -39,7 +38,6 @@ from fusec.passes.split import CHUNK, SPLIT_MAX_OUTPUTS, SPLIT_MIN
 from fusec.runtime import GpuExecutable, get_runtime
 
 S = fusec.ShapeDtype
-REPO = Path(__file__).resolve().parent.parent
 
 requires_gpu = pytest.mark.skipif(
     fusec.default_device().is_cpu_fallback,

@@ -42,12 +42,11 @@ import math
 import os
 import subprocess
 import sys
-from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
 import pytest
-from helpers import pythonpath
+from helpers import REPO, pythonpath
 from hypothesis import HealthCheck, Phase, example, given, note, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
@@ -1028,9 +1027,8 @@ def test_device_arrays_collected_in_a_reference_cycle() -> None:
     pool) in no particular order. A later call then gets a released buffer from the pool and
     wgpu-native aborts the process in create_bind_group ("invalid bind group entry"), taking the
     test session with it. Run in a subprocess so that an abort fails only this test."""
-    repo = Path(__file__).resolve().parents[1]
     env = {**os.environ, "PYTHONPATH": pythonpath()}
-    proc = subprocess.run([sys.executable, "-c", _CYCLIC_GC_SCRIPT], env=env, cwd=repo,
+    proc = subprocess.run([sys.executable, "-c", _CYCLIC_GC_SCRIPT], env=env, cwd=REPO,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and "ok" in proc.stdout, (  # the panic message comes first
         f"exit status {proc.returncode}\n{proc.stdout}\n{proc.stderr[:600]}")

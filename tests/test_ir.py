@@ -7,17 +7,13 @@ import os
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import numpy as np
-from helpers import pythonpath
+from helpers import REPO, pythonpath
 
 import fusec
 import fusec.numpy as fnp
 from fusec.ir import Eqn, Lit, Op, Program, Var
-
-REPO = Path(__file__).resolve().parent.parent
-
 
 S = fusec.ShapeDtype
 

@@ -13,7 +13,7 @@ from typing import Callable, Optional
 
 import numpy as np
 import pytest
-from helpers import in_threads, pythonpath
+from helpers import REPO, in_threads, pythonpath
 
 import fusec
 import fusec.numpy as fnp
@@ -393,9 +393,8 @@ def test_chunks_through_wgpu_py_recording() -> None:
     _rt()
     env = dict(os.environ, FUSEC_NATIVE="0", FUSEC_SUBMIT_FIRST="1", FUSEC_CACHE_DIR="off",
                XDG_RUNTIME_DIR=os.environ.get("XDG_RUNTIME_DIR") or "/tmp")
-    repo = Path(__file__).resolve().parent.parent
     env["PYTHONPATH"] = pythonpath()
-    p = subprocess.run([sys.executable, "-c", _CHUNKS_THROUGH_WGPU_PY], cwd=repo, env=env,
+    p = subprocess.run([sys.executable, "-c", _CHUNKS_THROUGH_WGPU_PY], cwd=REPO, env=env,
                        text=True, capture_output=True, timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr
     got = json.loads(p.stdout.strip().splitlines()[-1])
