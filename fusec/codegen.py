@@ -1158,34 +1158,29 @@ def _b_vec_index(em: Emitter, b: Var, here: Idx, branch: bool) -> tuple[str, str
 
 def _matmul_vector_buffers(body: Program, inplace: tuple[tuple[int, int], ...],
                            target: str, workgroup_storage: int = WORKGROUP_STORAGE) -> set[str]:
-    """The bindings a register-blocked matmul reads and writes as vec4s: the input it reads B
-    from (see _b_source), and its outputs where its epilogue stores straight from the registers
-    four adjacent columns at a time (see _vector_stores)."""
+    """The bindings a matmul kernel reads and writes as vec4s: on the register-blocked template
+    the input it reads B from (see _b_source), and its outputs where its epilogue stores straight
+    from the registers four adjacent columns at a time (see _vector_stores); on the few-row
+    template B's input (_gemv_b_source), on matmul_rowk A's and B's (_rowk_vectors), on
+    matmul_fewcol4 A's (_a_source). Never an input written in place."""
     mm = next(e for e in body.eqns if e.op is Op.MATMUL)
     _, _, _, m, k, n, nb = _mm_dims(mm)
+    aliased = dict(inplace)
+
+    def inputs(srcs: Sequence[Optional[Var]]) -> set[str]:
+        return {f"in{i}" for i, v in enumerate(body.inputs)
+                if any(v is x for x in srcs) and i not in aliased}
+
     cfg = matmul_config(m, n, target, k, nb)
     if cfg is None:
         if use_gemv(m, n, target, k * nb):
-            src_b = _gemv_b_source(body, mm)
-            return {f"in{i}" for i, v in enumerate(body.inputs)
-                    if v is src_b and i not in dict(inplace)}
-        if use_rowk(m, n, k, nb, target) and not use_gemv(m, n, target, k * nb) \
-                and _rowk_views(body, mm) is not None:
-            vecs = _rowk_vectors(body, mm)
-            return {f"in{i}" for i, v in enumerate(body.inputs)
-                    if v in vecs and i not in dict(inplace)}
-        if use_fewcol4(m, n, k, nb, target) and not use_gemv(m, n, target, k * nb):
-            src_a = _a_source(body, mm)
-            return {f"in{i}" for i, v in enumerate(body.inputs)
-                    if v is src_a and i not in dict(inplace)}
+            return inputs([_gemv_b_source(body, mm)])
+        if use_rowk(m, n, k, nb, target) and _rowk_views(body, mm) is not None:
+            return inputs(list(_rowk_vectors(body, mm)))
+        if use_fewcol4(m, n, k, nb, target):
+            return inputs([_a_source(body, mm)])
         return set()
-    vec = set()
-    src = _b_source(body, mm)
-    aliased = dict(inplace)
-    for i, v in enumerate(body.inputs):
-        if v is src and i not in aliased:
-            vec.add(f"in{i}")
-            break
+    vec = inputs([_b_source(body, mm)])
     if _vector_stores(body, mm, _fit_storage(cfg, workgroup_storage), aliased):
         vec |= {f"out{j}" for j in range(len(body.outputs))}
     return vec
@@ -1600,12 +1595,13 @@ def _matmul_gemv(body: Program, names: dict[int, str], mm: Eqn, vec: set[str]
     col_blocks = -(-n // (wg * lanes))
     counter = [0]
     load_a, va = _operand(body, names, a, batch, ("row", "ka"), " " * 16, counter)
-    load_b, vb = _operand(body, names, b, batch, ("kb", "col"), " " * 20, counter)
     dt = mm.out.dtype
     ty = WGSL_TYPE[dt]
     vty, vzero = ty, wgsl_literal(0, dt)
-    b_bases, b_vec4 = "", ""
-    if lanes == 4:
+    load_b = vb = b_bases = b_vec4 = ""
+    if lanes == 1:
+        load_b, vb = _operand(body, names, b, batch, ("kb", "col"), " " * 20, counter)
+    else:
         assert src_b is not None
         vty, vzero = f"vec4<{ty}>", f"vec4<{ty}>()"
         eb = Emitter(body, names, indent="    ", counter=counter)
