@@ -194,14 +194,10 @@ GEMV_MIN_KN = 1 << 21
 # took 104 us with 1, 72 with 4, 71 with 8 or 16 (torch 61); 1x4096 @ 4096x4096 82, 46, 46 (46).
 GEMV_UNROLL = 8
 GEMV_FIT_K = 1  # a K shorter than GEMV_K_TILE takes a tile of its length (see _matmul_gemv)
-# With GEMV_VEC4, where B's rows are runs of vec4s of an input nothing else in the kernel reads
-# (_gemv_b_source), a thread of the few-row template takes four adjacent columns and loads them
-# as one vec4, in workgroups of GEMV4_THREADS (a workgroup still owns WORKGROUP columns, so that
-# split_k's chunks, counted by workgroups, stay as they are). Off: built and tested on lavapipe
-# (2026-12-07), not yet timed on a GPU (bench/product_probe.py --no-encoder --plain --shapes
-# 8x4096x4096 --settings "default;codegen.GEMV_VEC4=1"); the kernels are byte-identical off.
-GEMV_VEC4 = 0
-GEMV4_THREADS = 64
+# Tried and dropped (H100, 2026-12-07, bench/product_probe.py --plain, GPU us, 2 interleaved
+# rounds, a column a thread / four read as one vec4, 64 threads a workgroup): 8x4096x4096 39.3-39.7
+# / 41.4, 1x4096x4096 31.7-31.9 / 39.1, 1x576x49152 45.0-50.0 / 51.6-54.9, 8x1024x8192 20.4 /
+# 21.0-22.2, 4x4096x11008 75.8 / 75.8; only 16x2048x2048 gained (25.3 / 21.3-21.9).
 assert GEMV_K_TILE % GEMV_UNROLL == 0, "the K tile is walked in whole steps of GEMV_UNROLL"
 # Products with few columns (see use_fewcol) and at least FEWCOL_M rows (times the batch) on GPUs:
 # a row per few threads walking K (fewcol_lanes), B staged FEWCOL_K_TILE rows at a time, each
@@ -290,8 +286,7 @@ def tuning() -> dict[str, Any]:
     return {"workgroup": WORKGROUP, "tile": TILE, "elems": ELEMS_PER_THREAD, "vec_min": VEC_MIN,
             "vec_per": VEC_PER_THREAD, "row_cache": ROW_CACHE, "row_threads": ROW_THREADS,
             "partial_unroll": PARTIAL_UNROLL, "flat_columns": FLAT_COLUMNS,
-            "gemv": (GEMV, GEMV_M, GEMV_MIN_KN, GEMV_K_TILE, GEMV_UNROLL, GEMV_FIT_K, GEMV_VEC4,
-                     GEMV4_THREADS),
+            "gemv": (GEMV, GEMV_M, GEMV_MIN_KN, GEMV_K_TILE, GEMV_UNROLL, GEMV_FIT_K),
             "fewcol": (FEWCOL, FEWCOL_M, FEWCOL_K_TILE),
             "fewcol4": (FEWCOL4, FEWCOL4_MIN_N, FEWCOL4_MAX_N, FEWCOL4_MIN_K, FEWCOL4_LANES,
                         FEWCOL4_ROWS, FEWCOL4_K_TILE),
@@ -1160,9 +1155,9 @@ def _matmul_vector_buffers(body: Program, inplace: tuple[tuple[int, int], ...],
                            target: str, workgroup_storage: int = WORKGROUP_STORAGE) -> set[str]:
     """The bindings a matmul kernel reads and writes as vec4s: on the register-blocked template
     the input it reads B from (see _b_source), and its outputs where its epilogue stores straight
-    from the registers four adjacent columns at a time (see _vector_stores); on the few-row
-    template B's input (_gemv_b_source), on matmul_rowk A's and B's (_rowk_vectors), on
-    matmul_fewcol4 A's (_a_source). Never an input written in place."""
+    from the registers four adjacent columns at a time (see _vector_stores); on matmul_rowk A's
+    and B's (_rowk_vectors), on matmul_fewcol4 A's (_a_source); none on the few-row template.
+    Never an input written in place."""
     mm = next(e for e in body.eqns if e.op is Op.MATMUL)
     _, _, _, m, k, n, nb = _mm_dims(mm)
     aliased = dict(inplace)
@@ -1174,7 +1169,7 @@ def _matmul_vector_buffers(body: Program, inplace: tuple[tuple[int, int], ...],
     cfg = matmul_config(m, n, target, k, nb)
     if cfg is None:
         if use_gemv(m, n, target, k * nb):
-            return inputs([_gemv_b_source(body, mm)])
+            return set()
         if use_rowk(m, n, k, nb, target) and _rowk_views(body, mm) is not None:
             return inputs(list(_rowk_vectors(body, mm)))
         if use_fewcol4(m, n, k, nb, target):
@@ -1566,71 +1561,31 @@ def _staged_rows(body: Program, cfg: tuple[int, int, int, int, int]) -> int:
     return 0
 
 
-def _gemv_b_source(body: Program, mm: Eqn) -> Optional[Var]:
-    """The input the few-row template reads B from as vec4s (GEMV_VEC4): float32 throughout, and
-    B a view of it whose rows are runs of vec4s that nothing else in the kernel reads
-    (_b_source), not split_k's chunks padded with zero rows (those are read as scalars)."""
-    a, b, *_ = _mm_dims(mm)
-    if not GEMV_VEC4 or not a.dtype == b.dtype == mm.out.dtype == "float32":
-        return None
-    src = _b_source(body, mm)
-    if src is None:
-        return None
-    _, path = _operand_path({id(o): e for e in body.eqns for o in e.outs}, b)
-    return None if _padded_chunks(src, path, b) else src
-
-
-def _matmul_gemv(body: Program, names: dict[int, str], mm: Eqn, vec: set[str]
-                 ) -> tuple[str, int]:
-    """The few-row template (see GEMV_M): a thread per column, or per four columns where B's
-    input is bound as vec4s (in ``vec``; see _gemv_b_source)."""
+def _matmul_gemv(body: Program, names: dict[int, str], mm: Eqn) -> tuple[str, int]:
+    """The few-row template (see GEMV_M): a thread per column, all rows of it."""
     a, b, batch, m, k, n, nb = _mm_dims(mm)
     # a K shorter than the tile (split-K's chunks of 128) takes a tile of its own length, rounded
     # up to the unrolled step: the rest would be zeros multiplied in (H200, 8x4096 @ 4096x4096 in
     # 32 chunks: 44.5-45.3 us with the 256 tile, 34.4-34.6 fitted; bench/workload_probe.py)
     kt = min(GEMV_K_TILE, -(-k // GEMV_UNROLL) * GEMV_UNROLL) if GEMV_FIT_K else GEMV_K_TILE
-    src_b = _gemv_b_source(body, mm)
-    lanes = 4 if src_b is not None and names[id(src_b)] in vec else 1
-    wg = GEMV4_THREADS if lanes == 4 else WORKGROUP
-    col_blocks = -(-n // (wg * lanes))
+    col_blocks = -(-n // WORKGROUP)
     counter = [0]
     load_a, va = _operand(body, names, a, batch, ("row", "ka"), " " * 16, counter)
-    dt = mm.out.dtype
-    ty = WGSL_TYPE[dt]
-    vty, vzero = ty, wgsl_literal(0, dt)
-    load_b = vb = b_bases = b_vec4 = ""
-    if lanes == 1:
-        load_b, vb = _operand(body, names, b, batch, ("kb", "col"), " " * 20, counter)
-    else:
-        assert src_b is not None
-        vty, vzero = f"vec4<{ty}>", f"vec4<{ty}>()"
-        eb = Emitter(body, names, indent="    ", counter=counter)
-        st = view_strides(*_operand_path({id(o): e for e in body.eqns for o in e.outs}, b))
-        assert st is not None, "_b_source reads only strided views as vec4s"
-        flat = _strided_index(eb, Idx(b.shape, coords=_batch_coords(eb, batch) + ("0u", "0u")),
-                              st)
-        base = eb.let(f"{flat} / 4u", "bb")
-        b_bases = "\n".join(eb.lines)
-        # (B's rows are runs of vec4s: the stride from one row to the next is whole vec4s)
-        b_vec4 = f"{names[id(src_b)]}[{base} + kb * {st[-2] // 4}u + col / 4u]"
+    load_b, vb = _operand(body, names, b, batch, ("kb", "col"), " " * 20, counter)
     ee = Emitter(body, names, indent="    ", counter=counter)
     bc = _batch_coords(ee, batch)
     blocks = []
     for i in range(m):
-        for c in range(lanes):
-            col = "col" if lanes == 1 else ee.let(f"col + {c}u", "c")
-            held = f"acc{i}" if lanes == 1 else f"acc{i}[{c}]"
-            stores = _epilogue_at(body, mm, ee, bc, f"{i}u", col, held)
-            blocks.extend(ee.lines)
-            ee.lines = []
-            # (N is a multiple of 4 where a thread has four columns: all in C, or none)
-            blocks.append(f"    if (col < {n}u) {{\n"
-                          + "\n".join("    " + line[4:] for line in stores) + "\n    }")
+        stores = _epilogue_at(body, mm, ee, bc, f"{i}u", "col", f"acc{i}")
+        blocks.extend(ee.lines)
+        ee.lines = []
+        blocks.append(f"    if (col < {n}u) {{\n"
+                      + "\n".join("    " + line[4:] for line in stores) + "\n    }")
+    dt = mm.out.dtype
     src = _env().get_template("matmul_gemv.wgsl.j2").render(
-        wg=wg, lanes=lanes, kt=kt, unroll=GEMV_UNROLL, m=m, n=n, k=k,
-        col_blocks=col_blocks, total=col_blocks * nb, ty=ty, zero=wgsl_literal(0, dt),
-        vty=vty, vzero=vzero, load_a=load_a, val_a=va, load_b=load_b, val_b=vb,
-        b_bases=b_bases, b_vec4=b_vec4, epilogue="\n".join(blocks))
+        wg=WORKGROUP, kt=kt, unroll=GEMV_UNROLL, m=m, n=n, k=k, col_blocks=col_blocks,
+        total=col_blocks * nb, ty=WGSL_TYPE[dt], zero=wgsl_literal(0, dt), load_a=load_a,
+        val_a=va, load_b=load_b, val_b=vb, epilogue="\n".join(blocks))
     return src, col_blocks * nb
 
 
@@ -1876,7 +1831,7 @@ def _matmul(body: Program, names: dict[int, str], target: str = "gpu",
     if cfg is not None:
         return _matmul_rb(body, names, mm, cfg, workgroup_storage, vec or set(), target)
     if use_gemv(m, n, target, k * nb):
-        return _matmul_gemv(body, names, mm, vec or set())
+        return _matmul_gemv(body, names, mm)
     views = _rowk_views(body, mm) if use_rowk(m, n, k, nb, target) else None
     if views is not None:
         return _matmul_rowk(body, names, mm, views, vec or set())
