@@ -71,22 +71,16 @@ def calibration(wx: int, wy: int, iters: int, shared_kib: int = 0) -> str:
 
 def run_kernel(rt: Any, wgsl: str, grid: tuple[int, int, int], arrays: list[np.ndarray],
                out_bytes: int, label: str) -> tuple[np.ndarray, list[int], float]:
-    """Compile ``wgsl`` as fusec does, bind ``arrays`` (read), an output and the counters, run
-    it once; the output, the counters and the wall time of the run in ms."""
-    import wgpu
+    """Compile ``wgsl`` through fusec's own pipeline cache (``Runtime.pipeline``: a trusted
+    module, as fusec's kernels), bind ``arrays`` (read), an output and the counters, run it once;
+    the output, the counters and the wall time of the run in ms."""
+    import hashlib
 
-    from fusec.runtime import _shader_module
+    import wgpu
 
     dev = rt.device
     n_in = len(arrays)
-    entries = [{"binding": i, "visibility": wgpu.ShaderStage.COMPUTE,
-                "buffer": {"type": wgpu.BufferBindingType.read_only_storage
-                           if i < n_in else wgpu.BufferBindingType.storage}}
-               for i in range(n_in + 2)]
-    bgl = dev.create_bind_group_layout(entries=entries)
-    pipe = dev.create_compute_pipeline(
-        layout=dev.create_pipeline_layout(bind_group_layouts=[bgl]),
-        compute={"module": _shader_module(dev, wgsl, label, False), "entry_point": "main"})
+    pipe, bgl = rt.pipeline(hashlib.sha256(wgsl.encode()).hexdigest(), wgsl, n_in, 2, label)
     usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
     bufs = [dev.create_buffer_with_data(data=np.ascontiguousarray(a), usage=usage) for a in arrays]
     bufs.append(dev.create_buffer(size=out_bytes, usage=usage))
@@ -109,10 +103,11 @@ def run_kernel(rt: Any, wgsl: str, grid: tuple[int, int, int], arrays: list[np.n
     return out, counts, ms
 
 
-def workgroup_threads(wgsl: str) -> tuple[int, int]:
-    sizes = wgsl.split("@workgroup_size(")[1].split(")")[0].split(",")
-    dims = [int(s) for s in sizes] + [1]
-    return dims[0], dims[1]
+def calibration_peak(rt: Any, wx: int, wy: int, iters: int, shared_kib: int, sms: int) -> int:
+    """The most calibration workgroups alive at once, best of 2 runs of 32 per SM."""
+    wgsl = instrument(calibration(wx, wy, iters, shared_kib), 1)
+    return max(run_kernel(rt, wgsl, (32 * sms, 1, 1), [], 4 * 1024 * 32 * sms,
+                          "calibration")[1][1] for _ in range(2))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -130,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import fusec
     from fusec import codegen, runtime
+    from fusec.exported import workgroup_size
     from fusec.passes import splitk
 
     rt = runtime.get_runtime()
@@ -139,9 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     for item in filter(None, a.calibrate.split(",")):
         threads, kib = (int(v) for v in item.split(":"))
-        wgsl = instrument(calibration(threads, 1, a.cal_iters, kib), 1)
-        peak = max(run_kernel(rt, wgsl, (32 * a.sms, 1, 1), [], 4 * 1024 * 32 * a.sms,
-                              "calibration")[1][1] for _ in range(2))
+        peak = calibration_peak(rt, threads, 1, a.cal_iters, kib, a.sms)
         row = {"calibration": item, "peak_live": peak, "per_sm": round(peak / a.sms, 2)}
         rows.append(row)
         print(json.dumps(row), flush=True)
@@ -158,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{setting} {shape}: {len(kernels)} kernels, skipped")
                 continue
             kc = kernels[0]
-            wx, wy = workgroup_threads(kc.wgsl)
+            wx, wy, _ = workgroup_size(kc.wgsl)
             tile = next((ln for ln in kc.wgsl.splitlines() if "computes a" in ln), "").strip()
             peaks, ms = [], []
             for _ in range(a.runs):
@@ -172,10 +166,7 @@ def main(argv: list[str] | None = None) -> int:
             err = float(np.max(np.abs(out.reshape(m, n) - ref)))
             assert err < 1e-4 * np.sqrt(k) * 8, (shape, err)
             if (wx, wy) not in calibrated:
-                cal_wgsl = instrument(calibration(wx, wy, a.cal_iters), 1)
-                cal = [run_kernel(rt, cal_wgsl, (32 * a.sms, 1, 1), [], 4 * 1024 * 32 * a.sms,
-                                  "calibration")[1][1] for _ in range(2)]
-                calibrated[(wx, wy)] = max(cal)
+                calibrated[(wx, wy)] = calibration_peak(rt, wx, wy, a.cal_iters, 0, a.sms)
             row = {"setting": setting, "shape": shape, "tile": tile, "threads": wx * wy,
                    "workgroups": groups, "peak_live": max(peaks), "peaks": peaks,
                    "per_sm": round(max(peaks) / a.sms, 2),
@@ -185,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
             print(json.dumps(row), flush=True)
     if a.out:
-        device = f"{rt.adapter.info['device']} on {rt.adapter.info['backend_type']}"
+        device = f"{rt.info.adapter} on {rt.info.backend}"
         Path(a.out).write_text(json.dumps({"device": device, "sms": a.sms, "rows": rows}, indent=1))
     return 0
 
