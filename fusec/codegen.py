@@ -74,6 +74,11 @@ VEC_STORES_BARE_K = 4096
 # 136.7 vs 137.3 us, layer_norm 142.5 vs 137.7), nor did a two-level shared-memory combine in
 # place of the tree (140.2 vs 137.6), nor subgroup operations in place of it (see row_threads).
 ROW_CACHE = config.env_int("FUSEC_ROW_CACHE", 64)
+# Where the device has subgroup operations, the threads of a row kernel's row combine their
+# results by subgroup shuffles (templates/combine.wgsl.j2, combine_subgroup): one barrier per
+# reduction in place of a tree's 1 + log2(threads). Types subgroupShuffleXor takes.
+REDUCE_SUBGROUPS = 1
+SUBGROUP_TYPES = ("f32", "i32", "u32")
 # Register-blocked matmul on GPUs: (BM, BN, BK, TM, TN). Measured on the H100 at 4096^3 float32
 # (trusted modules, cuBLAS 50.2 TFLOP/s; ms): 128x128x16 with 8x8 per thread 4.59, BK 8 5.20, BK
 # 32 5.44; 128x64x16 4.76, BK 32 4.96; 64x64x16 5.57, BK 32 5.45. A thread's 8 columns of the
@@ -285,6 +290,7 @@ def tuning() -> dict[str, Any]:
     """Every setting that changes generated code: part of the persistent cache's key."""
     return {"workgroup": WORKGROUP, "tile": TILE, "elems": ELEMS_PER_THREAD, "vec_min": VEC_MIN,
             "vec_per": VEC_PER_THREAD, "row_cache": ROW_CACHE, "row_threads": ROW_THREADS,
+            "reduce_subgroups": REDUCE_SUBGROUPS,
             "partial_unroll": PARTIAL_UNROLL, "flat_columns": FLAT_COLUMNS,
             "gemv": (GEMV, GEMV_M, GEMV_MIN_KN, GEMV_K_TILE, GEMV_UNROLL, GEMV_FIT_K),
             "fewcol": (FEWCOL, FEWCOL_M, FEWCOL_K_TILE),
@@ -351,7 +357,7 @@ def _generate(kernel: Eqn, target: str, workgroup_storage: int) -> KernelCode:
         wgsl, groups = (_elementwise_vec4(body, names, vec) if vec
                         else _elementwise(body, names, target))
     elif kind == "reduce":
-        wgsl, groups = _reduce(body, names, target)
+        wgsl, groups = _reduce(body, names, target, bool(kernel.params.get("subgroups")))
     else:
         wgsl, groups = _matmul(body, names, target, workgroup_storage, vec)
     header = _env().get_template("bindings.wgsl.j2").render(bindings=binds)
@@ -515,10 +521,13 @@ def _first_index(body: Program, reds: list[Eqn]) -> Optional[str]:
     return f"fusec_arg{'max' if e0.op is Op.RMAX else 'min'}_{WGSL_TYPE[x.dtype]}"
 
 
-def _reduce(body: Program, names: dict[int, str], target: str = "gpu") -> tuple[str, int]:
+def _reduce(body: Program, names: dict[int, str], target: str = "gpu",
+            subgroups: bool = False) -> tuple[str, int]:
     """A row kernel: every reduction of the body runs over the same rows, one after another, each
     result held in a register for the rest of the kernel; then row-shaped outputs are computed in a
-    last pass over the row, and per-row outputs once. One workgroup (or thread) owns a row."""
+    last pass over the row, and per-row outputs once. One workgroup (or thread) owns a row.
+    ``subgroups``: the device has subgroup operations (the fusion pass's ``subgroups``); the
+    threads of a row then combine their results through them (see REDUCE_SUBGROUPS)."""
     reds = [e for e in body.eqns if e.op in REDUCE or e.op is Op.PARTIAL]
     first = reds[0]
     src0 = first.inputs[0]
@@ -612,6 +621,7 @@ def _reduce(body: Program, names: dict[int, str], target: str = "gpu") -> tuple[
     out_index = {id(o): j for j, o in enumerate(body.outputs)}
     # argmax / argmin: the index reduction rides on the value reduction's pass (_first_index)
     take = _first_index(body, reds)
+    sub = bool(REDUCE_SUBGROUPS) and subgroups and strategy == "workgroup" and target == "gpu"
     stages = []
     for k, e in enumerate(reds):
         info = REDUCTIONS[e.op]
@@ -645,6 +655,8 @@ def _reduce(body: Program, names: dict[int, str], target: str = "gpu") -> tuple[
             "body": code, "cached": cached, "loop": "" if cached else loop(code),
             "shared": f"sdata{k}",
             "combine_shared": info.combine(f"sdata{k}[lid]", f"sdata{k}[lid + s]", dt),
+            "combine_fn": lambda a, b, info=info, dt=dt: info.combine(a, b, dt),
+            "sub": sub and take is None and WGSL_TYPE[dt] in SUBGROUP_TYPES,
             "result": f"red{k}", "after": "", "take": take if k == 0 else "",
             "skip": take is not None and k == 1})
         registers[id(e.out)] = (held, f"red{k}")
@@ -685,6 +697,7 @@ def _reduce(body: Program, names: dict[int, str], target: str = "gpu") -> tuple[
     src = _env().get_template("reduce.wgsl.j2").render(
         strategy=strategy, wg=WORKGROUP, n_out=n_out, r=r, stages=stages, threads=threads,
         rows_per_group=rows_per_group, groups=groups,
+        any_sub=any(st["sub"] and not st["skip"] for st in stages),
         row_loop=loop(f"{row_body}\n" + "\n".join(row_stores)) if row_stores and not cached
         else "", per_thread=per_thread,
         caches=[{"name": n, "ty": t} for n, t, _ in row_cache.values()],

@@ -704,3 +704,54 @@ def test_int32_column_max_and_min_of_a_negation() -> None:
                                   ext.max(0))
     np.testing.assert_array_equal(np.asarray(fusec.gpu_jit(lambda a: fnp.min(a, axis=0))(ext)),
                                   ext.min(0))
+
+
+@pytest.mark.parametrize("level", [2, 0])
+@pytest.mark.parametrize("length", [1, 7, 384, 1000, 4099])
+def test_row_combine_by_subgroup_shuffles_or_a_tree(rng: np.random.Generator,
+                                                    monkeypatch: pytest.MonkeyPatch,
+                                                    level: int, length: int) -> None:
+    """Row kernels on the "gpu" target combine a row's threads (32 to 256 of them, by the row's
+    length) by subgroup shuffles where the device has subgroup operations, else by a tree in
+    workgroup memory (lavapipe's subgroups are 8 threads, so there a row's subgroups also meet
+    in workgroup memory). Float sums, maxima and minima with NaN and infinities, integer sums
+    and maxima, bool any: the same as numpy either way, and a layer norm's rows too."""
+    from helpers import subgroup_level
+
+    subgroup_level(monkeypatch, level, need=min(level, 1))
+    rows = 37
+    x = (rng.standard_normal((rows, length)) * 3 + 1).astype(np.float32)
+    x[1, length // 2] = np.nan
+    x[2, 0] = np.inf
+    x[3, -1] = -np.inf
+    xi = rng.integers(-1000, 1000, (rows, length)).astype(np.int32)
+    xu = rng.integers(0, 2**32 - 1, (rows, length), dtype=np.uint32)
+    xb = rng.random((rows, length)) < 0.5 / length
+    g = rng.standard_normal(length).astype(np.float32)
+
+    def f(x: Any, xi: Any, xu: Any, xb: Any, g: Any) -> Any:
+        return (fnp.sum(x, axis=-1), fnp.max(x, axis=-1), fnp.min(x, axis=-1),
+                fnp.sum(xi, axis=-1), fnp.max(xu, axis=-1), fnp.any(xb, axis=-1),
+                nn.layer_norm(x[4:], g, g, eps=1e-5))
+
+    jf = fusec.gpu_jit(f)
+    with forced_target("gpu"):
+        outs = [np.asarray(o) for o in jf(x, xi, xu, xb, g)]
+        kernels = jf.lower(x, xi, xu, xb, g).kernels
+    xd = x.astype(np.float64)
+    scale = np.nansum(np.abs(np.where(np.isinf(xd), 0, xd)), axis=-1)
+    np.testing.assert_allclose(outs[0], xd.sum(-1), rtol=1e-5,
+                               atol=1e-5 * max(1, math.log2(length)) * scale.max())
+    np.testing.assert_array_equal(outs[1], x.max(-1))
+    np.testing.assert_array_equal(outs[2], x.min(-1))
+    np.testing.assert_array_equal(outs[3], xi.sum(-1, dtype=np.int32))
+    np.testing.assert_array_equal(outs[4], xu.max(-1))
+    np.testing.assert_array_equal(outs[5], xb.any(-1))
+    y = xd[4:]
+    mu = y.mean(-1, keepdims=True)
+    want = (y - mu) / np.sqrt(((y - mu) ** 2).mean(-1, keepdims=True) + 1e-5) * g + g
+    np.testing.assert_allclose(outs[6], want, rtol=1e-4, atol=1e-4 * max(1, length ** 0.5))
+    reduces = [k for k in kernels if k.kind == "reduce"]
+    assert reduces
+    for k in reduces:
+        assert ("subgroupShuffleXor" in k.wgsl) == (level > 0), k.name

@@ -78,7 +78,8 @@ PIPELINE: list[tuple[str, Pass]] = [
     # loops' bodies lowered on their own, loops' inputs and bodies' results made buffers
     ("prepare_loops", lambda p, o: prepare_loops(p, o, run_pipeline)),
     ("fuse", lambda p, o: fuse(p, enabled=o.fuse, max_bindings=o.max_bindings,
-                                target=o.target, scalar_sides=o.loop_carries >= 0)),
+                                target=o.target, scalar_sides=o.loop_carries >= 0,
+                                subgroups=o.subgroups)),
     ("plan_memory", lambda p, o: plan_memory(p, o.donated)),
     # a decode step's in-place cache update done by the attention kernel that reads it (GPUs;
     # after memory planning, which decides what is written in place; a fusion: not in unfused

@@ -735,9 +735,12 @@ class _Deps:
 
 
 def fuse(prog: Program, enabled: bool = True, max_bindings: int = 8,
-         row_max: int = ROW_MAX, target: str = "gpu", scalar_sides: bool = False) -> Program:
+         row_max: int = ROW_MAX, target: str = "gpu", scalar_sides: bool = False,
+         subgroups: int = 0) -> Program:
     """``scalar_sides``: elementwise kernels may also write 0-d results, from one thread (loop
-    bodies: the counter's increment rides in another kernel instead of a dispatch of its own)."""
+    bodies: the counter's increment rides in another kernel instead of a dispatch of its own).
+    ``subgroups``: the device's subgroup operations (Options.subgroups); row kernels on GPUs are
+    marked to combine a row's threads through them (codegen._reduce)."""
     planner = _Planner(prog, enabled, max_bindings, row_max, target, scalar_sides)
     groups, aliases = planner.plan()
     bodies = {id(g): planner.body(g, groups, aliases) for g in groups}
@@ -782,6 +785,8 @@ def fuse(prog: Program, enabled: bool = True, max_bindings: int = 8,
             f"_{o}" for o in ops[:4])
         counter += 1
         params = {"kind": it.kind, "name": name, "body": body}
+        if it.kind == "reduce" and subgroups and target == "gpu":
+            params["subgroups"] = subgroups
         if len(it.roots) == 1 and "writes_into" in it.roots[0].params:
             # the op updates its operand's buffer in place (scatter): body input j is output k
             params["inplace"] = tuple(it.roots[0].params["writes_into"])
