@@ -72,11 +72,15 @@ VEC_STORES_BARE_K = 4096
 # took 199 us on the H200 with 64, 250 us with 32 (the statistics kernel re-reading the row).
 # They load single elements: runs of 4 (vec4) measured no faster on the H200 (8192x8192 softmax
 # 136.7 vs 137.3 us, layer_norm 142.5 vs 137.7), nor did a two-level shared-memory combine in
-# place of the tree (140.2 vs 137.6), nor subgroup operations in place of it (see row_threads).
+# place of the tree (140.2 vs 137.6).
 ROW_CACHE = config.env_int("FUSEC_ROW_CACHE", 64)
 # Where the device has subgroup operations, the threads of a row kernel's row combine their
 # results by subgroup shuffles (templates/combine.wgsl.j2, combine_subgroup): one barrier per
-# reduction in place of a tree's 1 + log2(threads). Types subgroupShuffleXor takes.
+# reduction in place of a tree's 1 + log2(threads). H200, GPU us, 3 interleaved rounds,
+# shuffles / tree: softmax 8192x8192 138.7-138.9 / 140.5-140.7, layer_norm 137.4-137.7 /
+# 138.7-139.0, rms_norm 136.8-137.2 / 136.4-136.9, the MiniLM encoder at 32x128 2945-2948 /
+# 2949-2952 (an earlier try, at the row_threads choices, had measured no gain). SUBGROUP_TYPES:
+# the types subgroupShuffleXor takes.
 REDUCE_SUBGROUPS = 1
 SUBGROUP_TYPES = ("f32", "i32", "u32")
 # Register-blocked matmul on GPUs: (BM, BN, BK, TM, TN). Measured on the H100 at 4096^3 float32
@@ -724,8 +728,7 @@ def row_threads(r: int) -> int:
     Softmax over 2^26 float32 on the H200 (copy of the same bytes: 130 us), by row length and
     threads per row: 256 long, 32 threads 133 us, 256 threads 784; 1024 long, 64 threads 136, 256
     threads 259; 2048 long, 128 threads 136, 256 threads 145; 8192 long, 256 threads 138, 512
-    threads 137, 1024 threads 209. Subgroup operations in place of the shared-memory tree gained
-    nothing at these choices (133-138 us either way), so there are none.
+    threads 137, 1024 threads 209. (The threads' combine: see REDUCE_SUBGROUPS.)
     """
     if ROW_THREADS:
         if ROW_THREADS & (ROW_THREADS - 1) or not 1 <= ROW_THREADS <= WORKGROUP:
