@@ -701,7 +701,7 @@ def _reduce(body: Program, names: dict[int, str], target: str = "gpu",
     src = _env().get_template("reduce.wgsl.j2").render(
         strategy=strategy, wg=WORKGROUP, n_out=n_out, r=r, stages=stages, threads=threads,
         rows_per_group=rows_per_group, groups=groups,
-        any_sub=any(st["sub"] and not st["skip"] for st in stages),
+        any_sub=any(st["sub"] for st in stages),
         row_loop=loop(f"{row_body}\n" + "\n".join(row_stores)) if row_stores and not cached
         else "", per_thread=per_thread,
         caches=[{"name": n, "ty": t} for n, t, _ in row_cache.values()],

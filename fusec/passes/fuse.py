@@ -739,8 +739,8 @@ def fuse(prog: Program, enabled: bool = True, max_bindings: int = 8,
          subgroups: int = 0) -> Program:
     """``scalar_sides``: elementwise kernels may also write 0-d results, from one thread (loop
     bodies: the counter's increment rides in another kernel instead of a dispatch of its own).
-    ``subgroups``: the device's subgroup operations (Options.subgroups); row kernels on GPUs are
-    marked to combine a row's threads through them (codegen._reduce)."""
+    ``subgroups``: the device's subgroup operations (Options.subgroups), put on each row kernel:
+    codegen._reduce combines a row's threads through them where its strategy has several."""
     planner = _Planner(prog, enabled, max_bindings, row_max, target, scalar_sides)
     groups, aliases = planner.plan()
     bodies = {id(g): planner.body(g, groups, aliases) for g in groups}
@@ -785,7 +785,7 @@ def fuse(prog: Program, enabled: bool = True, max_bindings: int = 8,
             f"_{o}" for o in ops[:4])
         counter += 1
         params = {"kind": it.kind, "name": name, "body": body}
-        if it.kind == "reduce" and subgroups and target == "gpu":
+        if it.kind == "reduce" and subgroups:
             params["subgroups"] = subgroups
         if len(it.roots) == 1 and "writes_into" in it.roots[0].params:
             # the op updates its operand's buffer in place (scatter): body input j is output k
