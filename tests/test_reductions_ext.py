@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import forced_target
+from helpers import forced_target, subgroup_level
 
 import fusec
 import fusec.numpy as fnp
@@ -716,8 +716,6 @@ def test_row_combine_by_subgroup_shuffles_or_a_tree(rng: np.random.Generator,
     workgroup memory (lavapipe's subgroups are 8 threads, so there a row's subgroups also meet
     in workgroup memory). Float sums, maxima and minima with NaN and infinities, integer sums
     and maxima, bool any: the same as numpy either way, and a layer norm's rows too."""
-    from helpers import subgroup_level
-
     subgroup_level(monkeypatch, level, need=min(level, 1))
     rows = 37
     x = (rng.standard_normal((rows, length)) * 3 + 1).astype(np.float32)
