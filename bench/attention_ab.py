@@ -6,9 +6,10 @@ where JAX is installed.
     python bench/attention_ab.py [--configs 64x1,64x2,32x4] [--max-head 64] [--shapes 0,1]
         [--rounds 2] [--out r.json]
 
-``--configs``: variants of the thread-per-row kernel, ROWSxSPLIT[xCHUNK[xSTAGE]] (query rows per
-workgroup x threads per row x keys per chunk x staged bias 0/1; ``fusec.kernels.attention.ROWS``
-/ ``SPLIT`` / ``CHUNK`` / ``STAGE_BIAS``), each timed beside the
+``--configs``: variants of the thread-per-row kernel, ROWSxSPLIT[xCHUNK[xSTAGE[xTILE]]] (query
+rows per workgroup x threads per row x keys per chunk x staged bias 0/1 x keys per tile;
+``fusec.kernels.attention.ROWS`` / ``SPLIT`` / ``CHUNK`` / ``STAGE_BIAS`` / ``MAX_TILE``), each
+timed beside the
 written-out plan, in ``--rounds`` interleaved rounds (the best round's median is reported);
 ``--max-head`` lets wider heads take the kernel (``MAX_HEAD``); ``--shapes`` picks rows of
 SHAPES by index. The settings are read at lowering: run with ``FUSEC_CACHE_DIR=off``.
@@ -56,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     variants: list[tuple[str, dict[str, int]]] = [("kernel", {"MAX_HEAD": a.max_head})]
     for c in (c for c in a.configs.split(",") if c):
         vals = [int(v) for v in c.split("x")]
-        names = ("ROWS", "SPLIT", "CHUNK", "STAGE_BIAS")[:len(vals)]
+        names = ("ROWS", "SPLIT", "CHUNK", "STAGE_BIAS", "MAX_TILE")[:len(vals)]
         variants.append((f"kernel_{c}", {"MAX_HEAD": a.max_head, **dict(zip(names, vals))}))
     variants.append(("written_out", {"MAX_HEAD": 0}))
     shapes = [SHAPES[int(i)] for i in a.shapes.split(",")] if a.shapes else SHAPES
