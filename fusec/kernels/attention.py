@@ -55,7 +55,12 @@ from ..ops import part_keys, wgsl_literal
 # values: fewer, larger workgroups load them fewer times.) Two or four rows per thread, each key
 # read from workgroup memory once for them all, measured no faster: 59.5-62.2 at 128x2 or 128x4.
 ROWS = 128
-MAX_TILE = 64  # keys per tile, fewer where workgroup memory is short
+# keys per tile, fewer where workgroup memory is short. H100, GPU us, best of 2 rounds
+# (bench/attention_ab.py --configs 128x2x8x1x32), tiles of 32 / 64, at head dim 32: 32x12 heads
+# of 128x128 46.3-46.4 / 47.9-48.0 (two leases), 4x12 of 512x512 103.2 / 106.2, 1x12 of 16x16
+# 9.3 / 9.9; the MiniLM encoder at 32x128 2940-2944 / 2950-2953 (3 rounds). Tiles of 16 with 64
+# rows a workgroup 46.8 (the architecture page has the other shapes tried).
+MAX_TILE = 32
 # head dims (q's and v's last) up to this take the kernel. H100, GPU time by timestamps, kernel
 # against the written-out plan (matmul, softmax, matmul; bench/attention_ab.py), us: head dim
 # 32: 32x12 heads of 128x128 89.7 / 117.3, 1x12 of 16x16 14.0 / 11.5 (but 1 kernel, not 3:
