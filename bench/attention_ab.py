@@ -9,8 +9,8 @@ where JAX is installed.
 ``--configs``: variants of the thread-per-row kernel, ROWSxSPLIT[xCHUNK[xSTAGE[xTILE]]] (query
 rows per workgroup x threads per row x keys per chunk x staged bias 0/1 x keys per tile;
 ``fusec.kernels.attention.ROWS`` / ``SPLIT`` / ``CHUNK`` / ``STAGE_BIAS`` / ``MAX_TILE``), each
-timed beside the
-written-out plan, in ``--rounds`` interleaved rounds (the best round's median is reported);
+timed beside the written-out plan, in ``--rounds`` interleaved rounds (the best round's median
+is reported);
 ``--max-head`` lets wider heads take the kernel (``MAX_HEAD``); ``--shapes`` picks rows of
 SHAPES by index. The settings are read at lowering: run with ``FUSEC_CACHE_DIR=off``.
 """
