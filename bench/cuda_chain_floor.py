@@ -3,7 +3,7 @@
 CUDA graph (CUDA's cheapest way to launch a fixed sequence of kernels), GPU time by CUDA events
 per replay, medians:
 
-- ``tiny``: x = x * 0.5 + 1 on 576 floats, L kernels;
+- ``tiny``: x = x * 0.5 + 1 on 576 floats, 2L kernels (the multiply and the add);
 - ``matvec``: y = tanh(W_p y / 24) with W_p 576×576 float32, as the WebGPU probe's phases
   (3 kernels a phase: the product, the scale and the tanh).
 
@@ -13,13 +13,18 @@ per replay, medians:
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
+import sys
+from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from timing import report  # noqa: E402  (bench/timing.py)
 
-def graph_time(fn, reps: int) -> float:
+
+def graph_time(fn: Callable[[], None], reps: int) -> float:
     """Median µs per replay of ``fn`` captured in a CUDA graph."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
@@ -71,10 +76,7 @@ def main() -> None:
            "matvec_us": graph_time(matvec, a.reps)}
     res["tiny_us_per_kernel"] = res["tiny_us"] / (2 * n)
     res["matvec_us_per_phase"] = res["matvec_us"] / n
-    print(json.dumps(res, indent=1))
-    if a.out:
-        with open(a.out, "w") as f:
-            json.dump(res, f, indent=1)
+    report(res, a.out)
 
 
 if __name__ == "__main__":
